@@ -1,0 +1,67 @@
+# tinyteach — `make course` runs the course, `make test` checks everything.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+export PIP_NO_INPUT := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: course demo setup-test system-deps test lint typecheck unit clean
+
+# ---- course ---------------------------------------------------------------
+
+course: $(VENV)/.installed-course
+	$(PY) examples/demo.py
+
+demo:
+	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-course
+	$(PY) examples/demo.py
+
+# ---- virtual environment (idempotent: stamps are redone only when pyproject.toml changes)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed-course: pyproject.toml | $(PY)
+	$(PIP) install -e '.[course]'
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PIP) install -e '.[test]'
+	@touch $@
+
+# ---- tests ----------------------------------------------------------------
+
+system-deps:
+	@if command -v clang >/dev/null 2>&1; then \
+	  echo "==> clang found: $$(command -v clang)"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "==> clang not found and not root: skipping (gcc is used; install clang yourself to test it)"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "==> clang not found and apt-get unavailable: skipping (gcc is used)"; \
+	else \
+	  echo "==> installing clang with apt-get"; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null; } \
+	  || echo "==> apt-get could not install clang: continuing without it (gcc is used)"; \
+	fi
+	@command -v gcc >/dev/null 2>&1 || echo "==> warning: gcc not found; the CPU device needs a C compiler (set CC)"
+
+setup-test: system-deps $(VENV)/.installed-test
+
+test: setup-test
+	@echo "==> ruff"
+	$(VENV)/bin/ruff check tinyteach tests examples
+	@echo "==> mypy"
+	$(VENV)/bin/mypy tinyteach
+	@echo "==> pytest"
+	@rc=0; $(VENV)/bin/pytest -n 2 tests || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "==> pytest collected no tests"; rc=0; fi; \
+	exit $$rc
+
+# ---- housekeeping ---------------------------------------------------------
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,34 @@
+"""tinyteach: a book you can run — the tinygrad stack, rebuilt small enough to read.
+
+Start with `from tinyteach import Tensor` and read the chapters in order. Each chapter is one
+module (or small package) that opens with what it teaches, and one notebook in chapters/.
+
+| #  | chapter                                              | module(s)                         |
+|----|------------------------------------------------------|-----------------------------------|
+| 0  | A tour: the whole stack from the top                 | (chapters/00_tour.ipynb)          |
+| 1  | Tensors: a PyTorch-like API from 28 primitive ops    | tensor.py, dtype.py, indexing.py  |
+| 2  | Autograd: reverse mode on the graph                  | gradient.py                       |
+| 3  | The IR: UOps and the primitive op set                | uop.py                            |
+| 4  | Shapes without copies: views                         | view.py                           |
+| 5  | Rewriting graphs: the pattern matcher                | rewrite.py                        |
+| 6  | Scheduling: kernel fusion                            | schedule.py                       |
+| 7  | Lowering: loops, indices, optimizations              | lower.py                          |
+| 8  | Code generation: C (and later OpenCL, CUDA, WGSL)    | render/                           |
+| 9  | Devices and runtimes                                 | device.py, realize.py, runtime/   |
+| 10 | The JIT and graph execution                          | jit.py (coming)                   |
+| 11 | Deep learning: nn, optim, datasets                   | nn/ (coming)                      |
+
+The data flow of `(a + b).relu().sum()`: tensor.py builds a lazy UOp graph -> schedule.py cuts
+it into kernels -> lower.py turns each into loops -> render/ writes C -> runtime/cpu.py compiles
+and runs it. Set DEBUG=1..5 (or `with Context(DEBUG=4):`) to watch every stage.
+
+Layering: a module imports only from modules *below* it in this order (a test checks it):
+helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime, realize,
+gradient, tensor, indexing.
+"""
+from tinyteach.device import Device
+from tinyteach.dtype import dtypes
+from tinyteach.helpers import DEBUG, Context, GlobalCounters
+from tinyteach.tensor import Tensor
+
+__all__ = ["Tensor", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters"]

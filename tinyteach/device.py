@@ -1,0 +1,221 @@
+"""Chapter 9 (part 1): devices — what a backend is.
+
+What this teaches:
+- a backend is three small pieces: an **Allocator** (get memory, copy bytes in and out), a
+  **Compiler** (source code -> a binary) and a **Program** (run a binary on buffers). An
+  interpreter backend (NUMPY) skips the compiler: its "program" evaluates the kernel's ops one
+  by one with the reference implementation of each primitive op;
+- a `Buffer` is device memory of a size and dtype, allocated only when a kernel first needs it
+  and freed when nothing refers to it any more (Python's garbage collector does the bookkeeping);
+- `Device["CPU"]` loads a backend by name; `Device.DEFAULT` is the best one available, and
+  `DEV=NAME` (or `NAME=1`, as in tinygrad) chooses another.
+
+Builds on: dtype.py. Used by: schedule.py (buffers), realize.py (the engine), runtime/*.
+
+>>> buffer = Buffer("NUMPY", 3, dtypes.float32)
+>>> buffer.copyin(np.array([1, 2, 3], dtype=np.float32)).numpy().tolist()
+[1.0, 2.0, 3.0]
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tinyteach.dtype import DType, dtypes
+
+# every device tinyteach knows, with the module that implements it
+KNOWN_DEVICES = {
+    "NUMPY": "tinyteach.runtime.numpy",
+    "CPU": "tinyteach.runtime.cpu",
+    "OPENCL": "tinyteach.runtime.opencl",
+    "WEBGPU": "tinyteach.runtime.webgpu",
+    "CUDA": "tinyteach.runtime.cuda",
+}
+PREFERENCE = ["CPU", "NUMPY"]  # Device.DEFAULT picks the first that works
+
+
+class DeviceUnavailable(RuntimeError):
+    """A device is known but cannot run here (its library or hardware is missing)."""
+
+
+class Allocator:
+    """Device memory: `alloc` returns an opaque handle; copies go through host numpy arrays."""
+
+    def alloc(self, nbytes: int) -> Any:
+        raise NotImplementedError
+
+    def copyin(self, dest: Any, src: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def copyout(self, dest: np.ndarray, src: Any) -> None:
+        raise NotImplementedError
+
+
+class HostMemory:
+    """Host RAM as a numpy byte array, with its address kept (asking numpy for it is slow)."""
+
+    __slots__ = ("array", "address")
+
+    def __init__(self, nbytes: int):
+        self.array = np.zeros(max(nbytes, 1) + 63, dtype=np.uint8)
+        misalignment = -self.array.ctypes.data % 64  # 64-byte aligned, for vector loads
+        self.array = self.array[misalignment: misalignment + max(nbytes, 1)]
+        self.address: int = self.array.ctypes.data
+
+    def view(self, dtype: np.dtype, size: int) -> np.ndarray:
+        return self.array[: size * dtype.itemsize].view(dtype)
+
+
+class HostAllocator(Allocator):
+    """Memory in the host's RAM (NUMPY and CPU use it)."""
+
+    def alloc(self, nbytes: int) -> HostMemory:
+        return HostMemory(nbytes)
+
+    def copyin(self, dest: HostMemory, src: np.ndarray) -> None:
+        dest.array[: src.nbytes] = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+
+    def copyout(self, dest: np.ndarray, src: HostMemory) -> None:
+        dest.reshape(-1).view(np.uint8)[:] = src.array[: dest.nbytes]
+
+
+class Compiler:
+    """Turns source code into a binary (whatever the device's Program loads: bytes, a path).
+    `cache_key` names the compiler and its flags."""
+
+    cache_key = "none"
+
+    def compile(self, source: str) -> Any:
+        raise NotImplementedError
+
+
+class CompileError(RuntimeError):
+    """A kernel's source did not compile; the message shows the compiler's output and the line."""
+
+
+class Backend:
+    """A device: its name and its Allocator, Renderer (None for an interpreter), Compiler and
+    Program class. The engine in realize.py needs nothing more."""
+
+    def __init__(self, name: str, allocator: Allocator, renderer: Any, compiler: Compiler | None,
+                 program: Callable[..., Any]):
+        self.name, self.allocator, self.renderer = name, allocator, renderer
+        self.compiler, self.program = compiler, program
+
+    def synchronize(self) -> None:
+        """Wait for the device to finish its work (host devices are always finished)."""
+
+
+class _DeviceRegistry:
+    """`Device["CPU"]` gives the Backend; `Device.DEFAULT` the default device's name."""
+
+    def __init__(self) -> None:
+        self._backends: dict[str, Backend] = {}
+        self._default: str | None = None
+
+    def canonicalize(self, name: str | None) -> str:
+        if name is None:
+            return self.DEFAULT
+        upper = name.split(":")[0].upper()
+        if upper not in KNOWN_DEVICES:
+            raise ValueError(f"unknown device {name!r}; known devices: {list(KNOWN_DEVICES)}, "
+                             f"available here: {self.available()}")
+        return upper
+
+    def __getitem__(self, name: str) -> Backend:
+        name = self.canonicalize(name)
+        if name not in self._backends:
+            module = importlib.import_module(KNOWN_DEVICES[name])
+            try:
+                self._backends[name] = module.make_backend()
+            except DeviceUnavailable as error:
+                raise DeviceUnavailable(f"device {name} is not available: {error}. "
+                                        f"Available here: {self.available()}") from None
+        return self._backends[name]
+
+    def is_available(self, name: str) -> bool:
+        try:
+            self[name]
+        except (DeviceUnavailable, ImportError):
+            return False
+        return True
+
+    def available(self) -> list[str]:
+        return [name for name in KNOWN_DEVICES if name in self._backends or
+                self._probe(name)]
+
+    def _probe(self, name: str) -> bool:
+        try:
+            module = importlib.import_module(KNOWN_DEVICES[name])
+            self._backends[name] = module.make_backend()
+        except (DeviceUnavailable, ImportError):
+            return False
+        return True
+
+    @property
+    def DEFAULT(self) -> str:
+        if self._default is None:
+            self._default = self._choose_default()
+        return self._default
+
+    @DEFAULT.setter
+    def DEFAULT(self, name: str) -> None:
+        self._default = self.canonicalize(name)
+
+    def _choose_default(self) -> str:
+        wanted = os.environ.get("DEV")
+        if wanted is None:
+            wanted = next((n for n in KNOWN_DEVICES if os.environ.get(n) == "1"), None)
+        if wanted is not None:
+            name = self.canonicalize(wanted)
+            self[name]  # raises a clear error if it cannot run here
+            return name
+        return next(name for name in PREFERENCE if self.is_available(name))
+
+
+Device = _DeviceRegistry()
+
+
+class Buffer:
+    """`size` elements of `dtype` on `device`; memory is allocated on first use."""
+
+    def __init__(self, device: str, size: int, dtype: DType):
+        self.device, self.size, self.dtype = device, size, dtype
+        self._storage: Any = None
+
+    def __repr__(self) -> str:
+        state = "allocated" if self.is_allocated else "not allocated"
+        return f"<Buffer {self.device} {self.size} x {self.dtype.name}, {state}>"
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_allocated(self) -> bool:
+        return self._storage is not None
+
+    @property
+    def storage(self) -> Any:
+        """The device's handle for this memory, allocating it if needed."""
+        if self._storage is None:
+            self._storage = Device[self.device].allocator.alloc(self.nbytes)
+        return self._storage
+
+    def copyin(self, data: np.ndarray) -> Buffer:
+        if data.size != self.size or dtypes.from_np(data.dtype) != self.dtype:
+            raise ValueError(f"copyin of {data.size} x {data.dtype} into {self!r}")
+        Device[self.device].allocator.copyin(self.storage, data)
+        return self
+
+    def numpy(self) -> np.ndarray:
+        """A host copy of the contents, as a flat numpy array."""
+        result = np.empty(self.size, dtype=self.dtype.np)
+        if self.size:
+            Device[self.device].synchronize()
+            Device[self.device].allocator.copyout(result, self.storage)
+        return result

@@ -1,0 +1,175 @@
+"""Chapter 1 (part 2): dtypes — what a number is stored as, and how mixed dtypes promote.
+
+What this teaches:
+- a dtype is a name, a size in bytes and a kind (bool, signed int, unsigned int, float);
+- mixing dtypes follows a promotion lattice (tinygrad's): bool < int8 < int16 < ... < float64,
+  and an operation takes the least dtype both operands can be promoted to;
+- a Python scalar adapts to the tensor it meets (`int_tensor * 2` stays int,
+  `int_tensor * 0.5` becomes `dtypes.default_float`).
+
+Used by every later chapter: the IR carries a dtype on every node and each renderer turns
+it into its language's type name.
+
+>>> least_upper_dtype(dtypes.int8, dtypes.uint8)
+dtypes.int16
+>>> least_upper_dtype(dtypes.int32, dtypes.float16)
+dtypes.float16
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import numpy as np
+
+Kind = Literal["bool", "int", "uint", "float"]
+
+
+@dataclass(frozen=True, order=True)
+class DType:
+    """A scalar type: `priority` orders the lattice, `itemsize` is in bytes."""
+
+    priority: int
+    itemsize: int
+    name: str
+    kind: Kind
+
+    def __repr__(self) -> str:
+        return f"dtypes.{self.name}"
+
+    @property
+    def np(self) -> np.dtype:
+        """The matching numpy dtype (numpy is the reference and the host format)."""
+        return np.dtype("bool" if self.kind == "bool" else self.name)
+
+    @property
+    def min(self) -> float | int | bool:
+        if self.kind == "float":
+            return -math.inf
+        if self.kind == "bool":
+            return False
+        return int(np.iinfo(self.np).min)
+
+    @property
+    def max(self) -> float | int | bool:
+        if self.kind == "float":
+            return math.inf
+        if self.kind == "bool":
+            return True
+        return int(np.iinfo(self.np).max)
+
+
+class dtypes:
+    """All the dtypes, by name, and the questions asked about them."""
+
+    bool: Final = DType(0, 1, "bool", "bool")
+    int8: Final = DType(1, 1, "int8", "int")
+    uint8: Final = DType(2, 1, "uint8", "uint")
+    int16: Final = DType(3, 2, "int16", "int")
+    uint16: Final = DType(4, 2, "uint16", "uint")
+    int32: Final = DType(5, 4, "int32", "int")
+    uint32: Final = DType(6, 4, "uint32", "uint")
+    int64: Final = DType(7, 8, "int64", "int")
+    uint64: Final = DType(8, 8, "uint64", "uint")
+    float16: Final = DType(9, 2, "float16", "float")
+    float32: Final = DType(10, 4, "float32", "float")
+    float64: Final = DType(11, 8, "float64", "float")
+    half, float, double = float16, float32, float64
+    int, uint = int32, uint32
+    default_float: DType = float32
+    default_int: DType = int32
+
+    @staticmethod
+    def is_float(dtype: DType) -> bool:
+        return dtype.kind == "float"
+
+    @staticmethod
+    def is_int(dtype: DType) -> bool:
+        return dtype.kind in ("int", "uint")
+
+    @staticmethod
+    def is_unsigned(dtype: DType) -> bool:
+        return dtype.kind == "uint"
+
+    @staticmethod
+    def from_py(value: object) -> DType:
+        """The dtype a Python scalar (or nested list of them) gets on its own."""
+        if isinstance(value, (list, tuple)):
+            if not value:
+                return dtypes.default_float
+            return max(dtypes.from_py(item) for item in value)
+        if isinstance(value, (bool, np.bool_)):
+            return dtypes.bool
+        if isinstance(value, (int, np.integer)):
+            return dtypes.default_int
+        return dtypes.default_float
+
+    @staticmethod
+    def from_np(dtype: np.dtype) -> DType:
+        name = "bool" if dtype == np.bool_ else np.dtype(dtype).name
+        if name not in ALL_DTYPES:
+            raise TypeError(f"numpy dtype {dtype} has no tinyteach dtype; use one of "
+                            f"{sorted(ALL_DTYPES)}")
+        return ALL_DTYPES[name]
+
+    @staticmethod
+    def as_dtype(value: DType | str | type | np.dtype) -> DType:
+        """Accept a DType, a name ('float32') or a numpy dtype."""
+        if isinstance(value, DType):
+            return value
+        if isinstance(value, str):
+            if value not in ALL_DTYPES:
+                raise TypeError(f"unknown dtype {value!r}; use one of {sorted(ALL_DTYPES)}")
+            return ALL_DTYPES[value]
+        return dtypes.from_np(np.dtype(value))
+
+
+ALL_DTYPES: dict[str, DType] = {
+    d.name: d for d in vars(dtypes).values() if isinstance(d, DType) and d.name != "default"
+}
+
+# Each dtype promotes directly to these (tinygrad's lattice). The least upper bound of two
+# dtypes is the smallest dtype both can reach.
+PROMOTES_TO: dict[DType, tuple[DType, ...]] = {
+    dtypes.bool: (dtypes.int8, dtypes.uint8),
+    dtypes.int8: (dtypes.int16,), dtypes.int16: (dtypes.int32,),
+    dtypes.int32: (dtypes.int64,), dtypes.int64: (dtypes.float16,),
+    dtypes.uint8: (dtypes.int16, dtypes.uint16), dtypes.uint16: (dtypes.int32, dtypes.uint32),
+    dtypes.uint32: (dtypes.int64, dtypes.uint64), dtypes.uint64: (dtypes.float16,),
+    dtypes.float16: (dtypes.float32,), dtypes.float32: (dtypes.float64,),
+    dtypes.float64: (),
+}
+
+
+def _reachable(dtype: DType) -> set[DType]:
+    reached = {dtype}
+    for parent in PROMOTES_TO[dtype]:
+        reached |= _reachable(parent)
+    return reached
+
+
+def least_upper_dtype(*ds: DType) -> DType:
+    """The smallest dtype every one of `ds` promotes to."""
+    common = set.intersection(*(_reachable(d) for d in ds))
+    return min(common)
+
+
+def least_upper_float(dtype: DType) -> DType:
+    """Float ops (exp, sqrt, division) on ints compute in the default float."""
+    return dtype if dtypes.is_float(dtype) else dtypes.default_float
+
+
+def truncate_to(dtype: DType, value: float | int | bool) -> float | int | bool:
+    """A Python scalar as the given dtype would store it (wrapping ints, rounding floats)."""
+    if dtype.kind == "bool":
+        return bool(value)
+    if dtype.kind == "float":
+        return float(np.array(value, dtype=np.float64).astype(dtype.np))
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"cannot store {value} in {dtype}")
+    bits = 8 * dtype.itemsize
+    wrapped = int(value) % (1 << bits)
+    if dtype.kind == "int" and wrapped >= 1 << (bits - 1):
+        wrapped -= 1 << bits
+    return wrapped

@@ -1,0 +1,127 @@
+"""Chapter 2: autograd — reverse mode on the lazy graph.
+
+What this teaches:
+- each primitive op has one gradient rule: given the gradient of its output, return the
+  gradient of each source. There are only ~20 rules (`GRADIENT_RULES`), because everything
+  else — softmax, conv2d, cross-entropy — is made of these ops, and the chain rule composes them;
+- backpropagation walks the graph from the loss down, in reverse topological order, summing
+  the gradients that reach each node from its users;
+- gradients are themselves lazy UOp graphs: `backward()` builds more graph, and the scheduler
+  fuses forward and backward work when the result is realized.
+
+Builds on: uop.py. Used by: tensor.py (`backward`, `Tensor.gradient`).
+
+>>> from tinyteach import Tensor
+>>> x = Tensor([2.0, 3.0], requires_grad=True)
+>>> _ = (x * x).sum().backward()
+>>> x.grad.tolist()
+[4.0, 6.0]
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from tinyteach.helpers import argsort
+from tinyteach.uop import Ops, UOp
+
+Grads = tuple[UOp | None, ...]
+
+
+def _reduce_max_grad(grad: UOp, node: UOp) -> Grads:
+    # the gradient goes to the elements equal to the max, split evenly between ties
+    source = node.src[0]
+    is_max = source.ne(node.expand(source.shape)).ne(True).cast(source.dtype)
+    ties = is_max.reduce(Ops.ADD, node.arg[1]).expand(source.shape)
+    return (is_max * ties.alu(Ops.RECIPROCAL) * grad.expand(source.shape),)
+
+
+def _max_grad(grad: UOp, node: UOp) -> Grads:
+    # max(a, b): all to the larger, half each when equal (as PyTorch's maximum)
+    a, b = node.src
+    a_wins = b.lt(a).cast(grad.dtype)
+    equal = a.ne(b).ne(True).cast(grad.dtype) * 0.5
+    share_a = a_wins + equal
+    return (grad * share_a, grad * (share_a.const_like(1.0) - share_a))
+
+
+def _expand_grad(grad: UOp, node: UOp) -> Grads:
+    # broadcasting copies a value, so the gradient sums over the broadcast axes
+    source_shape = node.src[0].shape
+    axes = tuple(i for i, (s, n) in enumerate(zip(source_shape, node.shape)) if s == 1 and n != 1)
+    return (grad.reduce(Ops.ADD, axes),)
+
+
+def _pad_grad(grad: UOp, node: UOp) -> Grads:
+    return (grad.shrink(tuple((b, b + s) for (b, _), s in zip(node.arg, node.src[0].shape))),)
+
+
+def _shrink_grad(grad: UOp, node: UOp) -> Grads:
+    sizes = node.src[0].shape
+    return (grad.pad(tuple((start, size - end) for (start, end), size in zip(node.arg, sizes))),)
+
+
+def _no_grad(grad: UOp, node: UOp) -> Grads:
+    return (None,) * len(node.src)
+
+
+GRADIENT_RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
+    Ops.ADD: lambda grad, node: (grad, grad),
+    Ops.MUL: lambda grad, node: (grad * node.src[1], grad * node.src[0]),
+    Ops.NEG: lambda grad, node: (-grad,),
+    Ops.EXP2: lambda grad, node: (grad * node * math.log(2),),         # d 2^x = 2^x ln 2
+    Ops.LOG2: lambda grad, node: (grad * (node.src[0] * math.log(2)).alu(Ops.RECIPROCAL),),
+    Ops.SIN: lambda grad, node: (grad * (node.src[0].const_like(math.pi / 2) - node.src[0])
+                                 .alu(Ops.SIN),),                      # d sin = cos
+    Ops.SQRT: lambda grad, node: (grad * (node * 2).alu(Ops.RECIPROCAL),),
+    Ops.RECIPROCAL: lambda grad, node: (-grad * node * node,),         # d 1/x = -1/x^2
+    Ops.CAST: lambda grad, node: (grad.cast(node.src[0].dtype),),
+    Ops.MAX: _max_grad,
+    Ops.WHERE: lambda grad, node: (None, node.src[0].where(grad, 0.0),
+                                   node.src[0].where(0.0, grad)),
+    Ops.REDUCE_AXIS: lambda grad, node: (_reduce_max_grad(grad, node) if node.arg[0] is Ops.MAX
+                                         else (grad.expand(node.src[0].shape),)),
+    Ops.RESHAPE: lambda grad, node: (grad.reshape(node.src[0].shape),),
+    Ops.PERMUTE: lambda grad, node: (grad.permute(tuple(argsort(list(node.arg)))),),
+    Ops.EXPAND: _expand_grad,
+    Ops.PAD: _pad_grad,
+    Ops.SHRINK: _shrink_grad,
+    Ops.FLIP: lambda grad, node: (grad.flip(node.arg),),
+    Ops.CONTIGUOUS: lambda grad, node: (grad,),
+    Ops.COPY: lambda grad, node: (None,),  # replaced in compute_gradient: it needs the device
+    Ops.DETACH: _no_grad,
+    Ops.CMPLT: _no_grad, Ops.CMPNE: _no_grad, Ops.IDIV: _no_grad, Ops.MOD: _no_grad,
+    Ops.AND: _no_grad, Ops.OR: _no_grad, Ops.XOR: _no_grad,
+}
+
+
+def _on_path(root: UOp, targets: set[UOp]) -> set[UOp]:
+    """The nodes through which `root` depends on a target: only they need gradients."""
+    needed: set[UOp] = set()
+    for node in root.toposort:
+        if node in targets or any(s in needed for s in node.src):
+            if node.op is not Ops.DETACH:
+                needed.add(node)
+    return needed
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp],
+                     copy_back: Callable[[UOp, UOp], UOp]) -> dict[UOp, UOp]:
+    """Gradients of `root` with respect to every node on a path to `targets`.
+    `copy_back(grad, source)` moves a gradient to the device of `source` (for COPY)."""
+    needed = _on_path(root, targets)
+    grads: dict[UOp, UOp] = {root: root_grad}
+    for node in reversed(root.toposort):
+        if node not in grads or node.op in (Ops.BUFFER, Ops.CONST):
+            continue
+        if node.op is Ops.COPY:
+            source_grads: Grads = (copy_back(grads[node], node.src[0]),)
+        elif node.op in GRADIENT_RULES:
+            source_grads = GRADIENT_RULES[node.op](grads[node], node)
+        else:
+            raise NotImplementedError(f"no gradient rule for {node.op.name}")
+        for source, grad in zip(node.src, source_grads):
+            if grad is None or source not in needed:
+                continue
+            grads[source] = grads[source] + grad if source in grads else grad
+    return grads

@@ -1,0 +1,108 @@
+"""Small helpers shared by every chapter: settings (DEBUG, Context), counters and math on tuples.
+
+Settings follow tinygrad: each is read once from the environment (`DEBUG=4 python x.py`) and can
+be changed for a block of code with `with Context(DEBUG=4): ...`.
+
+>>> with Context(DEBUG=2):
+...     DEBUG.value
+2
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import operator
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def getenv(key: str, default: int = 0) -> int:
+    """Read an integer setting from the environment."""
+    return int(os.environ.get(key, default))
+
+
+class ContextVar:
+    """A named setting with a value taken from the environment; `Context` changes it for a block."""
+
+    registry: dict[str, ContextVar] = {}
+
+    def __init__(self, key: str, default: int):
+        self.key, self.value = key, getenv(key, default)
+        ContextVar.registry[key] = self
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __ge__(self, other: int) -> bool:
+        return self.value >= other
+
+    def __gt__(self, other: int) -> bool:
+        return self.value > other
+
+    def __repr__(self) -> str:
+        return f"{self.key}={self.value}"
+
+
+DEBUG = ContextVar("DEBUG", 0)        # 1 launches, 2 timings, 3 ASTs, 4 source, 5 rewrites
+NOOPT = ContextVar("NOOPT", 0)        # 1: no kernel optimizations (later chapters)
+TRAINING = ContextVar("TRAINING", 0)  # 1: dropout and batchnorm behave as in training
+
+
+@contextlib.contextmanager
+def Context(**settings: int) -> Iterator[None]:
+    """Set settings for the duration of a `with` block: `with Context(DEBUG=4): ...`."""
+    unknown = [key for key in settings if key not in ContextVar.registry]
+    if unknown:
+        raise KeyError(f"unknown setting(s) {unknown}; known: {sorted(ContextVar.registry)}")
+    saved = {key: ContextVar.registry[key].value for key in settings}
+    for key, value in settings.items():
+        ContextVar.registry[key].value = int(value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            ContextVar.registry[key].value = value
+
+
+class GlobalCounters:
+    """Counts every kernel launched: how many, how many ops and bytes, and the time they took."""
+
+    kernel_count: int = 0
+    global_ops: int = 0
+    global_mem: int = 0
+    time_sum_s: float = 0.0
+
+    @staticmethod
+    def reset() -> None:
+        GlobalCounters.kernel_count, GlobalCounters.global_ops = 0, 0
+        GlobalCounters.global_mem, GlobalCounters.time_sum_s = 0, 0.0
+
+
+def prod(values: Iterable[int]) -> int:
+    """The product of a sequence of ints (1 for an empty one)."""
+    return functools.reduce(operator.mul, values, 1)
+
+
+def argsort(values: list[Any]) -> list[int]:
+    return sorted(range(len(values)), key=values.__getitem__)
+
+
+def dedup(values: Iterable[T]) -> list[T]:
+    """Drop repeated items, keeping the first of each, in order."""
+    return list(dict.fromkeys(values))
+
+
+def flatten(nested: Iterable[Iterable[T]]) -> list[T]:
+    return [item for inner in nested for item in inner]
+
+
+def strides_for_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major (C order) strides, in elements, with 0 for dimensions of size 1."""
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running if size != 1 else 0)
+        running *= size
+    return tuple(reversed(strides))

@@ -1,0 +1,244 @@
+"""Chapter 7: lowering — from a kernel AST to loops, accumulators and index arithmetic.
+
+What this teaches:
+- a kernel computes every element of its output: one loop per output axis (`gidx0`, `gidx1`);
+- lowering walks the AST from the store down, carrying the *index* being computed. Elementwise
+  ops keep the index; movement ops change it (chapter 4); a reduction opens new loops
+  (`ridx0`) over the axes it reduces and accumulates into a register; a buffer becomes a LOAD
+  from `index_into_buffer`, guarded by a condition when padding may make it invalid;
+- the symbolic rewrite rules (chapter 5) then tidy the index arithmetic;
+- `linearize` orders the graph into a straight-line program: open loops, compute, accumulate,
+  close loops. Work that does not depend on an inner loop is placed outside it.
+
+The result, a `LinearProgram`, is what every renderer (chapter 8) turns into source code.
+
+Builds on: uop.py, view.py, rewrite.py. Used by: render/, realize.py.
+
+>>> from tinyteach import Tensor
+>>> from tinyteach.schedule import create_schedule
+>>> x = Tensor.ones(4, 8).realize()
+>>> item = create_schedule([x.sum(axis=1).uop], "CPU")[0][0]
+>>> print(lower(item.ast))  # doctest: +NORMALIZE_WHITESPACE
+%0   DEFINE_GLOBAL float32  () (0, 4)
+%1   DEFINE_GLOBAL float32  () (1, 32)
+%2   RANGE         int32    () ('g', 0, 4)
+%3   CONST         int32    () 8
+%4   MUL           int32    (%2, %3)
+%5   CONST         float32  () 0.0
+%6   DEFINE_ACC    float32  (%5) 0
+%7   RANGE         int32    () ('r', 0, 8)
+%8   ADD           int32    (%4, %7)
+%9   LOAD          float32  (%1, %8)
+%10  ACCUMULATE    float32  (%6, %9) Ops.ADD
+%11  END_RANGE     bool     (%7)
+%12  REDUCE        float32  (%9, %7) Ops.ADD
+%13  STORE         float32  (%0, %2, %12)
+%14  END_RANGE     bool     (%2)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tinyteach.dtype import DType, dtypes
+from tinyteach.rewrite import graph_rewrite, symbolic
+from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
+from tinyteach.view import (
+    Index,
+    Valid,
+    and_valid,
+    index_const,
+    index_into_buffer,
+    linear_index,
+    view_index,
+)
+
+
+def make_range(kind: str, number: int, size: int) -> UOp:
+    """A loop counter: `kind` is 'g' for an output axis, 'r' for a reduced one."""
+    return UOp(Ops.RANGE, dtypes.int32, (), (kind, number, size))
+
+
+def identity_element(op: Ops, dtype: DType) -> float | int | bool:
+    """What an accumulator starts from: 0 for a sum, the smallest value for a max."""
+    return 0 if op is Ops.ADD else dtype.min
+
+
+@dataclass
+class _Lowerer:
+    """Turns the value graph of one kernel into index-carrying ALU, LOAD and REDUCE nodes."""
+
+    globals_by_index: dict[int, UOp]
+    reduce_count: int = 0
+    memo: dict[tuple[UOp, Index, Valid], UOp] = field(default_factory=dict)
+
+    def lower(self, node: UOp, index: Index, valid: Valid) -> UOp:
+        key = (node, index, valid)
+        if key not in self.memo:
+            self.memo[key] = self._lower(node, index, valid)
+        return self.memo[key]
+
+    def _lower(self, node: UOp, index: Index, valid: Valid) -> UOp:
+        if node.op is Ops.CONST:
+            return node
+        if node.op in MOVEMENT and _reads_buffer_directly(node):
+            return self._load(node, index, valid)
+        if node.op in MOVEMENT:
+            inner_index, condition = view_index(node, index)
+            value = self.lower(node.src[0], inner_index, and_valid(valid, condition))
+            if condition is None:
+                return value
+            return condition.where(value, UOp.const(value.dtype, 0))
+        if node.op is Ops.REDUCE_AXIS:
+            return self._reduce(node, index, valid)
+        if node.op in ALU:
+            sources = tuple(self.lower(s, index, valid) for s in node.src)
+            return UOp(node.op, node.dtype, sources)
+        if node.op is Ops.DEFINE_GLOBAL:
+            return self._load(node, index, valid)
+        raise NotImplementedError(f"cannot lower {node.op.name}")
+
+    def _load(self, node: UOp, index: Index, valid: Valid) -> UOp:
+        define, position, condition = index_into_buffer(node, index)
+        condition = and_valid(valid, condition)
+        sources = (define, position) if condition is None else (define, position, condition)
+        return UOp(Ops.LOAD, node.dtype, sources)
+
+    def _reduce(self, node: UOp, index: Index, valid: Valid) -> UOp:
+        reduce_op, axes = node.arg
+        source_shape = node.src[0].shape
+        ranges = []
+        inner_index = list(index)
+        for axis in axes:
+            loop = make_range("r", self.reduce_count, source_shape[axis])
+            self.reduce_count += 1
+            ranges.append(loop)
+            inner_index[axis] = loop
+        value = self.lower(node.src[0], tuple(inner_index), valid)
+        return UOp(Ops.REDUCE, node.dtype, (value, *ranges), reduce_op)
+
+
+def _reads_buffer_directly(node: UOp) -> bool:
+    while node.op in MOVEMENT:
+        node = node.src[0]
+    return node.op is Ops.DEFINE_GLOBAL
+
+
+def lower_ast(ast: UOp) -> UOp:
+    """SINK(STORE(out, value)) -> SINK(STORE(out, index, lowered value)) over loop ranges."""
+    store = ast.src[0]
+    output, value = store.src
+    globals_by_index = {n.arg[0]: n for n in ast.toposort if n.op is Ops.DEFINE_GLOBAL}
+    lowerer = _Lowerer(globals_by_index)
+    shape = value.shape
+    index = tuple(index_const(0) if size == 1 else make_range("g", axis, size)
+                  for axis, size in enumerate(shape))
+    lowered = lowerer.lower(value, index, None)
+    new_store = UOp(Ops.STORE, value.dtype, (output, linear_index(index, shape), lowered))
+    return graph_rewrite(UOp(Ops.SINK, dtypes.bool, (new_store,)), symbolic)
+
+
+# ---- linearize: a graph with loops -> a straight-line program ----
+
+@dataclass
+class LinearProgram:
+    """The ordered UOps of one kernel, ready for a renderer."""
+
+    uops: list[UOp]
+    global_sizes: tuple[int, ...]
+    accumulators: dict[UOp, UOp] = field(default_factory=dict)  # REDUCE -> its DEFINE_ACC
+
+    @property
+    def globals(self) -> list[UOp]:
+        return sorted((u for u in self.uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg[0])
+
+    def __str__(self) -> str:
+        number = {u: i for i, u in enumerate(self.uops)}
+        lines = []
+        for u in self.uops:
+            sources = ", ".join(f"%{number[s]}" for s in u.src if s in number)
+            arg = "" if u.arg is None else f" {u.arg}"
+            lines.append(f"%{number[u]:<3} {u.op.name:<13} {u.dtype.name:<8} ({sources}){arg}")
+        return "\n".join(lines)
+
+
+def ranges_of(node: UOp, memo: dict[UOp, frozenset[UOp]] | None = None) -> frozenset[UOp]:
+    """The loops a node's value depends on. A REDUCE closes its own loops: its result depends
+    only on the loops outside it."""
+    memo = {} if memo is None else memo
+    for n in node.toposort:
+        if n.op is Ops.RANGE:
+            memo[n] = frozenset((n,))
+        elif n.op is Ops.REDUCE:
+            memo[n] = memo[n.src[0]] - frozenset(n.src[1:])
+        else:
+            memo[n] = frozenset().union(*(memo[s] for s in n.src))
+    return memo[node]
+
+
+@dataclass
+class _Linearizer:
+    uops: list[UOp] = field(default_factory=list)
+    placed: set[UOp] = field(default_factory=set)
+    acc_count: int = 0
+    accumulators: dict[UOp, UOp] = field(default_factory=dict)
+    range_memo: dict[UOp, frozenset[UOp]] = field(default_factory=dict)
+
+    def place(self, node: UOp) -> None:
+        """Emit `node` after everything it needs (REDUCE emits its loop around its value)."""
+        if node in self.placed:
+            return
+        if node.op is Ops.REDUCE:
+            self._place_reduce(node)
+            return
+        for source in node.src:
+            self.place(source)
+        self.uops.append(node)
+        self.placed.add(node)
+
+    def _place_reduce(self, node: UOp) -> None:
+        value, loops = node.src[0], node.src[1:]
+        own = set(loops)
+        # hoist: everything the value needs that does not depend on this reduction's loops
+        for dep in value.toposort:
+            inside = ranges_of(dep, self.range_memo) & own
+            if dep not in self.placed and not inside and dep.op is not Ops.RANGE:
+                self.place(dep)
+        identity = UOp.const(node.dtype, identity_element(node.arg, node.dtype))
+        acc = UOp(Ops.DEFINE_ACC, node.dtype, (identity,), self.acc_count)
+        self.acc_count += 1
+        self.place(identity)
+        self.uops.append(acc)
+        for loop in loops:
+            self.uops.append(loop)
+            self.placed.add(loop)
+        self.place(value)
+        self.uops.append(UOp(Ops.ACCUMULATE, node.dtype, (acc, value), node.arg))
+        for loop in reversed(loops):
+            self.uops.append(UOp(Ops.END_RANGE, dtypes.bool, (loop,)))
+        # after the loop, the reduction's value is the accumulator
+        self.accumulators[node] = acc
+        self.uops.append(node)
+        self.placed.add(node)
+
+
+def linearize(lowered: UOp) -> LinearProgram:
+    """Order a lowered kernel: parameters, output loops, body, closing braces."""
+    nodes = lowered.toposort
+    defines = sorted((n for n in nodes if n.op is Ops.DEFINE_GLOBAL), key=lambda n: n.arg[0])
+    global_loops = sorted((n for n in nodes if n.op is Ops.RANGE and n.arg[0] == "g"),
+                          key=lambda n: n.arg[1])
+    linearizer = _Linearizer()
+    for node in [*defines, *global_loops]:
+        linearizer.uops.append(node)
+        linearizer.placed.add(node)
+    for store in lowered.src:
+        linearizer.place(store)
+    for loop in reversed(global_loops):
+        linearizer.uops.append(UOp(Ops.END_RANGE, dtypes.bool, (loop,)))
+    sizes = tuple(loop.arg[2] for loop in global_loops)
+    return LinearProgram(linearizer.uops, sizes, linearizer.accumulators)
+
+
+def lower(ast: UOp) -> LinearProgram:
+    """The whole chapter: lower the AST, simplify its index math, and linearize it."""
+    return linearize(lower_ast(ast))

@@ -1,0 +1,166 @@
+"""Chapter 9 (part 4): the engine — running a schedule.
+
+What this teaches:
+- realizing a tensor is three steps: schedule its graph into kernels (chapter 6), get a runnable
+  program for each kernel (interpret it, or lower -> render -> compile it: chapters 7-8), then
+  run them in order on their buffers;
+- programs are cached by kernel AST: the second time the same computation runs, nothing is
+  lowered or compiled again;
+- everything the engine does can be watched: DEBUG=1 prints each launch, 2 adds timings, 3 the
+  AST and the fusion reasons, 4 the generated source; `GlobalCounters` counts kernels, ops,
+  bytes and time; `record_launches()` hands each launch to Python code (viz, the JIT).
+
+Builds on: device.py, schedule.py, lower.py, render/. Used by: tensor.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinyteach.device import Backend, Buffer, Device
+from tinyteach.helpers import DEBUG, GlobalCounters
+from tinyteach.lower import LinearProgram, lower
+from tinyteach.schedule import ScheduleItem, create_schedule, estimate_ops
+from tinyteach.uop import Ops, UOp, pretty
+
+
+@dataclass
+class Runner:
+    """A kernel ready to run on one device, with every stage that produced it kept for study."""
+
+    name: str
+    device: str
+    program: Callable[..., Any]
+    ast: UOp
+    linear: LinearProgram | None = None
+    source: str | None = None
+    ops_estimate: int = 0
+
+
+@dataclass
+class Launch:
+    """One kernel launch, as recorded by `record_launches`."""
+
+    item: ScheduleItem
+    runner: Runner | None
+    seconds: float
+    buffers: list[Buffer] = field(default_factory=list)
+
+
+_runner_cache: dict[tuple[str, UOp, str], Runner] = {}
+_launch_logs: list[list[Launch]] = []
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[list[Launch]]:
+    """Collect every launch inside the block: `with record_launches() as launches: ...`."""
+    launches: list[Launch] = []
+    _launch_logs.append(launches)
+    try:
+        yield launches
+    finally:
+        _launch_logs.remove(launches)
+
+
+def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
+    """Interpret (no renderer) or lower, render and compile one kernel for a device."""
+    if backend.renderer is None:
+        return Runner(name, backend.name, backend.program(ast), ast, ops_estimate=estimate_ops(ast))
+    linear = lower(ast)
+    source = backend.renderer.render(name, linear)
+    if DEBUG >= 4:
+        print(source)
+    assert backend.compiler is not None
+    binary = backend.compiler.compile(source)
+    return Runner(name, backend.name, backend.program(name, binary), ast, linear, source,
+                  estimate_ops(ast))
+
+
+def get_runner(item: ScheduleItem) -> Runner:
+    key = (item.device, item.ast, item.name)
+    if key not in _runner_cache:
+        _runner_cache[key] = compile_kernel(Device[item.device], item.name, item.ast)
+    return _runner_cache[key]
+
+
+def _print_item(item: ScheduleItem) -> None:
+    print(f"--- kernel {item.name} on {item.device}: stored because {item.boundary_reason}")
+    for note in item.fusions + item.input_reasons:
+        print(f"    {note}")
+    print(pretty(item.ast))
+
+
+def run_item(item: ScheduleItem) -> None:
+    if DEBUG >= 3:
+        _print_item(item)
+    runner = None if item.kind == "copy" else get_runner(item)
+    for buffer in item.buffers:
+        _ = buffer.storage  # allocate now, so allocation is not counted as kernel time
+    start = time.perf_counter()
+    if runner is None:
+        item.output.copyin(item.buffers[1].numpy())
+    else:
+        runner.program(*item.buffers)
+        if DEBUG >= 2:
+            Device[item.device].synchronize()
+    seconds = time.perf_counter() - start
+    _count(item, runner, seconds)
+    for log in _launch_logs:
+        log.append(Launch(item, runner, seconds, list(item.buffers)))
+
+
+def _count(item: ScheduleItem, runner: Runner | None, seconds: float) -> None:
+    GlobalCounters.kernel_count += 1
+    GlobalCounters.global_ops += runner.ops_estimate if runner else 0
+    memory = sum(b.nbytes for b in item.buffers)
+    GlobalCounters.global_mem += memory
+    GlobalCounters.time_sum_s += seconds
+    if DEBUG >= 1:
+        timing = f" tm {seconds * 1e6:9.2f}us" if DEBUG >= 2 else ""
+        print(f"*** {item.device:<6} {GlobalCounters.kernel_count:4d} {item.name:<26} "
+              f"arg {len(item.buffers):2d} mem {memory / 1e9:.6f} GB{timing}")
+
+
+def run_schedule(items: list[ScheduleItem]) -> None:
+    for item in items:
+        run_item(item)
+
+
+# ---- realizing: each computed node is remembered, so later graphs reuse its buffer ----
+
+already_realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+
+
+def substitute_realized(roots: list[UOp]) -> list[UOp]:
+    """Replace every node that was computed before by the buffer that holds its value."""
+    done: dict[UOp, UOp] = {}
+    for root in roots:
+        for node in root.toposort:
+            if node in done:
+                continue
+            if node in already_realized:
+                done[node] = already_realized[node]
+            elif node.src:
+                new_sources = tuple(done[s] for s in node.src)
+                done[node] = node if new_sources == node.src else node.replace(src=new_sources)
+            else:
+                done[node] = node
+    return [done[root] for root in roots]
+
+
+def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
+    """Compute `roots`; returns, for each, a BUFFER-backed node holding its value."""
+    substituted = substitute_realized(roots)
+    items, becomes = create_schedule(substituted, default_device)
+    run_schedule(items)
+    results = []
+    for original, node in zip(roots, substituted):
+        result = becomes.get(node, node)
+        if result is not original and original.op is not Ops.CONST:
+            already_realized[original] = result
+        results.append(result)
+    return results

@@ -1,0 +1,333 @@
+"""Chapter 5: rewriting graphs — patterns, rules and a rewrite engine.
+
+What this teaches:
+- a compiler pass is a table of rules: "when you see this shape of graph, build that instead".
+  `UPat` describes a shape (op, sources, arg, a name to bind), `PatternMatcher` holds the rules,
+  and `graph_rewrite` applies them bottom-up until nothing changes;
+- constant folding and algebraic simplification (`x*1 -> x`, `(i*8 + j) // 8 -> i`) are just
+  rules, and the index arithmetic that views produce (chapter 4) becomes tidy with them;
+- every rewrite can be recorded (`record_rewrites()`, or DEBUG=5) so you can step through what a
+  pass did, rule by rule.
+
+Builds on: uop.py (the nodes), view.py (what produces index arithmetic).
+Used by: lower.py, which runs `symbolic` over every kernel's index math.
+
+>>> from tinyteach.dtype import dtypes
+>>> i = UOp(Ops.RANGE, dtypes.int32, (), ("g", 0, 4))
+>>> graph_rewrite((i * 8 + 3) // 8, symbolic) is i
+True
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinyteach.dtype import DType, dtypes, truncate_to
+from tinyteach.helpers import DEBUG
+from tinyteach.uop import ALU, Ops, UOp
+
+COMMUTATIVE = (Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR)
+_ANY = object()
+
+
+@dataclass(frozen=True)
+class UPat:
+    """A pattern: which op(s), which sources, which arg; `name` binds the matched node."""
+
+    op: Ops | tuple[Ops, ...] | None = None
+    src: tuple[UPat, ...] | None = None
+    arg: Any = _ANY
+    name: str | None = None
+    dtype: DType | None = None
+
+    @staticmethod
+    def var(name: str, dtype: DType | None = None) -> UPat:
+        """Any node, bound to `name`."""
+        return UPat(name=name, dtype=dtype)
+
+    @staticmethod
+    def cvar(name: str) -> UPat:
+        """A constant, bound to `name`."""
+        return UPat(Ops.CONST, name=name)
+
+    @staticmethod
+    def const(value: Any) -> UPat:
+        """A constant with exactly this value."""
+        return UPat(Ops.CONST, arg=value)
+
+    def match(self, node: UOp, bindings: dict[str, UOp]) -> bool:
+        if self.op is not None and node.op not in _as_tuple(self.op):
+            return False
+        if self.dtype is not None and node.dtype != self.dtype:
+            return False
+        if self.arg is not _ANY and not _same_arg(node.arg, self.arg):
+            return False
+        if self.name is not None:
+            if self.name in bindings and bindings[self.name] is not node:
+                return False
+            bindings[self.name] = node
+        if self.src is None:
+            return True
+        return self._match_sources(node, bindings)
+
+    def _match_sources(self, node: UOp, bindings: dict[str, UOp]) -> bool:
+        assert self.src is not None
+        if len(self.src) != len(node.src):
+            return False
+        orders = [node.src]
+        if node.op in COMMUTATIVE and len(node.src) == 2:
+            orders.append(node.src[::-1])  # a+b matches a pattern written as b+a
+        for sources in orders:
+            attempt = dict(bindings)
+            if all(p.match(s, attempt) for p, s in zip(self.src, sources)):
+                bindings.update(attempt)
+                return True
+        return False
+
+
+def _as_tuple(op: Ops | tuple[Ops, ...]) -> tuple[Ops, ...]:
+    return op if isinstance(op, tuple) else (op,)
+
+
+def _same_arg(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b if isinstance(b, bool) else a == b
+
+
+Rule = tuple[str, UPat, Callable[..., UOp | None]]
+
+
+class PatternMatcher:
+    """An ordered table of named rules; `rewrite` returns the first rule's result, or None."""
+
+    def __init__(self, name: str, rules: list[Rule]):
+        self.name, self.rules = name, rules
+
+    def rewrite(self, node: UOp) -> tuple[str, UOp] | None:
+        for rule_name, pattern, build in self.rules:
+            bindings: dict[str, UOp] = {}
+            if pattern.match(node, bindings):
+                result = build(**bindings)
+                if result is not None and result is not node:
+                    return rule_name, result
+        return None
+
+    def __add__(self, other: PatternMatcher) -> PatternMatcher:
+        return PatternMatcher(f"{self.name}+{other.name}", self.rules + other.rules)
+
+
+# ---- recording: what every rewrite did, for DEBUG=5 and viz ----
+
+@dataclass
+class RewriteStep:
+    pass_name: str
+    rule: str
+    before: UOp
+    after: UOp
+
+
+@dataclass
+class RewriteLog:
+    steps: list[RewriteStep] = field(default_factory=list)
+
+
+_active_logs: list[RewriteLog] = []
+
+
+@contextlib.contextmanager
+def record_rewrites() -> Iterator[RewriteLog]:
+    """Record every rule applied inside the block: `with record_rewrites() as log: ...`."""
+    log = RewriteLog()
+    _active_logs.append(log)
+    try:
+        yield log
+    finally:
+        _active_logs.remove(log)
+
+
+def _note(pass_name: str, rule: str, before: UOp, after: UOp) -> None:
+    for log in _active_logs:
+        log.steps.append(RewriteStep(pass_name, rule, before, after))
+    if DEBUG >= 5:
+        print(f"  rewrite [{pass_name}] {rule}: {before.op.name} -> {after.op.name}")
+
+
+# ---- the engine ----
+
+def graph_rewrite(root: UOp, matcher: PatternMatcher, max_steps: int = 100_000) -> UOp:
+    """Rewrite bottom-up: rebuild each node from rewritten sources, then apply rules to it
+    until none matches. Returns the new root (the old graph is untouched: UOps are immutable)."""
+    done: dict[UOp, UOp] = {}
+    steps = 0
+    for node in root.toposort:
+        new_sources = tuple(done[s] for s in node.src)
+        current = node if new_sources == node.src else node.replace(src=new_sources)
+        while (found := matcher.rewrite(current)) is not None:
+            rule_name, result = found
+            _note(matcher.name, rule_name, current, result)
+            # the result may contain new nodes: rewrite them too before going on
+            current = graph_rewrite(result, matcher) if result.src else result
+            steps += 1
+            if steps > max_steps:
+                raise RuntimeError(f"rewrite pass {matcher.name} did not finish")
+        done[node] = current
+    return done[root]
+
+
+# ---- constant folding: the reference meaning of each ALU op on Python scalars ----
+
+def _c_idiv(a: int, b: int) -> int:
+    if b == 0:
+        return 0  # as our backends do: integer division by zero gives 0, never a crash
+    quotient = abs(a) // abs(b)
+    return quotient if (a < 0) == (b < 0) else -quotient
+
+
+def _c_mod(a: int, b: int) -> int:
+    return 0 if b == 0 else a - b * _c_idiv(a, b)
+
+
+def _safe_log2(a: float) -> float:
+    if a < 0 or math.isnan(a):
+        return math.nan
+    return -math.inf if a == 0 else math.log2(a)
+
+
+PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
+    Ops.NEG: lambda a: -a, Ops.EXP2: lambda a: 2.0 ** a if a < 1024 else math.inf,
+    Ops.LOG2: _safe_log2, Ops.SIN: math.sin,
+    Ops.SQRT: lambda a: math.sqrt(a) if a >= 0 else math.nan,
+    Ops.RECIPROCAL: lambda a: 1 / a if a != 0 else math.copysign(math.inf, a),
+    Ops.ADD: lambda a, b: a + b, Ops.MUL: lambda a, b: a * b,
+    Ops.IDIV: _c_idiv, Ops.MOD: _c_mod, Ops.MAX: max,
+    Ops.CMPLT: lambda a, b: a < b, Ops.CMPNE: lambda a, b: a != b,
+    Ops.AND: lambda a, b: a & b, Ops.OR: lambda a, b: a | b, Ops.XOR: lambda a, b: a ^ b,
+    Ops.WHERE: lambda c, a, b: a if c else b,
+}
+
+
+def fold_constants(node: UOp) -> UOp | None:
+    """An ALU op whose sources are all constants becomes a constant."""
+    if node.op is Ops.CAST:
+        return UOp.const(node.dtype, node.src[0].arg)
+    if dtypes.is_float(node.dtype) and node.op in (Ops.EXP2, Ops.SIN, Ops.LOG2):
+        return None  # leave transcendental functions to the device, for bit-exact results
+    try:
+        value = PYTHON_ALU[node.op](*(s.arg for s in node.src))
+    except (OverflowError, ValueError):
+        return None
+    return UOp.const(node.dtype, truncate_to(node.dtype, value))
+
+
+# ---- symbolic: simplification of index arithmetic and algebra ----
+
+def _terms(node: UOp) -> list[UOp]:
+    """The terms of a sum: (a + b) + c -> [a, b, c]."""
+    if node.op is Ops.ADD:
+        return _terms(node.src[0]) + _terms(node.src[1])
+    return [node]
+
+
+def _factor(term: UOp) -> int:
+    """The constant factor of a term: i*8 -> 8, 5 -> 5, i -> 1."""
+    if term.op is Ops.CONST:
+        return int(term.arg)
+    if term.op is Ops.MUL and term.src[1].op is Ops.CONST:
+        return int(term.src[1].arg)
+    return 1
+
+
+def _divide_term(term: UOp, divisor: int) -> UOp:
+    if term.op is Ops.CONST:
+        return UOp.const(term.dtype, term.arg // divisor)
+    return term.src[0] * (term.src[1].arg // divisor)
+
+
+def _sum(terms: list[UOp], dtype: DType) -> UOp:
+    if not terms:
+        return UOp.const(dtype, 0)
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total
+
+
+def _split_by_divisor(x: UOp, divisor: int) -> tuple[list[UOp], list[UOp]] | None:
+    """Split the terms of x into multiples of `divisor` and the rest (non-negative terms only)."""
+    if divisor <= 0 or x.dtype.kind not in ("int", "uint") or x.vmin < 0:
+        return None
+    terms = _terms(x)
+    if any(t.vmin < 0 for t in terms):
+        return None
+    multiples = [t for t in terms if _factor(t) % divisor == 0]
+    return multiples, [t for t in terms if _factor(t) % divisor != 0]
+
+
+def simplify_idiv(x: UOp, c: UOp) -> UOp | None:
+    """(a*c + b) // c -> a + b // c, and b // c -> 0 when 0 <= b < c."""
+    split = _split_by_divisor(x, c.arg)
+    if split is None:
+        return None
+    multiples, rest = split
+    remainder = _sum(rest, x.dtype)
+    if not multiples:
+        return UOp.const(x.dtype, 0) if remainder.vmax < c.arg else None
+    quotient = _sum([_divide_term(t, c.arg) for t in multiples], x.dtype)
+    return quotient if remainder.vmax < c.arg else quotient + remainder // c
+
+
+def simplify_mod(x: UOp, c: UOp) -> UOp | None:
+    """(a*c + b) % c -> b % c, and b % c -> b when 0 <= b < c."""
+    split = _split_by_divisor(x, c.arg)
+    if split is None:
+        return None
+    multiples, rest = split
+    remainder = _sum(rest, x.dtype)
+    if remainder.vmax < c.arg:
+        return remainder
+    return remainder % c if multiples else None
+
+
+def fold_compare_by_range(x: UOp, c: UOp) -> UOp | None:
+    """x < c is known when x's range lies entirely on one side of c."""
+    if x.vmax < c.arg:
+        return UOp.const(dtypes.bool, True)
+    if x.vmin >= c.arg:
+        return UOp.const(dtypes.bool, False)
+    return None
+
+
+def _is_int(node: UOp) -> bool:
+    return node.dtype.kind in ("int", "uint")
+
+
+x, y, c1, c2 = UPat.var("x"), UPat.var("y"), UPat.cvar("c1"), UPat.cvar("c2")
+
+symbolic = PatternMatcher("symbolic", [
+    ("fold constants", UPat(ALU, name="node", src=None), lambda node: fold_constants(node)
+     if node.src and all(s.op is Ops.CONST for s in node.src) else None),
+    ("x+0 -> x", UPat(Ops.ADD, src=(x, UPat.const(0))), lambda x: x),
+    ("x*1 -> x", UPat(Ops.MUL, src=(x, UPat.const(1))), lambda x: x),
+    ("x*0 -> 0 (ints)", UPat(Ops.MUL, src=(x, UPat.const(0))),
+     lambda x: UOp.const(x.dtype, 0) if _is_int(x) else None),
+    ("x//1 -> x", UPat(Ops.IDIV, src=(x, UPat.const(1))), lambda x: x),
+    ("x%1 -> 0", UPat(Ops.MOD, src=(x, UPat.const(1))), lambda x: UOp.const(x.dtype, 0)),
+    ("--x -> x", UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(x,)),)), lambda x: x),
+    ("(x+c1)+c2 -> x+(c1+c2)", UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(x, c1)), c2)),
+     lambda x, c1, c2: x + UOp.const(x.dtype, c1.arg + c2.arg) if _is_int(x) else None),
+    ("(x*c1)*c2 -> x*(c1*c2)", UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(x, c1)), c2)),
+     lambda x, c1, c2: x * UOp.const(x.dtype, c1.arg * c2.arg) if _is_int(x) else None),
+    ("c+x -> x+c", UPat(Ops.ADD, src=(c1, x)),
+     lambda c1, x: x + c1 if x.op is not Ops.CONST else None),
+    ("(a*c+b)//c -> a+b//c", UPat(Ops.IDIV, src=(x, c1)), lambda x, c1: simplify_idiv(x, c1)),
+    ("(a*c+b)%c -> b%c", UPat(Ops.MOD, src=(x, c1)), lambda x, c1: simplify_mod(x, c1)),
+    ("x<c known from x's range", UPat(Ops.CMPLT, src=(x, c1)),
+     lambda x, c1: fold_compare_by_range(x, c1) if _is_int(x) else None),
+    ("x&True -> x", UPat(Ops.AND, src=(x, UPat.const(True))), lambda x: x),
+    ("x&False -> False", UPat(Ops.AND, src=(x, UPat.const(False))),
+     lambda x: UOp.const(dtypes.bool, False)),
+    ("where(True, a, b) -> a", UPat(Ops.WHERE, src=(UPat.const(True), x, y)), lambda x, y: x),
+    ("where(False, a, b) -> b", UPat(Ops.WHERE, src=(UPat.const(False), x, y)), lambda x, y: y),
+])

@@ -1,0 +1,1 @@
+"""The backends, one module per device: numpy (the reference interpreter), cpu (generated C)."""

@@ -1,0 +1,109 @@
+"""Chapter 9 (part 3): the CPU device — generated C, compiled and loaded with ctypes.
+
+What this teaches:
+- a compiled backend: the C renderer writes a function per kernel, the system C compiler turns it
+  into a shared object, and ctypes calls it with the buffers' addresses;
+- compiling costs ~50-100 ms, so binaries are cached on disk, keyed by a hash of the source, the
+  compiler and its flags. A cached file is written under a temporary name and renamed into place,
+  so several processes compiling at once never see a half-written file; nothing is unpickled;
+- a kernel that does not compile raises `CompileError` with the compiler's message and the
+  offending source lines.
+
+Set `CC` to choose the compiler (gcc or clang; default: cc, then gcc, then clang) and
+`TINYTEACH_CACHE` to move the cache (default ~/.cache/tinyteach).
+
+Builds on: device.py, render/c.py.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from tinyteach.device import (
+    Backend,
+    Buffer,
+    CompileError,
+    Compiler,
+    DeviceUnavailable,
+    HostAllocator,
+)
+from tinyteach.render.c import CRenderer
+
+C_FLAGS = ["-O2", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-ffp-contract=off"]
+
+
+def find_c_compiler() -> str:
+    wanted = os.environ.get("CC")
+    candidates = [wanted] if wanted else ["cc", "gcc", "clang"]
+    for name in candidates:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise DeviceUnavailable(f"no C compiler found (tried {candidates}); install gcc or clang, "
+                            "or set CC")
+
+
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "tinyteach"
+    return Path(os.environ.get("TINYTEACH_CACHE", default)) / "cpu"
+
+
+def explain_compile_error(source: str, message: str) -> str:
+    """The compiler's message, followed by each source line it complains about."""
+    lines = source.splitlines()
+    shown = []
+    for number in sorted({int(n) for n in re.findall(r"<stdin>:(\d+):", message)}):
+        if 1 <= number <= len(lines):
+            shown.append(f"  line {number}: {lines[number - 1].strip()}")
+    where = "\n".join(shown) if shown else source
+    return f"kernel failed to compile:\n{message.strip()}\nin:\n{where}"
+
+
+class ClangStyleCompiler(Compiler):
+    """Compiles C source to a shared object with gcc or clang, with an on-disk cache."""
+
+    def __init__(self, compiler: str):
+        self.compiler = compiler
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True)
+        self.cache_key = f"{compiler} {version.stdout.splitlines()[0]} {' '.join(C_FLAGS)}"
+
+    def compile(self, source: str) -> Path:
+        """Compile (or find in the cache) and return the shared object's path."""
+        digest = hashlib.sha256((self.cache_key + "\n" + source).encode()).hexdigest()
+        target = cache_dir() / f"{digest[:32]}.so"
+        if target.exists():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+        os.close(handle)
+        result = subprocess.run([self.compiler, *C_FLAGS, "-x", "c", "-", "-o", temporary, "-lm"],
+                                input=source, capture_output=True, text=True)
+        if result.returncode != 0:
+            os.unlink(temporary)
+            raise CompileError(explain_compile_error(source, result.stderr))
+        os.replace(temporary, target)  # atomic: readers see the old state or the whole file
+        return target
+
+
+class CPUProgram:
+    """A compiled kernel: call it with Buffers, it passes their addresses to the C function."""
+
+    def __init__(self, name: str, library_path: Path):
+        self.name = name
+        self.library = ctypes.CDLL(str(library_path))
+        self.function = getattr(self.library, name)
+        self.function.restype = None
+
+    def __call__(self, *buffers: Buffer) -> None:
+        self.function(*(ctypes.c_void_p(b.storage.address) for b in buffers))
+
+
+def make_backend() -> Backend:
+    compiler = ClangStyleCompiler(find_c_compiler())
+    return Backend("CPU", HostAllocator(), CRenderer(), compiler, CPUProgram)

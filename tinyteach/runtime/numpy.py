@@ -1,0 +1,119 @@
+"""Chapter 9 (part 2): the NUMPY device — the reference semantics of every primitive op.
+
+What this teaches:
+- each of the 28 primitive ops in `uop.PRIMITIVE_OPS` is one small numpy function here. This table
+  *is* the definition of what an op means; every other backend is tested against it;
+- an interpreter backend needs no compiler: its Program walks the kernel's AST and applies these
+  functions. Fusion still happens (the schedule is the same for every device), but inside a
+  kernel each op makes a temporary array;
+- this is also the solution to Exercise A, where students write these functions themselves.
+
+Integer semantics are C's (which every compiled backend shares): IDIV truncates toward zero, MOD
+takes the dividend's sign, dividing by zero gives 0, and integers wrap around on overflow.
+
+Builds on: uop.py, device.py.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tinyteach.device import Backend, Buffer, HostAllocator
+from tinyteach.uop import Ops, UOp
+
+
+def _idiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    safe = np.where(b == 0, 1, b)
+    quotient = np.abs(a) // np.abs(safe) if a.dtype.kind == "i" else a // safe
+    if a.dtype.kind == "i":
+        quotient = np.where((a < 0) != (safe < 0), -quotient, quotient)
+    return np.where(b == 0, 0, quotient).astype(a.dtype)
+
+
+def _mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    safe = np.where(b == 0, 1, b)
+    return np.where(b == 0, 0, np.fmod(a, safe)).astype(a.dtype)
+
+
+def _reciprocal(a: np.ndarray) -> np.ndarray:
+    return np.divide(np.ones_like(a), a)
+
+
+def _cast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if dtype == np.bool_:
+        return a != 0
+    return a.astype(dtype)
+
+
+def _reduce(a: np.ndarray, op: Ops, axes: tuple[int, ...]) -> np.ndarray:
+    if op is Ops.ADD:
+        return np.sum(a, axis=axes, keepdims=True, dtype=a.dtype)
+    if a.size == 0:  # the max of nothing is the smallest value the dtype has
+        shape = tuple(1 if i in axes else s for i, s in enumerate(a.shape))
+        low = -np.inf if a.dtype.kind == "f" else (False if a.dtype == np.bool_
+                                                    else np.iinfo(a.dtype).min)
+        return np.full(shape, low, dtype=a.dtype)
+    return np.max(a, axis=axes, keepdims=True)
+
+
+# One function per primitive op: (the node, its evaluated sources) -> a numpy array.
+# BUFFER and COPY are handled by the engine and the kernel loader, not here.
+NUMPY_OPS: dict[Ops, Callable[..., np.ndarray]] = {
+    Ops.CONST: lambda node: np.array(node.arg, dtype=node.dtype.np),
+    Ops.NEG: lambda node, a: np.negative(a) if a.dtype != np.bool_ else np.logical_not(a),
+    Ops.EXP2: lambda node, a: np.exp2(a),
+    Ops.LOG2: lambda node, a: np.log2(a),
+    Ops.SIN: lambda node, a: np.sin(a),
+    Ops.SQRT: lambda node, a: np.sqrt(a),
+    Ops.RECIPROCAL: lambda node, a: _reciprocal(a),
+    Ops.CAST: lambda node, a: _cast(a, node.dtype.np),
+    Ops.ADD: lambda node, a, b: np.add(a, b, dtype=a.dtype),
+    Ops.MUL: lambda node, a, b: np.multiply(a, b, dtype=a.dtype),
+    Ops.IDIV: lambda node, a, b: _idiv(a, b),
+    Ops.MOD: lambda node, a, b: _mod(a, b),
+    Ops.MAX: lambda node, a, b: np.maximum(a, b),
+    Ops.CMPLT: lambda node, a, b: np.less(a, b),
+    Ops.CMPNE: lambda node, a, b: np.not_equal(a, b),
+    Ops.AND: lambda node, a, b: np.bitwise_and(a, b),
+    Ops.OR: lambda node, a, b: np.bitwise_or(a, b),
+    Ops.XOR: lambda node, a, b: np.bitwise_xor(a, b),
+    Ops.WHERE: lambda node, c, a, b: np.where(c, a, b),
+    Ops.REDUCE_AXIS: lambda node, a: _reduce(a, *node.arg),
+    Ops.RESHAPE: lambda node, a: np.reshape(a, node.arg),
+    Ops.PERMUTE: lambda node, a: np.transpose(a, node.arg),
+    Ops.EXPAND: lambda node, a: np.broadcast_to(a, node.arg),
+    Ops.PAD: lambda node, a: np.pad(a, node.arg),
+    Ops.SHRINK: lambda node, a: a[tuple(slice(start, end) for start, end in node.arg)],
+    Ops.FLIP: lambda node, a: np.flip(a, node.arg),
+}
+
+
+class InterpretedProgram:
+    """Runs one kernel AST by evaluating each node with `ops` (the reference table by default)."""
+
+    def __init__(self, ast: UOp, ops: dict[Ops, Callable[..., np.ndarray]] | None = None):
+        self.ast, self.ops = ast, NUMPY_OPS if ops is None else ops
+
+    def __call__(self, *buffers: Buffer) -> None:
+        store = self.ast.src[0]
+        arrays = [b.storage.view(b.dtype.np, b.size) for b in buffers]
+        values: dict[UOp, np.ndarray] = {}
+        with np.errstate(all="ignore"):  # inf, nan and wrap-around are values, not errors
+            for node in store.src[1].toposort:
+                values[node] = self._evaluate(node, values, arrays)
+        result = values[store.src[1]]
+        arrays[0][:] = np.asarray(result, dtype=buffers[0].dtype.np).reshape(-1)
+
+    def _evaluate(self, node: UOp, values: dict[UOp, np.ndarray], arrays: list[Any]) -> Any:
+        if node.op is Ops.DEFINE_GLOBAL:
+            return arrays[node.arg[0]]
+        if node.op not in self.ops:
+            raise NotImplementedError(f"op {node.op.name} is not implemented by this backend")
+        result = self.ops[node.op](node, *(values[s] for s in node.src))
+        return np.asarray(result, dtype=node.dtype.np) if node.op is not Ops.CAST else result
+
+
+def make_backend() -> Backend:
+    return Backend("NUMPY", HostAllocator(), None, None, InterpretedProgram)

@@ -1,0 +1,277 @@
+"""Chapter 6: scheduling — cutting the lazy graph into kernels (fusion).
+
+What this teaches:
+- a kernel reads some buffers and writes one; everything computed in between stays in registers.
+  Fewer kernels means less memory traffic, so we fuse as much as we can;
+- elementwise ops always fuse: into the input of a reduction, onto its output, and with each
+  other (an elementwise node used by two kernels is simply recomputed in both — it is cheap);
+- a reduction must be stored in its own buffer when its result is broadcast back over the axes it
+  reduced (softmax's max), feeds another reduction, or is needed by more than one kernel;
+- every cut and every fusion is written down in plain words (`ScheduleItem.boundary_reason`,
+  `.fusions`), so DEBUG=3 and viz can tell you *why* the kernels are what they are.
+
+A kernel's AST is a UOp graph: SINK(STORE(DEFINE_GLOBAL 0, value)), where `value` is made of the
+same ops as the Tensor graph and reads its inputs from DEFINE_GLOBAL 1, 2, ...
+
+Builds on: uop.py, device.py (Buffer). Used by: realize.py (runs the schedule), lower.py.
+
+>>> from tinyteach import Tensor
+>>> a, b, c = Tensor.ones(4, 4).realize(), Tensor.ones(4, 4).realize(), Tensor.ones(4, 4).realize()
+>>> [item.name for item in create_schedule([((a + b) * c).relu().sum(1).uop], "NUMPY")[0]]
+['r_4_4']
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from tinyteach.device import Buffer
+from tinyteach.dtype import dtypes
+from tinyteach.helpers import prod
+from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
+
+# movement ops through which a reduction's result can still be read inside the same kernel:
+# each output element needs at most one element of the reduction, so nothing is recomputed
+FUSABLE_AFTER_REDUCE = (Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP)
+
+
+@dataclass
+class ScheduleItem:
+    """One step of a schedule: a kernel (or a copy) with its buffers, output first."""
+
+    kind: str                 # "kernel" or "copy"
+    name: str
+    ast: UOp                  # SINK(STORE(...)) for a kernel; the COPY node for a copy
+    buffers: list[Buffer]
+    device: str
+    boundary_reason: str      # why this kernel's result is stored in memory
+    fusions: list[str] = field(default_factory=list)
+    input_reasons: list[str] = field(default_factory=list)
+
+    @property
+    def output(self) -> Buffer:
+        return self.buffers[0]
+
+
+# ---- step 1: which nodes get their own buffer, and why ----
+
+def _users(roots: list[UOp]) -> dict[UOp, list[UOp]]:
+    users: dict[UOp, list[UOp]] = defaultdict(list)
+    for node in _toposort(roots):
+        for source in node.src:
+            users[source].append(node)
+    return users
+
+
+def _toposort(roots: list[UOp]) -> list[UOp]:
+    order: dict[UOp, None] = {}
+    for root in roots:
+        order.update(dict.fromkeys(root.toposort))
+    return list(order)
+
+
+def is_view_of_buffer(node: UOp) -> bool:
+    """A chain of movement ops over a realized buffer: nothing to compute."""
+    while node.op in MOVEMENT:
+        node = node.src[0]
+    return node.op is Ops.BUFFER
+
+
+def is_contiguous_buffer(node: UOp) -> bool:
+    """A buffer, possibly reshaped: its memory already holds the values in row-major order."""
+    while node.op is Ops.RESHAPE:
+        node = node.src[0]
+    return node.op is Ops.BUFFER
+
+
+def find_realized(outputs: list[UOp]) -> dict[UOp, str]:
+    """Every node whose value must be stored in a buffer, with the reason in plain words."""
+    realized: dict[UOp, str] = {}
+    for out in outputs:
+        if not is_view_of_buffer(out):
+            realized.setdefault(out, "it is an output: realize() asked for it")
+    users = _users(outputs)
+    order = _toposort(outputs)
+    for node in order:
+        if node.op is Ops.CONTIGUOUS:
+            realized.setdefault(node, "contiguous() asks for a fresh buffer")
+        if node.op is Ops.COPY:
+            realized.setdefault(node, "a copy between devices is its own step")
+            if not is_contiguous_buffer(node.src[0]):
+                realized.setdefault(node.src[0], "its value is copied to another device")
+    # walk from the outputs down, so each node's users are decided before the node itself
+    kernels_of: dict[UOp, set[UOp]] = {}
+    for node in reversed(order):
+        if node in realized or node.op is Ops.BUFFER:
+            kernels_of[node] = {node}
+            continue
+        kernels_of[node] = set().union(*(kernels_of[u] for u in users[node]))
+        if node.op is Ops.REDUCE_AXIS:
+            reason = _reduce_must_be_stored(node, users, realized, kernels_of)
+            if reason is not None:
+                realized[node] = reason
+                kernels_of[node] = {node}
+    return realized
+
+
+def _reduce_must_be_stored(node: UOp, users: dict[UOp, list[UOp]],
+                           realized: dict[UOp, str], kernels_of: dict[UOp, set[UOp]]) -> str | None:
+    if len(kernels_of[node]) > 1:
+        return (f"the reduction is used by {len(kernels_of[node])} kernels: computed once "
+                "and stored, not recomputed in each")
+    for path_op in _ops_between(node, users, realized):
+        if path_op is Ops.EXPAND:
+            return ("the reduction's result is broadcast back (EXPAND): storing it avoids "
+                    "recomputing the reduction for every element")
+        if path_op is Ops.REDUCE_AXIS:
+            return "the reduction feeds another reduction"
+        if path_op is Ops.PAD:
+            return "the reduction's result is padded before use"
+    return None
+
+
+def _ops_between(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str]) -> set[Ops]:
+    """The ops on the paths from `node` up to the buffers it is stored into (not through ALU ops
+    that merely combine, nor the fusable movement ops)."""
+    found: set[Ops] = set()
+    stack, seen = list(users[node]), set()
+    while stack:
+        user = stack.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if user.op not in ALU and user.op not in FUSABLE_AFTER_REDUCE and user.op is not Ops.DETACH:
+            found.add(user.op)
+        if user not in realized:
+            stack.extend(users[user])
+    return found
+
+
+# ---- step 2: each realized node becomes a kernel AST ----
+
+@dataclass
+class _KernelBuilder:
+    """Replaces the kernel's inputs by DEFINE_GLOBALs while copying its graph."""
+
+    buffer_of: dict[UOp, Buffer]
+    inputs: list[Buffer] = field(default_factory=list)
+    input_reasons: list[str] = field(default_factory=list)
+    memo: dict[UOp, UOp] = field(default_factory=dict)
+
+    def build(self, node: UOp, is_root: bool, realized: dict[UOp, str]) -> UOp:
+        if node in self.memo:
+            return self.memo[node]
+        if not is_root and (node in realized or node.op is Ops.BUFFER):
+            result = self._input(node, realized)
+        elif node.op in (Ops.CONTIGUOUS, Ops.DETACH):
+            result = self.build(node.src[0], False, realized)
+        else:
+            sources = tuple(self.build(s, False, realized) for s in node.src)
+            result = node.replace(src=sources)
+        self.memo[node] = result
+        return result
+
+    def _input(self, node: UOp, realized: dict[UOp, str]) -> UOp:
+        buffer = node.arg if node.op is Ops.BUFFER else self.buffer_of[node]
+        if buffer not in self.inputs:
+            self.inputs.append(buffer)
+            why = "a realized tensor" if node.op is Ops.BUFFER else realized[node]
+            self.input_reasons.append(f"input {len(self.inputs)}: {why}")
+        index = 1 + self.inputs.index(buffer)
+        define = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (index, buffer.size))
+        return define.reshape(node.shape)
+
+
+def kernel_name(value: UOp) -> str:
+    """tinygrad-style names: E_ for elementwise, r_ for kernels with a reduction, then sizes."""
+    reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
+    sizes = [s for s in value.shape if s != 1] or [1]
+    if not reduces:
+        return "E_" + "_".join(map(str, sizes))
+    reduced = reduces[0].src[0].shape
+    reduced_sizes = [reduced[axis] for axis in reduces[0].arg[1]]
+    return "r_" + "_".join(map(str, sizes + reduced_sizes))
+
+
+def describe_fusions(value: UOp) -> list[str]:
+    """Plain words for what this kernel fused together."""
+    nodes = value.toposort
+    reduces = [n for n in nodes if n.op is Ops.REDUCE_AXIS]
+    inside = {n for r in reduces for n in r.src[0].toposort}
+    alu_in = sorted({n.op.name for n in inside if n.op in ALU})
+    alu_out = sorted({n.op.name for n in nodes if n.op in ALU and n not in inside})
+    views = sorted({n.op.name for n in nodes if n.op in MOVEMENT and n.src[0].op is not Ops.CONST
+                    and n.src[0].op is not Ops.DEFINE_GLOBAL})
+    notes = []
+    for reduce in reduces:
+        kind = "sum" if reduce.arg[0] is Ops.ADD else "max"
+        notes.append(f"a {kind} over axes {reduce.arg[1]} of shape {reduce.src[0].shape}")
+    if alu_in:
+        notes.append(f"elementwise ops fused into the reduction's input: {', '.join(alu_in)}")
+    if alu_out and reduces:
+        notes.append(f"elementwise ops fused onto the reduction's output: {', '.join(alu_out)}")
+    elif alu_out:
+        notes.append(f"elementwise ops fused into one loop: {', '.join(alu_out)}")
+    if views:
+        notes.append(f"movement ops became index arithmetic: {', '.join(views)}")
+    return notes
+
+
+def estimate_ops(ast: UOp) -> int:
+    """Arithmetic operations a kernel performs (for GlobalCounters.global_ops)."""
+    total = 0
+    for node in ast.toposort:
+        if node.op in ALU:
+            total += prod(node.shape)
+        elif node.op is Ops.REDUCE_AXIS:
+            total += prod(node.src[0].shape)
+    return total
+
+
+# ---- the schedule ----
+
+def device_of(node: UOp, default: str) -> str:
+    for n in node.toposort[::-1]:
+        if n.op is Ops.BUFFER:
+            return n.arg.device
+        if n.op is Ops.COPY:
+            return n.arg
+    return default
+
+
+def create_schedule(outputs: list[UOp], default_device: str) -> tuple[list[ScheduleItem],
+                                                                     dict[UOp, UOp]]:
+    """Cut the graph of `outputs` into kernels. Returns the items in order, and for each
+    realized output the BUFFER node (reshaped to its shape) that now holds its value."""
+    realized = find_realized(outputs)
+    buffer_of: dict[UOp, Buffer] = {}
+    items: list[ScheduleItem] = []
+    for node in _toposort(outputs):
+        if node not in realized:
+            continue
+        device = node.arg if node.op is Ops.COPY else device_of(node, default_device)
+        buffer_of[node] = Buffer(device, prod(node.shape), node.dtype)
+        items.append(_make_item(node, device, realized, buffer_of))
+    becomes = {out: _buffer_node(buffer_of[out], out) for out in outputs if out in buffer_of}
+    return items, becomes
+
+
+def _buffer_node(buffer: Buffer, node: UOp) -> UOp:
+    return UOp(Ops.BUFFER, node.dtype, (), buffer).reshape(node.shape)
+
+
+def _make_item(node: UOp, device: str, realized: dict[UOp, str],
+               buffer_of: dict[UOp, Buffer]) -> ScheduleItem:
+    if node.op is Ops.COPY:
+        source = node.src[0]
+        while source.op is Ops.RESHAPE and source not in buffer_of:
+            source = source.src[0]
+        source_buffer = source.arg if source.op is Ops.BUFFER else buffer_of[source]
+        return ScheduleItem("copy", f"copy {source_buffer.device} -> {device}", node,
+                            [buffer_of[node], source_buffer], device, realized[node])
+    builder = _KernelBuilder(buffer_of)
+    value = builder.build(node, True, realized)
+    output = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, prod(node.shape)))
+    ast = UOp(Ops.SINK, dtypes.bool, (UOp(Ops.STORE, node.dtype, (output, value)),))
+    return ScheduleItem("kernel", kernel_name(value), ast, [buffer_of[node], *builder.inputs],
+                        device, realized[node], describe_fusions(value), builder.input_reasons)

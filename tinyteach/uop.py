@@ -1,0 +1,396 @@
+"""Chapter 3: the IR — one node type, UOp, and the primitive op set.
+
+What this teaches:
+- every stage of the compiler speaks one language: `UOp(op, dtype, src, arg)`. A Tensor is a
+  graph of UOps; a kernel is a graph of UOps; the loops and loads of a lowered kernel are UOps;
+- the ops a backend must implement are few and pinned here: `PRIMITIVE_OPS` (28 of them:
+  load/const/copy, 7 unary, 10 binary, 1 ternary, 1 reduce, 6 movement). Everything the Tensor
+  API offers — softmax, conv2d, cross-entropy — is built from them;
+- UOps are hash-consed: building the same node twice gives the same object, so equal
+  subgraphs are shared for free (common-subexpression elimination by construction);
+- every node knows its shape (derived from its sources and arg), and the integer nodes of index
+  arithmetic know their smallest and largest value (`vmin`, `vmax`), which the simplifier uses.
+
+Builds on: dtype.py. Used by: every later chapter.
+
+>>> a = UOp.const(dtypes.int32, 3)
+>>> (a + 4) is (a + 4)
+True
+>>> UOp(Ops.RESHAPE, dtypes.float32, (UOp.const(dtypes.float32, 1.0),), (1, 1)).shape
+(1, 1)
+"""
+from __future__ import annotations
+
+import enum
+import math
+import weakref
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from tinyteach.dtype import DType, dtypes, truncate_to
+from tinyteach.helpers import prod
+
+
+class Ops(enum.Enum):
+    """Every kind of node, at every stage. The backend contract is `PRIMITIVE_OPS` below."""
+
+    # load / const / copy: where values come from
+    BUFFER = enum.auto()      # a realized buffer on a device (arg: the Buffer)
+    CONST = enum.auto()       # a scalar constant (arg: the value)
+    COPY = enum.auto()        # copy to another device (arg: the device name)
+    # unary
+    NEG = enum.auto()
+    EXP2 = enum.auto()
+    LOG2 = enum.auto()
+    SIN = enum.auto()
+    SQRT = enum.auto()
+    RECIPROCAL = enum.auto()
+    CAST = enum.auto()        # convert to this node's dtype
+    # binary
+    ADD = enum.auto()
+    MUL = enum.auto()
+    IDIV = enum.auto()        # integer division, truncating toward zero (as C does)
+    MOD = enum.auto()         # remainder with the sign of the dividend (as C does)
+    MAX = enum.auto()
+    CMPLT = enum.auto()       # a < b, gives bool
+    CMPNE = enum.auto()       # a != b, gives bool
+    AND = enum.auto()
+    OR = enum.auto()
+    XOR = enum.auto()
+    # ternary
+    WHERE = enum.auto()       # cond ? a : b
+    # reduce
+    REDUCE_AXIS = enum.auto()  # arg: (Ops.ADD or Ops.MAX, axes); reduced axes keep size 1
+    # movement: views of the same memory, no copies
+    RESHAPE = enum.auto()     # arg: new shape
+    PERMUTE = enum.auto()     # arg: axis order
+    EXPAND = enum.auto()      # arg: new shape (size-1 axes broadcast)
+    PAD = enum.auto()         # arg: ((before, after), ...) zero padding
+    SHRINK = enum.auto()      # arg: ((start, end), ...)
+    FLIP = enum.auto()        # arg: axes to reverse
+
+    # --- graph structure, not computed by a backend ---
+    CONTIGUOUS = enum.auto()  # realize here: the user asked for a fresh, contiguous buffer
+    DETACH = enum.auto()      # the same value, but gradients stop here
+
+    # --- inside a kernel (chapters 6-8) ---
+    SINK = enum.auto()        # the root of a kernel: its stores
+    DEFINE_GLOBAL = enum.auto()  # a kernel parameter (arg: (index, size))
+    STORE = enum.auto()       # src: (DEFINE_GLOBAL, index, value)
+    LOAD = enum.auto()        # src: (DEFINE_GLOBAL, index) or (DEFINE_GLOBAL, index, valid)
+    RANGE = enum.auto()       # a loop counter (arg: (kind, number, size)); 0 <= r < size
+    REDUCE = enum.auto()      # a lowered reduction: src (value, *ranges), arg Ops.ADD or Ops.MAX
+    END_RANGE = enum.auto()   # closes a loop
+    DEFINE_ACC = enum.auto()  # an accumulator (arg: number, src: (initial value,))
+    ACCUMULATE = enum.auto()  # src: (acc, value); arg: Ops.ADD or Ops.MAX
+
+
+UNARY = (Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.CAST)
+BINARY = (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
+          Ops.AND, Ops.OR, Ops.XOR)
+TERNARY = (Ops.WHERE,)
+ALU = UNARY + BINARY + TERNARY
+MOVEMENT = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP)
+REDUCE_OPS = (Ops.REDUCE_AXIS,)
+SOURCES = (Ops.BUFFER, Ops.CONST, Ops.COPY)
+COMPARISONS = (Ops.CMPLT, Ops.CMPNE)
+
+# The backend contract: an interpreter backend implements exactly these (tests pin the count).
+PRIMITIVE_OPS: tuple[Ops, ...] = SOURCES + UNARY + BINARY + TERNARY + REDUCE_OPS + MOVEMENT
+
+
+def _arg_key(arg: Any) -> Any:
+    """A dict key for an arg that keeps 0.0 and -0.0 (and 1 and True) apart."""
+    if isinstance(arg, (float, bool, int)):
+        return (type(arg), repr(arg))
+    return arg
+
+
+class UOpMetaClass(type):
+    """Hash-consing: `UOp(...)` returns the existing node when an identical one is alive."""
+
+    cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+
+    def __call__(cls, op: Ops, dtype: DType, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
+        key = (op, dtype, src, _arg_key(arg))
+        existing = UOpMetaClass.cache.get(key)
+        if existing is not None:
+            return existing
+        node = super().__call__(op, dtype, src, arg)
+        UOpMetaClass.cache[key] = node
+        return node
+
+
+@dataclass(frozen=True, eq=False)
+class UOp(metaclass=UOpMetaClass):
+    """One node of the graph: an op, the dtype it produces, its sources and an op-specific arg."""
+
+    op: Ops
+    dtype: DType
+    src: tuple[UOp, ...] = ()
+    arg: Any = None
+
+    def __repr__(self) -> str:
+        return pretty(self)
+
+    # ---- building nodes ----
+
+    @staticmethod
+    def const(dtype: DType, value: Any) -> UOp:
+        return UOp(Ops.CONST, dtype, (), truncate_to(dtype, value))
+
+    def const_like(self, value: Any) -> UOp:
+        """A constant with this node's dtype and shape (broadcast from a scalar)."""
+        scalar = UOp.const(self.dtype, value)
+        shape = self.shape
+        if not shape:
+            return scalar
+        return scalar.reshape((1,) * len(shape)).expand(shape)
+
+    def alu(self, op: Ops, *others: UOp) -> UOp:
+        sources = (self, *others)
+        shapes = {s.shape for s in sources}
+        if len(shapes) > 1:
+            raise ValueError(f"{op.name} needs equal shapes, got {[s.shape for s in sources]}")
+        if op in COMPARISONS:
+            dtype = dtypes.bool
+        elif op is Ops.WHERE:
+            dtype = others[0].dtype
+        else:
+            dtype = self.dtype
+        return UOp(op, dtype, sources)
+
+    def _operand(self, other: UOp | int | float | bool) -> UOp:
+        return other if isinstance(other, UOp) else self.const_like(other)
+
+    def __add__(self, other: UOp | int | float) -> UOp:
+        return self.alu(Ops.ADD, self._operand(other))
+
+    def __radd__(self, other: int | float) -> UOp:
+        return self._operand(other).alu(Ops.ADD, self)
+
+    def __mul__(self, other: UOp | int | float) -> UOp:
+        return self.alu(Ops.MUL, self._operand(other))
+
+    def __rmul__(self, other: int | float) -> UOp:
+        return self._operand(other).alu(Ops.MUL, self)
+
+    def __neg__(self) -> UOp:
+        return self.alu(Ops.NEG)
+
+    def __sub__(self, other: UOp | int | float) -> UOp:
+        return self + (-self._operand(other))
+
+    def __floordiv__(self, other: UOp | int) -> UOp:
+        return self.alu(Ops.IDIV, self._operand(other))
+
+    def __mod__(self, other: UOp | int) -> UOp:
+        return self.alu(Ops.MOD, self._operand(other))
+
+    def __and__(self, other: UOp | bool) -> UOp:
+        return self.alu(Ops.AND, self._operand(other))
+
+    def __or__(self, other: UOp | bool) -> UOp:
+        return self.alu(Ops.OR, self._operand(other))
+
+    def __xor__(self, other: UOp | bool | int) -> UOp:
+        return self.alu(Ops.XOR, self._operand(other))
+
+    def lt(self, other: UOp | int | float) -> UOp:
+        return self.alu(Ops.CMPLT, self._operand(other))
+
+    def ne(self, other: UOp | int | float) -> UOp:
+        return self.alu(Ops.CMPNE, self._operand(other))
+
+    def maximum(self, other: UOp | int | float) -> UOp:
+        return self.alu(Ops.MAX, self._operand(other))
+
+    def where(self, if_true: UOp | int | float, if_false: UOp | int | float) -> UOp:
+        template = if_true if isinstance(if_true, UOp) else if_false
+        if not isinstance(template, UOp):
+            raise TypeError("where needs at least one UOp branch")
+        return self.alu(Ops.WHERE, template._operand(if_true), template._operand(if_false))
+
+    def cast(self, dtype: DType) -> UOp:
+        return self if dtype == self.dtype else UOp(Ops.CAST, dtype, (self,))
+
+    # ---- movement and reduction (shapes are checked by the Tensor layer) ----
+
+    def reshape(self, shape: tuple[int, ...]) -> UOp:
+        return self if shape == self.shape else UOp(Ops.RESHAPE, self.dtype, (self,), shape)
+
+    def permute(self, order: tuple[int, ...]) -> UOp:
+        if order == tuple(range(len(order))):
+            return self
+        return UOp(Ops.PERMUTE, self.dtype, (self,), order)
+
+    def expand(self, shape: tuple[int, ...]) -> UOp:
+        return self if shape == self.shape else UOp(Ops.EXPAND, self.dtype, (self,), shape)
+
+    def pad(self, padding: tuple[tuple[int, int], ...]) -> UOp:
+        if all(p == (0, 0) for p in padding):
+            return self
+        return UOp(Ops.PAD, self.dtype, (self,), padding)
+
+    def shrink(self, bounds: tuple[tuple[int, int], ...]) -> UOp:
+        if all(b == (0, s) for b, s in zip(bounds, self.shape)):
+            return self
+        return UOp(Ops.SHRINK, self.dtype, (self,), bounds)
+
+    def flip(self, axes: tuple[int, ...]) -> UOp:
+        return self if not axes else UOp(Ops.FLIP, self.dtype, (self,), tuple(sorted(axes)))
+
+    def reduce(self, op: Ops, axes: tuple[int, ...]) -> UOp:
+        if not axes:
+            return self
+        return UOp(Ops.REDUCE_AXIS, self.dtype, (self,), (op, tuple(sorted(axes))))
+
+    # ---- what a node knows about itself ----
+
+    @cached_property
+    def shape(self) -> tuple[int, ...]:
+        return SHAPE_RULES.get(self.op, _same_shape)(self)
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @cached_property
+    def toposort(self) -> list[UOp]:
+        """Every node this one depends on, sources before users, each once."""
+        order: dict[UOp, None] = {}
+        stack: list[tuple[UOp, bool]] = [(self, False)]
+        while stack:
+            node, sources_done = stack.pop()
+            if node in order:
+                continue
+            if sources_done:
+                order[node] = None
+                continue
+            stack.append((node, True))
+            stack.extend((s, False) for s in reversed(node.src) if s not in order)
+        return list(order)
+
+    @cached_property
+    def vmin(self) -> float | int:
+        return value_bounds(self)[0]
+
+    @cached_property
+    def vmax(self) -> float | int:
+        return value_bounds(self)[1]
+
+    def replace(self, **changes: Any) -> UOp:
+        fields = {"op": self.op, "dtype": self.dtype, "src": self.src, "arg": self.arg}
+        return UOp(**{**fields, **changes})
+
+
+# ---- shapes: each op's rule for the shape it produces ----
+
+def _same_shape(node: UOp) -> tuple[int, ...]:
+    return node.src[0].shape if node.src else ()
+
+
+def _reduce_shape(node: UOp) -> tuple[int, ...]:
+    axes = node.arg[1]
+    return tuple(1 if i in axes else s for i, s in enumerate(node.src[0].shape))
+
+
+def _permute_shape(node: UOp) -> tuple[int, ...]:
+    return tuple(node.src[0].shape[i] for i in node.arg)
+
+
+def _pad_shape(node: UOp) -> tuple[int, ...]:
+    return tuple(s + b + a for s, (b, a) in zip(node.src[0].shape, node.arg))
+
+
+def _shrink_shape(node: UOp) -> tuple[int, ...]:
+    return tuple(end - start for start, end in node.arg)
+
+
+SHAPE_RULES = {
+    Ops.BUFFER: lambda node: (node.arg.size,),
+    Ops.DEFINE_GLOBAL: lambda node: (node.arg[1],),
+    Ops.CONST: lambda node: (),
+    Ops.RESHAPE: lambda node: tuple(node.arg),
+    Ops.EXPAND: lambda node: tuple(node.arg),
+    Ops.PERMUTE: _permute_shape,
+    Ops.PAD: _pad_shape,
+    Ops.SHRINK: _shrink_shape,
+    Ops.REDUCE_AXIS: _reduce_shape,
+    Ops.WHERE: lambda node: node.src[1].shape,
+}
+for _op in (Ops.RANGE, Ops.LOAD, Ops.STORE, Ops.SINK, Ops.DEFINE_ACC, Ops.ACCUMULATE, Ops.REDUCE,
+            Ops.END_RANGE):
+    SHAPE_RULES[_op] = lambda node: ()  # inside a lowered kernel every value is a scalar
+
+
+# ---- value bounds of integer index arithmetic (used by the simplifier) ----
+
+def value_bounds(node: UOp) -> tuple[float | int, float | int]:
+    """The smallest and largest value `node` can take, or the dtype's limits if unknown."""
+    rule = BOUNDS_RULES.get(node.op)
+    if rule is not None:
+        bounds = rule(node)
+        if bounds is not None:
+            return bounds
+    return node.dtype.min, node.dtype.max
+
+
+def _bounds_mul(node: UOp) -> tuple[float | int, float | int]:
+    a, b = node.src
+    corners = [x * y for x in (a.vmin, a.vmax) for y in (b.vmin, b.vmax)
+               if not (math.isinf(x) or math.isinf(y))]
+    if len(corners) < 4:
+        return node.dtype.min, node.dtype.max
+    return min(corners), max(corners)
+
+
+def _bounds_idiv(node: UOp) -> tuple[float | int, float | int] | None:
+    a, b = node.src
+    if b.op is Ops.CONST and b.arg > 0 and a.vmin >= 0:
+        return a.vmin // b.arg, a.vmax // b.arg
+    return None
+
+
+def _bounds_mod(node: UOp) -> tuple[float | int, float | int] | None:
+    a, b = node.src
+    if b.op is Ops.CONST and b.arg > 0 and a.vmin >= 0:
+        return (0, b.arg - 1) if a.vmax >= b.arg else (a.vmin, a.vmax)
+    return None
+
+
+BOUNDS_RULES = {
+    Ops.CONST: lambda node: (node.arg, node.arg),
+    Ops.RANGE: lambda node: (0, node.arg[2] - 1),
+    Ops.ADD: lambda node: (node.src[0].vmin + node.src[1].vmin,
+                           node.src[0].vmax + node.src[1].vmax),
+    Ops.NEG: lambda node: (-node.src[0].vmax, -node.src[0].vmin),
+    Ops.MUL: _bounds_mul,
+    Ops.IDIV: _bounds_idiv,
+    Ops.MOD: _bounds_mod,
+    Ops.MAX: lambda node: (max(node.src[0].vmin, node.src[1].vmin),
+                           max(node.src[0].vmax, node.src[1].vmax)),
+    Ops.CMPLT: lambda node: (False, True),
+    Ops.CMPNE: lambda node: (False, True),
+}
+
+
+# ---- printing ----
+
+def pretty(root: UOp, max_nodes: int = 60) -> str:
+    """Print a graph one node per line, sources first; repeated nodes are referred to by number."""
+    nodes = root.toposort[-max_nodes:]
+    number = {node: i for i, node in enumerate(nodes)}
+    lines = []
+    for node in nodes:
+        sources = ", ".join(f"%{number[s]}" if s in number else "..." for s in node.src)
+        arg = "" if node.arg is None else f" arg={_short_arg(node.arg)}"
+        lines.append(f"%{number[node]} = {node.op.name}:{node.dtype.name}({sources}){arg}")
+    return "\n".join(lines)
+
+
+def _short_arg(arg: Any) -> str:
+    if isinstance(arg, tuple) and arg and isinstance(arg[0], Ops):
+        return f"({arg[0].name}, {arg[1]})"
+    return str(arg)

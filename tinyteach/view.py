@@ -1,0 +1,130 @@
+"""Chapter 4: shapes without copies — movement ops are index arithmetic.
+
+What this teaches:
+- reshape, permute, expand, pad, shrink and flip never move data. Each one is a small function
+  from an index into its *output* to an index into its *input* (plus, for pad, a condition that
+  says whether the element exists at all);
+- composing those functions down a chain of movement ops gives, for any output element, the
+  address to read in the underlying buffer: `index_into_buffer`;
+- the resulting expressions (`(i*8 + j) // 8 % 4`) look clumsy, and the rewrite chapter
+  simplifies them (`i`) using what is known about each index's range.
+
+Here, an index is a tuple of integer UOps, one per axis; a condition is a bool UOp or None
+(always valid).
+
+Builds on: uop.py. Used by: lower.py (loads and stores in generated code).
+
+>>> from tinyteach.uop import UOp, Ops
+>>> from tinyteach.dtype import dtypes
+>>> i, j = (UOp(Ops.RANGE, dtypes.int32, (), ("g", n, 4)) for n in range(2))
+>>> square = UOp.const(dtypes.float32, 0.0).reshape((1, 1)).expand((4, 4))
+>>> [x.arg for x in view_index(square.permute((1, 0)), (i, j))[0]]
+[('g', 1, 4), ('g', 0, 4)]
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tinyteach.dtype import dtypes
+from tinyteach.uop import Ops, UOp
+
+Index = tuple[UOp, ...]
+Valid = UOp | None
+IndexMap = Callable[[UOp, Index], tuple[Index, Valid]]
+
+
+def index_const(value: int) -> UOp:
+    return UOp.const(dtypes.int32, value)
+
+
+def and_valid(a: Valid, b: Valid) -> Valid:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a & b
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides in elements: the last axis moves by 1."""
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= size
+    return tuple(reversed(strides))
+
+
+def linear_index(index: Index, shape: tuple[int, ...]) -> UOp:
+    """The position of `index` in a row-major buffer of `shape`."""
+    total = index_const(0)
+    for idx, size, stride in zip(index, shape, contiguous_strides(shape)):
+        if size != 1:
+            total = total + idx * stride
+    return total
+
+
+# ---- one function per movement op: output index -> (input index, condition) ----
+
+def _reshape(node: UOp, index: Index) -> tuple[Index, Valid]:
+    in_shape = node.src[0].shape
+    flat = linear_index(index, node.shape)
+    in_index = tuple(index_const(0) if size == 1 else (flat // stride) % size
+                     for size, stride in zip(in_shape, contiguous_strides(in_shape)))
+    return in_index, None
+
+
+def _permute(node: UOp, index: Index) -> tuple[Index, Valid]:
+    in_index: list[UOp | None] = [None] * len(index)
+    for out_axis, in_axis in enumerate(node.arg):
+        in_index[in_axis] = index[out_axis]
+    return tuple(i for i in in_index if i is not None), None
+
+
+def _expand(node: UOp, index: Index) -> tuple[Index, Valid]:
+    # a broadcast axis (size 1 in the input) always reads element 0
+    in_shape = node.src[0].shape
+    return tuple(index_const(0) if s == 1 else i for i, s in zip(index, in_shape)), None
+
+
+def _pad(node: UOp, index: Index) -> tuple[Index, Valid]:
+    in_shape, valid = node.src[0].shape, None
+    in_index = []
+    for idx, size, (before, _after) in zip(index, in_shape, node.arg):
+        shifted = idx - before if before else idx
+        if (before, _after) != (0, 0):
+            # 0 <= shifted < size, written with the one comparison op we have: <
+            inside = (shifted.lt(0)).ne(True) & shifted.lt(size)
+            valid = and_valid(valid, inside)
+        in_index.append(shifted)
+    return tuple(in_index), valid
+
+
+def _shrink(node: UOp, index: Index) -> tuple[Index, Valid]:
+    return tuple(i + start if start else i for i, (start, _) in zip(index, node.arg)), None
+
+
+def _flip(node: UOp, index: Index) -> tuple[Index, Valid]:
+    shape = node.shape
+    return tuple((shape[axis] - 1) - i if axis in node.arg else i
+                 for axis, i in enumerate(index)), None
+
+
+INDEX_MAPS: dict[Ops, IndexMap] = {
+    Ops.RESHAPE: _reshape, Ops.PERMUTE: _permute, Ops.EXPAND: _expand,
+    Ops.PAD: _pad, Ops.SHRINK: _shrink, Ops.FLIP: _flip,
+}
+
+
+def view_index(node: UOp, index: Index) -> tuple[Index, Valid]:
+    """Map an index into a movement op's output to an index into its input."""
+    return INDEX_MAPS[node.op](node, index)
+
+
+def index_into_buffer(node: UOp, index: Index) -> tuple[UOp, UOp, Valid]:
+    """Follow a chain of movement ops down to a buffer: (buffer node, linear index, condition)."""
+    valid: Valid = None
+    while node.op in INDEX_MAPS:
+        index, condition = view_index(node, index)
+        valid = and_valid(valid, condition)
+        node = node.src[0]
+    return node, linear_index(index, node.shape), valid
