@@ -29,10 +29,11 @@ def _normalize(index: Any, ndim: int) -> list[Any]:
     used = sum(1 for i in items if i is not None and i is not Ellipsis)
     if used > ndim:
         raise IndexError(f"too many indices: {used} for a tensor with {ndim} dimensions")
-    if Ellipsis in items:
-        at = items.index(Ellipsis)
-        items[at: at + 1] = [slice(None)] * (ndim - used)
-    return items + [slice(None)] * (ndim - used - (0 if Ellipsis in items else 0))
+    # (`in` and .index() would compare with ==, which builds graphs for tensors: use `is`)
+    at = next((k for k, item in enumerate(items) if item is Ellipsis), None)
+    if at is not None:
+        return items[:at] + [slice(None)] * (ndim - used) + items[at + 1:]
+    return items + [slice(None)] * (ndim - used)
 
 
 def _take_slice(x: Tensor, axis: int, item: slice) -> Tensor:

@@ -218,22 +218,27 @@ class UOp(metaclass=UOpMetaClass):
     # ---- movement and reduction (shapes are checked by the Tensor layer) ----
 
     def reshape(self, shape: tuple[int, ...]) -> UOp:
+        shape = tuple(shape)
         return self if shape == self.shape else UOp(Ops.RESHAPE, self.dtype, (self,), shape)
 
     def permute(self, order: tuple[int, ...]) -> UOp:
+        order = tuple(order)
         if order == tuple(range(len(order))):
             return self
         return UOp(Ops.PERMUTE, self.dtype, (self,), order)
 
     def expand(self, shape: tuple[int, ...]) -> UOp:
+        shape = tuple(shape)
         return self if shape == self.shape else UOp(Ops.EXPAND, self.dtype, (self,), shape)
 
     def pad(self, padding: tuple[tuple[int, int], ...]) -> UOp:
+        padding = tuple((int(b), int(a)) for b, a in padding)
         if all(p == (0, 0) for p in padding):
             return self
         return UOp(Ops.PAD, self.dtype, (self,), padding)
 
     def shrink(self, bounds: tuple[tuple[int, int], ...]) -> UOp:
+        bounds = tuple((int(s), int(e)) for s, e in bounds)
         if all(b == (0, s) for b, s in zip(bounds, self.shape)):
             return self
         return UOp(Ops.SHRINK, self.dtype, (self,), bounds)
