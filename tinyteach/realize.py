@@ -25,7 +25,7 @@ from tinyteach.device import Backend, Buffer, Device
 from tinyteach.helpers import DEBUG, GlobalCounters
 from tinyteach.lower import LinearProgram, lower
 from tinyteach.schedule import ScheduleItem, create_schedule, estimate_ops
-from tinyteach.uop import Ops, UOp, pretty
+from tinyteach.uop import MOVEMENT, Ops, UOp, pretty
 
 
 @dataclass
@@ -132,18 +132,31 @@ def run_schedule(items: list[ScheduleItem]) -> None:
 
 # ---- realizing: each computed node is remembered, so later graphs reuse its buffer ----
 
-already_realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+# node -> {device: the BUFFER-backed node holding its value on that device}. The device is part
+# of the key because a graph made only of constants (an arange) looks the same on every device.
+already_realized: weakref.WeakKeyDictionary[UOp, dict[str, UOp]] = weakref.WeakKeyDictionary()
 
 
-def substitute_realized(roots: list[UOp]) -> list[UOp]:
-    """Replace every node that was computed before by the buffer that holds its value."""
+def _realized_on(node: UOp, device: str | None) -> UOp | None:
+    by_device = already_realized.get(node)
+    if not by_device:
+        return None
+    if device is None:
+        return next(iter(by_device.values()))
+    return by_device.get(device)
+
+
+def substitute_realized(roots: list[UOp], device: str | None = None) -> list[UOp]:
+    """Replace every node that was computed before (on `device`, if given) by the buffer that
+    holds its value."""
     done: dict[UOp, UOp] = {}
     for root in roots:
         for node in root.toposort:
             if node in done:
                 continue
-            if node in already_realized:
-                done[node] = already_realized[node]
+            earlier = _realized_on(node, device)
+            if earlier is not None:
+                done[node] = earlier
             elif node.src:
                 new_sources = tuple(done[s] for s in node.src)
                 done[node] = node if new_sources == node.src else node.replace(src=new_sources)
@@ -152,15 +165,23 @@ def substitute_realized(roots: list[UOp]) -> list[UOp]:
     return [done[root] for root in roots]
 
 
+def _buffer_device(node: UOp) -> str | None:
+    while node.op in MOVEMENT:
+        node = node.src[0]
+    return node.arg.device if node.op is Ops.BUFFER else None
+
+
 def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
     """Compute `roots`; returns, for each, a BUFFER-backed node holding its value."""
-    substituted = substitute_realized(roots)
+    device = Device.canonicalize(default_device)
+    substituted = substitute_realized(roots, device)
     items, becomes = create_schedule(substituted, default_device)
     run_schedule(items)
     results = []
     for original, node in zip(roots, substituted):
         result = becomes.get(node, node)
-        if result is not original and original.op is not Ops.CONST:
-            already_realized[original] = result
+        result_device = _buffer_device(result)
+        if result is not original and original.op is not Ops.CONST and result_device is not None:
+            already_realized.setdefault(original, {})[result_device] = result
         results.append(result)
     return results

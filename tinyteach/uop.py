@@ -182,6 +182,9 @@ class UOp(metaclass=UOpMetaClass):
     def __sub__(self, other: UOp | int | float) -> UOp:
         return self + (-self._operand(other))
 
+    def __rsub__(self, other: int | float) -> UOp:
+        return self._operand(other) + (-self)
+
     def __floordiv__(self, other: UOp | int) -> UOp:
         return self.alu(Ops.IDIV, self._operand(other))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
@@ -136,68 +137,136 @@ class CStyleRenderer:
     def alu(self, node: UOp, operands: list[str]) -> str:
         if node.op in (Ops.IDIV, Ops.MOD):
             code = _idiv_code if node.op is Ops.IDIV else _mod_code
-            return code(operands[0], operands[1], node.dtype, node.src[1])
-        if node.op is Ops.CAST:
-            return self.code_for_op[Ops.CAST](operands[0], node.dtype)
-        if node.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE, Ops.MAX, Ops.AND, Ops.OR, Ops.XOR):
-            return self.code_for_op[node.op](*operands, node.src[-1].dtype)
-        return self.code_for_op[node.op](*operands, node.dtype)
+            expression = code(operands[0], operands[1], node.dtype, node.src[1])
+        elif node.op is Ops.CAST:
+            expression = self.code_for_op[Ops.CAST](operands[0], node.dtype)
+        elif node.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE, Ops.MAX, Ops.AND, Ops.OR, Ops.XOR):
+            expression = self.code_for_op[node.op](*operands, node.src[-1].dtype)
+        else:
+            expression = self.code_for_op[node.op](*operands, node.dtype)
+        if node.op in WRAPPING_OPS and node.dtype in NARROW_DTYPES:
+            # C computes on narrow ints (and bools) as int: cast back so that 127+1 wraps to -128
+            # here, not only when stored, as numpy does
+            return self.code_for_op[Ops.CAST](expression, node.dtype)
+        return expression
 
-    # ---- the walk over the program ----
+    # ---- the walk over the program: one small function per op ----
 
     def render(self, name: str, program: LinearProgram) -> str:
-        uses = Counter(s for u in program.uops for s in u.src)
-        names: dict[UOp, str] = {}
-        counters: Counter[str] = Counter()
-        body: list[str] = []
-        depth = 1
-
-        def new_name(prefix: str) -> str:
-            counters[prefix] += 1
-            return f"{prefix}{counters[prefix] - 1}"
-
+        writer = KernelWriter(self, program)
         for u in program.uops:
-            operands = [names.get(s, "") for s in u.src]
-            line = None
-            if u.op is Ops.DEFINE_GLOBAL:
-                names[u] = f"data{u.arg[0]}"
-            elif u.op is Ops.CONST:
-                names[u] = self.render_const(u.arg, u.dtype)
-            elif u.op is Ops.RANGE:
-                names[u] = f"{'gidx' if u.arg[0] == 'g' else 'ridx'}{u.arg[1]}"
-                body.append("  " * depth + self.loop(names[u], u.arg[2]))
-                depth += 1
-            elif u.op is Ops.END_RANGE:
-                depth -= 1
-                line = "}"
-            elif u.op is Ops.LOAD:
-                value = self.load(operands[0], operands[1])
-                if len(u.src) == 3:  # guarded: padding outside the buffer reads 0
-                    value = f"({operands[2]}?{value}:{self.render_const(0, u.dtype)})"
-                names[u] = new_name("val")
-                line = self.declare(names[u], u.dtype, value)
-            elif u.op is Ops.DEFINE_ACC:
-                names[u] = new_name("acc")
-                line = self.declare(names[u], u.dtype, operands[0])
-            elif u.op is Ops.ACCUMULATE:
-                acc, value = u.src
-                combined = (f"({names[acc]}+{operands[1]})" if u.arg is Ops.ADD
-                            else _max_code(names[acc], operands[1], u.dtype))
-                line = f"{names[acc]} = {combined};"
-            elif u.op is Ops.REDUCE:
-                names[u] = names[program.accumulators[u]]
-            elif u.op is Ops.STORE:
-                line = self.store(operands[0], operands[1], operands[2])
-            elif u.op in ALU:
-                expression = self.alu(u, operands)
-                if uses[u] <= 1:
-                    names[u] = expression
-                else:
-                    names[u] = new_name("alu")
-                    line = self.declare(names[u], u.dtype, expression)
-            else:
+            render_op = RENDER_FOR_OP.get(u.op, _render_alu if u.op in ALU else None)
+            if render_op is None:
                 raise NotImplementedError(f"{type(self).__name__} cannot render {u.op.name}")
+            line = render_op(writer, u, [writer.names.get(s, "") for s in u.src])
             if line is not None:
-                body.append("  " * depth + line)
+                writer.emit(line)
         params = [self.param(g, g.arg[0] == 0) for g in program.globals]
-        return self.render_kernel(name, params, body)
+        return self.render_kernel(name, params, writer.body)
+
+
+# ops whose C result can leave a narrow type's range (int8 127+1 is int 128 in C)
+WRAPPING_OPS = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.MOD)
+NARROW_DTYPES = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)
+
+
+@dataclass
+class KernelWriter:
+    """What the walk over one program keeps: each value's name, the lines written so far and the
+    current loop depth."""
+
+    renderer: CStyleRenderer
+    program: LinearProgram
+    names: dict[UOp, str] = field(default_factory=dict)
+    body: list[str] = field(default_factory=list)
+    depth: int = 1
+    counters: Counter[str] = field(default_factory=Counter)
+    uses: Counter[UOp] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.uses = Counter(s for u in self.program.uops for s in u.src)
+
+    def new_name(self, prefix: str) -> str:
+        """val0, val1, ... acc0, ... alu0, ...: each prefix counts on its own."""
+        self.counters[prefix] += 1
+        return f"{prefix}{self.counters[prefix] - 1}"
+
+    def emit(self, line: str) -> None:
+        self.body.append("  " * self.depth + line)
+
+
+RenderRule = Callable[[KernelWriter, UOp, list[str]], "str | None"]
+
+
+def _render_define_global(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
+    writer.names[u] = f"data{u.arg[0]}"
+
+
+def _render_const(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
+    writer.names[u] = writer.renderer.render_const(u.arg, u.dtype)
+
+
+def _render_range(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
+    kind, number, size = u.arg
+    writer.names[u] = f"{'gidx' if kind == 'g' else 'ridx'}{number}"
+    writer.emit(writer.renderer.loop(writer.names[u], size))
+    writer.depth += 1
+
+
+def _render_end_range(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
+    writer.depth -= 1
+    return "}"
+
+
+def _render_load(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
+    renderer = writer.renderer
+    value = renderer.load(operands[0], operands[1])
+    if len(u.src) == 3:  # guarded: padding outside the buffer reads 0
+        value = f"({operands[2]}?{value}:{renderer.render_const(0, u.dtype)})"
+    writer.names[u] = writer.new_name("val")
+    return renderer.declare(writer.names[u], u.dtype, value)
+
+
+def _render_define_acc(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
+    writer.names[u] = writer.new_name("acc")
+    return writer.renderer.declare(writer.names[u], u.dtype, operands[0])
+
+
+def _render_accumulate(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
+    acc, value = operands
+    if u.arg is Ops.ADD:
+        combined = f"({acc}+{value})"
+    else:
+        combined = _max_code(acc, value, u.dtype)
+    return f"{acc} = {combined};"
+
+
+def _render_reduce(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
+    # after its loop, a reduction's value is its accumulator
+    writer.names[u] = writer.names[writer.program.accumulators[u]]
+
+
+def _render_store(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
+    return writer.renderer.store(operands[0], operands[1], operands[2])
+
+
+def _render_alu(writer: KernelWriter, u: UOp, operands: list[str]) -> str | None:
+    expression = writer.renderer.alu(u, operands)
+    if writer.uses[u] <= 1:
+        writer.names[u] = expression  # used once: written inline where it is used
+        return None
+    writer.names[u] = writer.new_name("alu")
+    return writer.renderer.declare(writer.names[u], u.dtype, expression)
+
+
+RENDER_FOR_OP: dict[Ops, RenderRule] = {
+    Ops.DEFINE_GLOBAL: _render_define_global,
+    Ops.CONST: _render_const,
+    Ops.RANGE: _render_range,
+    Ops.END_RANGE: _render_end_range,
+    Ops.LOAD: _render_load,
+    Ops.DEFINE_ACC: _render_define_acc,
+    Ops.ACCUMULATE: _render_accumulate,
+    Ops.REDUCE: _render_reduce,
+    Ops.STORE: _render_store,
+}

@@ -25,16 +25,22 @@ from tinyteach.uop import Ops, UOp
 
 
 def _idiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    safe = np.where(b == 0, 1, b)
-    quotient = np.abs(a) // np.abs(safe) if a.dtype.kind == "i" else a // safe
-    if a.dtype.kind == "i":
-        quotient = np.where((a < 0) != (safe < 0), -quotient, quotient)
+    """C's a/b: truncate toward zero; a/0 gives 0; MIN/-1 wraps around to MIN."""
+    safe = np.where(b == 0, 1, b).astype(a.dtype)
+    remainder = np.fmod(a, safe)
+    # a - remainder is an exact multiple of b, so floor division there is exact (no abs(), which
+    # overflows for the smallest integer)
+    quotient = np.floor_divide(a - remainder, safe) if a.dtype.kind in "iu" else a // safe
     return np.where(b == 0, 0, quotient).astype(a.dtype)
 
 
 def _mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     safe = np.where(b == 0, 1, b)
     return np.where(b == 0, 0, np.fmod(a, safe)).astype(a.dtype)
+
+
+def _where(condition: np.ndarray, if_true: np.ndarray, if_false: np.ndarray) -> np.ndarray:
+    return np.asarray(np.where(condition, if_true, if_false))
 
 
 def _reciprocal(a: np.ndarray) -> np.ndarray:
@@ -79,7 +85,7 @@ NUMPY_OPS: dict[Ops, Callable[..., np.ndarray]] = {
     Ops.AND: lambda node, a, b: np.bitwise_and(a, b),
     Ops.OR: lambda node, a, b: np.bitwise_or(a, b),
     Ops.XOR: lambda node, a, b: np.bitwise_xor(a, b),
-    Ops.WHERE: lambda node, c, a, b: np.where(c, a, b),
+    Ops.WHERE: lambda node, c, a, b: _where(c, a, b),
     Ops.REDUCE_AXIS: lambda node, a: _reduce(a, *node.arg),
     Ops.RESHAPE: lambda node, a: np.reshape(a, node.arg),
     Ops.PERMUTE: lambda node, a: np.transpose(a, node.arg),
