@@ -1,0 +1,206 @@
+"""Chapter 6: the scheduler — kernel counts of the canonical patterns, the reasons it writes
+down for every boundary and fusion, COPY/CONTIGUOUS boundaries, and values checked against
+numpy."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinyteach import GlobalCounters, Tensor
+from tinyteach.schedule import create_schedule
+from tinyteach.uop import Ops
+
+RNG = np.random.default_rng(0)
+
+
+def realized(*shape: int, device: str = "NUMPY") -> tuple[Tensor, np.ndarray]:
+    values = RNG.normal(size=shape).astype(np.float32)
+    return Tensor(values, device=device).realize(), values
+
+
+def kernels_to_compute(build, device: str = "NUMPY") -> tuple[int, np.ndarray]:
+    """How many kernels realizing `build()` launches (inputs realized first)."""
+    result = build()
+    GlobalCounters.reset()
+    values = result.realize()
+    count = GlobalCounters.kernel_count
+    return count, values.numpy()
+
+
+def schedule_of(tensor: Tensor):
+    items, _ = create_schedule([tensor.uop], tensor.device)
+    return items
+
+
+# ---- kernel counts that must hold ----
+
+@pytest.fixture(params=["NUMPY", "CPU"])
+def dev(request) -> str:
+    return request.param
+
+
+def test_elementwise_then_sum_is_one_kernel(dev):
+    (a, an), (b, bn), (c, cn) = (realized(4, 8, device=dev) for _ in range(3))
+    count, out = kernels_to_compute(lambda: ((a + b) * c).relu().sum(axis=1))
+    assert count == 1
+    np.testing.assert_allclose(out, np.maximum((an + bn) * cn, 0).sum(axis=1), rtol=1e-5)
+
+
+def test_matmul_is_one_kernel(dev):
+    (x, xn), (w, wn) = realized(5, 7, device=dev), realized(7, 3, device=dev)
+    count, out = kernels_to_compute(lambda: x @ w)
+    assert count == 1
+    np.testing.assert_allclose(out, xn @ wn, rtol=1e-5, atol=1e-5)
+
+
+def test_softmax_is_at_most_three_kernels(dev):
+    x, xn = realized(4, 10, device=dev)
+    count, out = kernels_to_compute(lambda: x.softmax(1))
+    assert count <= 3
+    e = np.exp(xn - xn.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_layernorm_is_at_most_three_kernels(dev):
+    x, xn = realized(4, 10, device=dev)
+    count, out = kernels_to_compute(lambda: x.layernorm())
+    assert count <= 3
+    centered = xn - xn.mean(axis=1, keepdims=True)
+    expected = centered / np.sqrt((centered ** 2).mean(axis=1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_elementwise_chain_is_one_kernel():
+    (a, an), (b, bn) = realized(3, 4), realized(3, 4)
+    count, out = kernels_to_compute(lambda: ((a * 2 + b).exp() - a).relu() * b)
+    assert count == 1
+    np.testing.assert_allclose(out, np.maximum(np.exp(an * 2 + bn) - an, 0) * bn, rtol=1e-5)
+
+
+def test_elementwise_onto_a_reductions_output_fuses():
+    a, an = realized(3, 4)
+    count, out = kernels_to_compute(lambda: (a.sum(axis=1) * 2 + 1).exp())
+    assert count == 1
+    np.testing.assert_allclose(out, np.exp(an.sum(axis=1) * 2 + 1), rtol=1e-5)
+
+
+def test_views_of_realized_buffers_need_no_kernel():
+    a, an = realized(3, 4)
+    for view, expected in [(a.T, an.T), (a.reshape(12), an.reshape(12)), (a[1:, ::2], an[1:, ::2]),
+                           (a.permute(1, 0).reshape(2, 6), an.T.reshape(2, 6))]:
+        GlobalCounters.reset()
+        view.realize()
+        assert GlobalCounters.kernel_count == 0
+        assert schedule_of(view) == []
+        np.testing.assert_array_equal(view.numpy(), expected)
+
+
+def test_realized_tensor_has_nothing_to_schedule():
+    a, _ = realized(3, 4)
+    GlobalCounters.reset()
+    a.realize()
+    assert GlobalCounters.kernel_count == 0
+
+
+# ---- boundaries and their reasons ----
+
+def test_reduction_used_by_two_kernels_is_stored_once():
+    a, an = realized(4, 6)
+    total = a.sum(axis=1)
+    doubled, shifted = (total * 2).contiguous(), (total + 1).contiguous()
+    items = create_schedule([doubled.uop, shifted.uop], "NUMPY")[0]
+    reductions = [item for item in items
+                  if any(n.op is Ops.REDUCE_AXIS for n in item.ast.toposort)]
+    assert len(items) == 3
+    assert len(reductions) == 1, "the sum is computed once"
+    assert "used by 2 kernels" in reductions[0].boundary_reason
+    GlobalCounters.reset()
+    Tensor.realize(doubled, shifted)
+    assert GlobalCounters.kernel_count == 3
+    np.testing.assert_allclose(doubled.numpy(), an.sum(axis=1) * 2, rtol=1e-5)
+    np.testing.assert_allclose(shifted.numpy(), an.sum(axis=1) + 1, rtol=1e-5)
+
+
+def test_reduction_of_a_reduction_is_a_boundary():
+    a, an = realized(4, 6)
+    items = schedule_of(a.sum(axis=1).max())
+    assert len(items) == 2
+    assert "another reduction" in items[0].boundary_reason
+    assert items[1].boundary_reason.startswith("it is an output")
+    assert np.isclose(a.sum(axis=1).max().item(), an.sum(axis=1).max(), rtol=1e-5)
+
+
+def test_broadcast_reduction_reason_names_expand():
+    x, _ = realized(4, 10)
+    items = schedule_of(x.softmax(1))
+    reasons = " ".join(item.boundary_reason for item in items)
+    assert "broadcast" in reasons and "EXPAND" in reasons
+
+
+def test_every_item_has_plain_word_reasons():
+    x, _ = realized(4, 10)
+    for item in schedule_of(x.softmax(1)) + schedule_of((x * 2).sum(1)):
+        assert item.kind == "kernel"
+        assert isinstance(item.boundary_reason, str) and len(item.boundary_reason.split()) >= 3
+        assert item.fusions, "each kernel says what it fused"
+        assert all(isinstance(note, str) for note in item.fusions + item.input_reasons)
+        assert len(item.input_reasons) == len(item.buffers) - 1
+        assert item.ast.op is Ops.SINK and item.ast.src[0].op is Ops.STORE
+
+
+def test_fusion_notes_say_what_was_fused():
+    (a, _), (b, _), (c, _) = realized(4, 8), realized(4, 8), realized(4, 8)
+    (item,) = schedule_of(((a + b) * c).relu().sum(axis=1))
+    notes = " ".join(item.fusions)
+    assert "sum over axes (1,)" in notes
+    assert "fused into the reduction's input" in notes and "ADD" in notes and "MUL" in notes
+    assert item.input_reasons == [f"input {n}: a realized tensor" for n in (1, 2, 3)]
+    (scaled,) = schedule_of(a.sum(axis=1) * 3)
+    assert "fused onto the reduction's output" in " ".join(scaled.fusions)
+    (viewed,) = schedule_of(a.T * 2)
+    assert "movement ops became index arithmetic" in " ".join(viewed.fusions) or \
+        "elementwise" in " ".join(viewed.fusions)
+
+
+def test_contiguous_is_a_boundary():
+    a, an = realized(3, 4)
+    b = (a * 2).contiguous()
+    items = schedule_of((b + 1).sum())
+    assert len(items) == 2
+    assert "contiguous" in items[0].boundary_reason
+    assert np.isclose(((a * 2).contiguous() + 1).sum().item(), (an * 2 + 1).sum(), rtol=1e-5)
+
+
+def test_copy_between_devices_is_its_own_step():
+    a, an = realized(3, 4, device="NUMPY")
+    moved = (a * 2).to("CPU") + 1
+    items = schedule_of(moved)
+    kinds = [item.kind for item in items]
+    assert kinds.count("copy") == 1
+    copy = items[kinds.index("copy")]
+    assert "copy" in copy.boundary_reason and copy.device == "CPU"
+    assert items[kinds.index("copy") - 1].device == "NUMPY"   # a*2 computed where a lives
+    assert items[-1].device == "CPU"
+    np.testing.assert_allclose(moved.numpy(), an * 2 + 1, rtol=1e-6)
+
+
+def test_copy_of_a_realized_buffer_needs_no_kernel():
+    a, an = realized(3, 4, device="NUMPY")
+    items = schedule_of(a.to("CPU"))
+    assert [item.kind for item in items] == ["copy"]
+    np.testing.assert_array_equal(a.to("CPU").numpy(), an)
+
+
+def test_kernel_names_follow_tinygrad():
+    a, _ = realized(4, 8)
+    assert [i.name for i in schedule_of(a + 1)] == ["E_4_8"]
+    assert [i.name for i in schedule_of(a.sum(axis=1))] == ["r_4_8"]
+    assert schedule_of(a.sum())[0].name.startswith("r_")
+
+
+def test_outputs_become_buffers_of_their_shape():
+    a, an = realized(3, 4)
+    out = a.sum(axis=0)
+    items, becomes = create_schedule([out.uop], "NUMPY")
+    assert becomes[out.uop].shape == (4,)
+    assert items[0].output.size == 4
