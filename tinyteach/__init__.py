@@ -15,8 +15,8 @@ module (or small package) that opens with what it teaches, and one notebook in c
 | 7  | Lowering: loops, indices, optimizations              | lower.py                          |
 | 8  | Code generation: C (and later OpenCL, CUDA, WGSL)    | render/                           |
 | 9  | Devices and runtimes                                 | device.py, realize.py, runtime/   |
-| 10 | The JIT and graph execution                          | jit.py (coming)                   |
-| 11 | Deep learning: nn, optim, datasets                   | nn/ (coming)                      |
+| 10 | The JIT and graph execution                          | jit.py                            |
+| 11 | Deep learning: nn, optim, state, datasets            | nn/                               |
 
 The data flow of `(a + b).relu().sum()`: tensor.py builds a lazy UOp graph -> schedule.py cuts
 it into kernels -> lower.py turns each into loops -> render/ writes C -> runtime/cpu.py compiles
@@ -24,11 +24,14 @@ and runs it. Set DEBUG=1..5 (or `with Context(DEBUG=4):`) to watch every stage.
 
 Layering: a module imports only from modules *below* it in this order (a test checks it):
 helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime, realize,
-gradient, tensor, indexing.
+gradient, tensor, indexing, jit, nn.
 """
 from tinyteach.device import Device
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import DEBUG, Context, GlobalCounters
+from tinyteach.jit import TinyJit
 from tinyteach.tensor import Tensor
 
-__all__ = ["Tensor", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters"]
+from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
+
+__all__ = ["Tensor", "TinyJit", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters", "nn"]

@@ -105,6 +105,7 @@ class Backend:
                  program: Callable[..., Any]):
         self.name, self.allocator, self.renderer = name, allocator, renderer
         self.compiler, self.program = compiler, program
+        self.graph: Any = None  # optional: a class that replays a JIT's launches in one go
 
     def synchronize(self) -> None:
         """Wait for the device to finish its work (host devices are always finished)."""
@@ -129,10 +130,10 @@ class _DeviceRegistry:
     def __getitem__(self, name: str) -> Backend:
         name = self.canonicalize(name)
         if name not in self._backends:
-            module = importlib.import_module(KNOWN_DEVICES[name])
             try:
+                module = importlib.import_module(KNOWN_DEVICES[name])
                 self._backends[name] = module.make_backend()
-            except DeviceUnavailable as error:
+            except (DeviceUnavailable, ImportError) as error:
                 raise DeviceUnavailable(f"device {name} is not available: {error}. "
                                         f"Available here: {self.available()}") from None
         return self._backends[name]
@@ -186,6 +187,14 @@ class Buffer:
     def __init__(self, device: str, size: int, dtype: DType):
         self.device, self.size, self.dtype = device, size, dtype
         self._storage: Any = None
+        self.overwritten = False  # set once assign() wrote new contents into this memory
+
+    def alias(self) -> Buffer:
+        """A new handle on the same memory: what a tensor holds after assign() wrote into it,
+        so graphs built before the write (on the old handle) can be told apart."""
+        twin = Buffer(self.device, self.size, self.dtype)
+        twin._storage = self.storage
+        return twin
 
     def __repr__(self) -> str:
         state = "allocated" if self.is_allocated else "not allocated"

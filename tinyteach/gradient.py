@@ -20,7 +20,7 @@ Builds on: uop.py. Used by: tensor.py (`backward`, `Tensor.gradient`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from tinyteach.helpers import argsort
 from tinyteach.uop import Ops, UOp
@@ -89,19 +89,36 @@ GRADIENT_RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.FLIP: lambda grad, node: (grad.flip(node.arg),),
     Ops.CONTIGUOUS: lambda grad, node: (grad,),
     Ops.COPY: lambda grad, node: (None,),  # replaced in compute_gradient: it needs the device
-    Ops.DETACH: _no_grad,
+    Ops.DETACH: _no_grad, Ops.ASSIGN: _no_grad,
     Ops.CMPLT: _no_grad, Ops.CMPNE: _no_grad, Ops.IDIV: _no_grad, Ops.MOD: _no_grad,
     Ops.AND: _no_grad, Ops.OR: _no_grad, Ops.XOR: _no_grad,
 }
+
+
+def graph_before_realize(root: UOp, graph_behind: Mapping[UOp, UOp]) -> UOp:
+    """`root` with each realized buffer in `graph_behind` replaced by the lazy graph that
+    computed it: a tensor that was realized half-way still passes gradients back."""
+    if not graph_behind:
+        return root
+    rebuilt: dict[UOp, UOp] = {}
+    for node in root.toposort:
+        if node in graph_behind:
+            rebuilt[node] = graph_before_realize(graph_behind[node], graph_behind)
+        elif node.src:
+            sources = tuple(rebuilt[s] for s in node.src)
+            rebuilt[node] = node if sources == node.src else node.replace(src=sources)
+        else:
+            rebuilt[node] = node
+    return rebuilt[root]
 
 
 def _on_path(root: UOp, targets: set[UOp]) -> set[UOp]:
     """The nodes through which `root` depends on a target: only they need gradients."""
     needed: set[UOp] = set()
     for node in root.toposort:
-        if node in targets or any(s in needed for s in node.src):
-            if node.op is not Ops.DETACH:
-                needed.add(node)
+        passes_gradient = node.op is not Ops.DETACH and any(s in needed for s in node.src)
+        if node in targets or passes_gradient:
+            needed.add(node)
     return needed
 
 

@@ -177,6 +177,9 @@ def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
     substituted = substitute_realized(roots, device)
     items, becomes = create_schedule(substituted, default_device)
     run_schedule(items)
+    for item in items:
+        if item.node is not None and item.node.op is Ops.ASSIGN:
+            item.output.overwritten = True  # older graphs must not read it as if unchanged
     results = []
     for original, node in zip(roots, substituted):
         result = becomes.get(node, node)

@@ -47,6 +47,9 @@ class ScheduleItem:
     boundary_reason: str      # why this kernel's result is stored in memory
     fusions: list[str] = field(default_factory=list)
     input_reasons: list[str] = field(default_factory=list)
+    old_contents_read: list[Buffer] = field(default_factory=list)  # read before any assign
+    node: UOp | None = None              # the realized node this item computes
+    input_nodes: list[UOp] = field(default_factory=list)
 
     @property
     def output(self) -> Buffer:
@@ -99,6 +102,11 @@ def find_realized(outputs: list[UOp]) -> dict[UOp, str]:
             realized.setdefault(node, "a copy between devices is its own step")
             if not is_contiguous_buffer(node.src[0]):
                 realized.setdefault(node.src[0], "its value is copied to another device")
+        if node.op is Ops.ASSIGN:
+            realized.setdefault(node, "assign() writes the value into the tensor's own buffer")
+            if _reads_target_through_view(node):
+                realized.setdefault(node.src[1], "the assigned value reads its own target through "
+                                    "a view, so it is computed into a fresh buffer first")
     # walk from the outputs down, so each node's users are decided before the node itself
     kernels_of: dict[UOp, set[UOp]] = {}
     for node in reversed(order):
@@ -147,6 +155,34 @@ def _ops_between(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str
     return found
 
 
+def assign_target(node: UOp) -> Buffer:
+    """The buffer an ASSIGN writes into: its target is a (reshaped) realized buffer."""
+    target = node.src[0]
+    while target.op is Ops.RESHAPE:
+        target = target.src[0]
+    if target.op is not Ops.BUFFER:
+        raise RuntimeError("assign() needs a realized target buffer")
+    buffer: Buffer = target.arg
+    return buffer
+
+
+def _reads_target_through_view(node: UOp) -> bool:
+    """Does the assigned value read its target other than element for element? Then writing
+    in place would overwrite elements that are still to be read."""
+    target = assign_target(node)
+    stack: list[tuple[UOp, bool]] = [(node.src[1], True)]
+    while stack:
+        current, aligned = stack.pop()
+        if current.op is Ops.BUFFER and current.arg is target:
+            if not aligned:
+                return True
+            continue
+        keeps_alignment = current.op in ALU or current.op in (Ops.RESHAPE, Ops.CONTIGUOUS,
+                                                              Ops.DETACH)
+        stack.extend((s, aligned and keeps_alignment) for s in current.src)
+    return False
+
+
 # ---- step 2: each realized node becomes a kernel AST ----
 
 @dataclass
@@ -154,7 +190,10 @@ class _KernelBuilder:
     """Replaces the kernel's inputs by DEFINE_GLOBALs while copying its graph."""
 
     buffer_of: dict[UOp, Buffer]
+    output: Buffer | None = None
     inputs: list[Buffer] = field(default_factory=list)
+    input_nodes: list[UOp] = field(default_factory=list)  # realized nodes this kernel reads
+    old_contents_read: list[Buffer] = field(default_factory=list)  # via BUFFER nodes
     input_reasons: list[str] = field(default_factory=list)
     memo: dict[UOp, UOp] = field(default_factory=dict)
 
@@ -165,6 +204,8 @@ class _KernelBuilder:
             result = self._input(node, realized)
         elif node.op in (Ops.CONTIGUOUS, Ops.DETACH):
             result = self.build(node.src[0], False, realized)
+        elif node.op is Ops.ASSIGN:
+            result = self.build(node.src[1], False, realized)
         else:
             sources = tuple(self.build(s, False, realized) for s in node.src)
             result = node.replace(src=sources)
@@ -173,6 +214,16 @@ class _KernelBuilder:
 
     def _input(self, node: UOp, realized: dict[UOp, str]) -> UOp:
         buffer = node.arg if node.op is Ops.BUFFER else self.buffer_of[node]
+        if node.op is Ops.BUFFER and buffer.overwritten:
+            raise RuntimeError(f"this graph reads {buffer!r} as it was before assign() wrote into "
+                               "it; realize the tensor before the assign (e.g. "
+                               "`loss.realize()` before `optim.step()`)")
+        if node.op is Ops.BUFFER and buffer not in self.old_contents_read:
+            self.old_contents_read.append(buffer)
+        if node.op is not Ops.BUFFER:
+            self.input_nodes.append(node)
+        if buffer is self.output:  # an in-place assign reads its own target element-wise
+            return UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, buffer.size)).reshape(node.shape)
         if buffer not in self.inputs:
             self.inputs.append(buffer)
             why = "a realized tensor" if node.op is Ops.BUFFER else realized[node]
@@ -250,10 +301,36 @@ def create_schedule(outputs: list[UOp], default_device: str) -> tuple[list[Sched
         if node not in realized:
             continue
         device = node.arg if node.op is Ops.COPY else device_of(node, default_device)
-        buffer_of[node] = Buffer(device, prod(node.shape), node.dtype)
+        if node.op is Ops.ASSIGN:
+            buffer_of[node] = assign_target(node)
+        else:
+            buffer_of[node] = Buffer(device, prod(node.shape), node.dtype)
         items.append(_make_item(node, device, realized, buffer_of))
-    becomes = {out: _buffer_node(buffer_of[out], out) for out in outputs if out in buffer_of}
-    return items, becomes
+    becomes = {out: _buffer_node(buffer_of[out].alias() if out.op is Ops.ASSIGN else
+                                 buffer_of[out], out) for out in outputs if out in buffer_of}
+    return order_items(items), becomes
+
+
+def order_items(items: list[ScheduleItem]) -> list[ScheduleItem]:
+    """Order kernels so each runs after the kernels whose outputs it reads, and every kernel
+    that reads a buffer's *old* contents runs before an assign overwrites that buffer."""
+    item_of = {item.node: k for k, item in enumerate(items)}
+    after: dict[int, set[int]] = {k: set() for k in range(len(items))}
+    for k, item in enumerate(items):
+        after[k] |= {item_of[n] for n in item.input_nodes if n in item_of}
+        for buffer in item.old_contents_read:
+            for w, writer in enumerate(items):
+                if w != k and writer.output is buffer and writer.node is not None \
+                        and writer.node.op is Ops.ASSIGN:
+                    after[w].add(k)  # the assign waits for this reader of the old contents
+    ordered: list[int] = []
+    while len(ordered) < len(items):
+        ready = [k for k in range(len(items)) if k not in ordered and after[k] <= set(ordered)]
+        if not ready:
+            raise RuntimeError("cannot order this schedule: a kernel needs both the old and the "
+                               "new value of an assigned buffer; realize() between the two uses")
+        ordered.append(ready[0])
+    return [items[k] for k in ordered]
 
 
 def _buffer_node(buffer: Buffer, node: UOp) -> UOp:
@@ -268,10 +345,12 @@ def _make_item(node: UOp, device: str, realized: dict[UOp, str],
             source = source.src[0]
         source_buffer = source.arg if source.op is Ops.BUFFER else buffer_of[source]
         return ScheduleItem("copy", f"copy {source_buffer.device} -> {device}", node,
-                            [buffer_of[node], source_buffer], device, realized[node])
-    builder = _KernelBuilder(buffer_of)
+                            [buffer_of[node], source_buffer], device, realized[node],
+                            node=node, input_nodes=[source] if source in buffer_of else [])
+    builder = _KernelBuilder(buffer_of, output=buffer_of[node])
     value = builder.build(node, True, realized)
     output = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, prod(node.shape)))
     ast = UOp(Ops.SINK, dtypes.bool, (UOp(Ops.STORE, node.dtype, (output, value)),))
     return ScheduleItem("kernel", kernel_name(value), ast, [buffer_of[node], *builder.inputs],
-                        device, realized[node], describe_fusions(value), builder.input_reasons)
+                        device, realized[node], describe_fusions(value), builder.input_reasons,
+                        builder.old_contents_read, node, builder.input_nodes)

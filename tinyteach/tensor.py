@@ -31,7 +31,7 @@ import numpy as np
 
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes, least_upper_dtype, least_upper_float
-from tinyteach.gradient import compute_gradient
+from tinyteach.gradient import compute_gradient, graph_before_realize
 from tinyteach.helpers import TRAINING, Context, prod
 from tinyteach.realize import realize_uops
 from tinyteach.schedule import device_of, is_contiguous_buffer
@@ -67,21 +67,42 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class _NoGrad:
-    """`with Tensor.no_grad:` (or `Tensor.no_grad = True`) builds no gradient graph."""
+    """What `Tensor.no_grad` gives: true while gradients are switched off, and a context
+    manager that switches them off inside a `with` block, then restores the previous state."""
 
-    depth = 0
+    def __init__(self, active: bool):
+        self.active = active
 
     def __bool__(self) -> bool:
-        return self.depth > 0
+        return self.active
+
+    def __repr__(self) -> str:
+        return f"<Tensor.no_grad: {self.active}>"
 
     def __call__(self) -> _NoGrad:
         return self
 
     def __enter__(self) -> None:
-        self.depth += 1
+        self.previous = _TensorType.no_grad_active
+        _TensorType.no_grad_active = True
 
     def __exit__(self, *args: object) -> None:
-        self.depth -= 1
+        _TensorType.no_grad_active = self.previous
+
+
+class _TensorType(type):
+    """Makes `Tensor.no_grad` work both ways: `Tensor.no_grad = True` (tinygrad) switches
+    gradients off until set back, `with Tensor.no_grad:` (torch.no_grad) for one block."""
+
+    no_grad_active = False
+
+    @property
+    def no_grad(cls) -> _NoGrad:
+        return _NoGrad(_TensorType.no_grad_active)
+
+    @no_grad.setter
+    def no_grad(cls, value: object) -> None:
+        _TensorType.no_grad_active = bool(value)
 
 
 class _Train:
@@ -101,14 +122,19 @@ class _Train:
         Tensor.training = self.previous
 
 
-class Tensor:
+class Tensor(metaclass=_TensorType):
     """A lazily computed n-dimensional array on a device, with reverse-mode autograd."""
 
     training: ClassVar[bool] = False
-    no_grad: ClassVar[Any] = _NoGrad()
     _seed: ClassVar[int] = 0
     _rng_counter: ClassVar[int] = 0
-    _needs_grad: ClassVar[weakref.WeakSet[Tensor]] = weakref.WeakSet()
+    # tensors with requires_grad=True, by id (a WeakSet would compare tensors with ==, which
+    # builds a graph instead of answering True or False)
+    _needs_grad: ClassVar[weakref.WeakValueDictionary[int, Tensor]] = \
+        weakref.WeakValueDictionary()
+    # tensors backward() was called on: realized together with a later assign to their inputs,
+    # so `loss.backward(); optim.step(); loss.item()` reports the loss before the step
+    _losses: ClassVar[weakref.WeakValueDictionary[int, Tensor]] = weakref.WeakValueDictionary()
     __hash__ = object.__hash__  # `==` builds a graph, so hashing is by identity
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
@@ -137,7 +163,7 @@ class Tensor:
         if value:
             if not dtypes.is_float(self.dtype):
                 raise TypeError(f"only float tensors can require gradients, not {self.dtype}")
-            Tensor._needs_grad.add(self)
+            Tensor._needs_grad[id(self)] = self
 
     # ---- what a tensor is ----
 
@@ -175,16 +201,23 @@ class Tensor:
         """Compute this tensor (and `others`): `t.realize()` or `Tensor.realize(a, b, c)`."""
         tensors = [self, *others]
         pending = [t for t in tensors if not is_contiguous_buffer(t.uop)]
+        pending += _losses_reading_assigned(pending, Tensor._losses.values())
         if pending:
             results = realize_uops([t.uop for t in pending], self.device)
             for tensor, result in zip(pending, results):
                 if tensor.requires_grad is not None or tensor.uop.op is not Ops.BUFFER:
                     tensor._lazy = tensor._lazy or tensor.uop
+                if tensor.requires_grad and id(tensor) not in Tensor._needs_grad:
+                    # graphs built on this tensor now start at its buffer: remember the graph
+                    # behind it, so backward() still reaches the parameters (as PyTorch does)
+                    _graph_behind[result] = tensor._lazy or tensor.uop
                 tensor.uop = result
         return self
 
     def _buffer(self) -> Buffer:
-        node = self.contiguous().realize().uop if not is_contiguous_buffer(self.uop) else self.uop
+        node = self.realize().uop
+        if not is_contiguous_buffer(node):  # a view of a buffer: copy it into a fresh one
+            node = self.contiguous().realize().uop
         while node.op is Ops.RESHAPE:
             node = node.src[0]
         buffer: Buffer = node.arg
@@ -225,6 +258,8 @@ class Tensor:
     # ---- building results ----
 
     def _apply(self, uop: UOp, *sources: Tensor) -> Tensor:
+        if Tensor.no_grad and any(s.requires_grad for s in sources):
+            uop = UOp(Ops.DETACH, uop.dtype, (uop,))  # made under no_grad: gradients stop here
         result = Tensor(uop, self.device)
         result._inherit_grad(*sources)
         return result
@@ -535,6 +570,9 @@ class Tensor:
         axis = self._axis(dim)
         if index.ndim != self.ndim:
             raise ValueError(f"gather: index has {index.ndim} dims, tensor has {self.ndim}")
+        from tinyteach.indexing import check_index_range
+        check_index_range(index, self.shape[axis], axis)
+        index = (index < 0).where(index + self.shape[axis], index)  # -1 is the last, as numpy
         bounds = [(0, i) if a != axis else None for a, i in enumerate(index.shape)]
         source = self.shrink(bounds).transpose(axis, -1)  # (..., n)
         picked = index.transpose(axis, -1).unsqueeze(-1)   # (..., k, 1)
@@ -1034,7 +1072,8 @@ class Tensor:
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """The index of the first maximum: max over (is_max * (n - index)), turned around."""
         if axis is None:
-            return self.flatten().argmax(0)
+            index = self.flatten().argmax(0)
+            return index.reshape((1,) * self.ndim) if keepdim else index
         a = self._axis(axis)
         n = self.shape[a]
         is_max = self == self.max(a, keepdim=True)
@@ -1200,15 +1239,18 @@ class Tensor:
         return _reduce_loss(-(Y * log_p + (1 - Y) * log_not_p), reduction)
 
     def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean") -> Tensor:
-        # log(sigmoid(x)) = -softplus(-x), written stably: max(x, 0) - x*y + log(1 + e^-|x|)
-        loss = self.relu() - self * Y + (1 + (-self.abs()).exp()).log()
+        # log(sigmoid(x)) = -softplus(-x), written stably: max(x, 0) - x*y + log(1 + e^-|x|).
+        # At x = 0 both kinks must take the same side (x >= 0, as abs does) for the gradient
+        # to be the true sigmoid(x) - y; relu's side (x > 0) would be off by one.
+        positive_part = (self >= 0).where(self, 0)
+        loss = positive_part - self * Y + (1 + (-self.abs()).exp()).log()
         return _reduce_loss(loss, reduction)
 
     # ---- autograd ----
 
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
         """Gradients of self with respect to `targets`, without touching `.grad`."""
-        root = self._lazy or self.uop
+        root = graph_before_realize(self._lazy or self.uop, _graph_behind)
         if gradient is None:
             if self.shape != ():
                 raise ValueError(f"gradient of a non-scalar tensor (shape {self.shape}) needs "
@@ -1232,13 +1274,14 @@ class Tensor:
         if gradient is None and self.shape != ():
             raise ValueError(f"backward() needs a scalar (shape ()) tensor, this one has shape "
                              f"{self.shape}; pass gradient= for a non-scalar output")
-        in_graph = set((self._lazy or self.uop).toposort)
-        targets = [t for t in list(Tensor._needs_grad)
+        in_graph = set(graph_before_realize(self._lazy or self.uop, _graph_behind).toposort)
+        targets = [t for t in list(Tensor._needs_grad.values())
                    if t.uop in in_graph or (t._lazy is not None and t._lazy in in_graph)]
         if not targets:
             raise RuntimeError("backward(): no tensor with requires_grad=True in this graph")
         for target, grad in zip(targets, self.gradient(*targets, gradient=gradient)):
             target.grad = grad if target.grad is None else target.grad + grad
+        Tensor._losses[id(self)] = self
         return self
 
     @staticmethod
@@ -1252,7 +1295,13 @@ class Tensor:
         if value.shape != self.shape or value.dtype != self.dtype or value.device != self.device:
             raise ValueError(f"assign: {value.shape} {value.dtype} on {value.device} does not "
                              f"match {self.shape} {self.dtype} on {self.device}")
-        self.uop, self._lazy = value.uop, None
+        target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
+        if is_contiguous_buffer(target) and value.uop is not target:
+            # write into the existing buffer: whoever holds it (a JIT, an optimizer) sees it
+            self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
+        else:
+            self.uop = value.uop
+        self._lazy = None
         return self
 
     def __iter__(self) -> Iterator[Tensor]:
@@ -1263,6 +1312,22 @@ class Tensor:
 
 
 # ---- helpers used above ----
+
+def _losses_reading_assigned(pending: list[Tensor], losses: Any) -> list[Tensor]:
+    """Unrealized losses that read a buffer one of `pending` assigns to: they must be computed
+    in the same schedule, before the assign overwrites what they read."""
+    targets = {node.src[0] for t in pending for node in t.uop.toposort if node.op is Ops.ASSIGN}
+    if not targets:
+        return []
+    chosen = [id(t) for t in pending]
+    rescued = []
+    for loss in list(losses):
+        if id(loss) in chosen or is_contiguous_buffer(loss.uop):
+            continue
+        if any(node in targets for node in loss.uop.toposort):
+            rescued.append(loss)
+    return rescued
+
 
 def _float_default(kwargs: dict[str, Any]) -> dict[str, Any]:
     kwargs.setdefault("dtype", dtypes.default_float)
@@ -1302,6 +1367,10 @@ def _reduce_loss(loss: Tensor, reduction: str, counted: Tensor | None = None) ->
     raise ValueError(f"reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
 
 
+# realized buffer -> the lazy graph that computed it, for tensors on a path to a parameter
+_graph_behind: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+
+
 def _copy_back(grad: UOp, source: UOp) -> UOp:
     return UOp(Ops.COPY, grad.dtype, (grad,), device_of(source, Device.DEFAULT))
 
@@ -1318,9 +1387,10 @@ def _uop_from_data(data: Any, dtype: DType | None, device: str) -> UOp:
         array = np.frombuffer(data, dtype=np.uint8)
     else:
         raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
+    shape = array.shape  # (np.ascontiguousarray turns a 0-d array into shape (1,))
     array = np.ascontiguousarray(array)
     buffer = Buffer(device, array.size, dtypes.from_np(array.dtype)).copyin(array.reshape(-1))
-    return UOp(Ops.BUFFER, buffer.dtype, (), buffer).reshape(array.shape)
+    return UOp(Ops.BUFFER, buffer.dtype, (), buffer).reshape(shape)
 
 
 def _hash32_int(x: int) -> int:

@@ -73,6 +73,7 @@ class Ops(enum.Enum):
     # --- graph structure, not computed by a backend ---
     CONTIGUOUS = enum.auto()  # realize here: the user asked for a fresh, contiguous buffer
     DETACH = enum.auto()      # the same value, but gradients stop here
+    ASSIGN = enum.auto()      # write src[1]'s value into src[0]'s existing buffer (in place)
 
     # --- inside a kernel (chapters 6-8) ---
     SINK = enum.auto()        # the root of a kernel: its stores

@@ -30,6 +30,7 @@ from tinyteach.device import (
     Buffer,
     CompileError,
     Compiler,
+    Device,
     DeviceUnavailable,
     HostAllocator,
 )
@@ -104,6 +105,43 @@ class CPUProgram:
         self.function(*(ctypes.c_void_p(b.storage.address) for b in buffers))
 
 
+def render_graph(arities: list[int]) -> str:
+    """C that calls every kernel in turn: kernels[k](buffers[...], ...) for each launch."""
+    lines = ["void run_graph(void **kernels, void **buffers) {"]
+    position = 0
+    for k, arity in enumerate(arities):
+        signature = ", ".join(["void*"] * arity)
+        arguments = ", ".join(f"buffers[{position + i}]" for i in range(arity))
+        lines.append(f"  ((void (*)({signature}))kernels[{k}])({arguments});")
+        position += arity
+    return "\n".join(lines + ["}"]) + "\n"
+
+
+class CPUGraph:
+    """Graph execution for TinyJit on the CPU: one ctypes call runs every captured kernel.
+    The buffer addresses live in one C array; a replay only rewrites the input slots."""
+
+    def __init__(self, launches: list) -> None:
+        arities = [len(launch.buffers) for launch in launches]
+        library_path = Device["CPU"].compiler.compile(render_graph(arities))
+        self.library = ctypes.CDLL(str(library_path))
+        self.run = self.library.run_graph
+        self.run.restype = None
+        functions = [ctypes.cast(launch.runner.program.function, ctypes.c_void_p).value
+                     for launch in launches]
+        self.kernels = (ctypes.c_void_p * len(functions))(*functions)
+        self.offsets = [sum(arities[:k]) for k in range(len(arities))]
+        addresses = [b.storage.address for launch in launches for b in launch.buffers]
+        self.buffers = (ctypes.c_void_p * len(addresses))(*addresses)
+
+    def __call__(self, launches: list, changed: list[tuple[int, int]]) -> None:
+        for k, position in changed:
+            self.buffers[self.offsets[k] + position] = launches[k].buffers[position].storage.address
+        self.run(self.kernels, self.buffers)
+
+
 def make_backend() -> Backend:
     compiler = ClangStyleCompiler(find_c_compiler())
-    return Backend("CPU", HostAllocator(), CRenderer(), compiler, CPUProgram)
+    backend = Backend("CPU", HostAllocator(), CRenderer(), compiler, CPUProgram)
+    backend.graph = CPUGraph
+    return backend

@@ -1,0 +1,249 @@
+"""Chapter 10: the JIT — capture a function's kernel launches once, replay them many times.
+
+What this teaches:
+- a training step rebuilds the same graph every time: Python builds UOps, the scheduler cuts
+  kernels, the engine looks up programs. All of that produces the *same list of launches*. So
+  `TinyJit` runs the function normally once (to compile everything), records every launch the
+  second time (program, buffers, sizes), and from the third call on replays that list with the
+  new input buffers swapped in — without running the Python that built the graph;
+- state that changes between calls (weights, optimizer moments) must be written *in place*
+  (`Tensor.assign`), so the captured launches keep pointing at the right memory;
+- graph execution: on the CPU, a replay is one native call — a small generated C function calls
+  every kernel in turn — so a launch costs a few microseconds, not a trip through Python;
+- the JIT is honest: DEBUG>=1 says when it captured and how many kernels it replays, and an
+  input of another shape, dtype or device than the captured one is an error, never a silent
+  wrong result.
+
+Builds on: realize.py (record_launches), device.py, tensor.py. Used by: nn training loops.
+
+>>> from tinyteach import Tensor, TinyJit
+>>> @TinyJit
+... def double_plus_one(x: Tensor) -> Tensor:
+...     return (x * 2 + 1).realize()
+>>> [double_plus_one(Tensor([float(i)])).item() for i in range(4)]
+[1.0, 3.0, 5.0, 7.0]
+"""
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from tinyteach.device import Buffer, Device
+from tinyteach.helpers import DEBUG, GlobalCounters
+from tinyteach.realize import Launch, record_launches
+from tinyteach.schedule import is_contiguous_buffer
+from tinyteach.tensor import Tensor
+from tinyteach.uop import Ops
+
+ReturnType = TypeVar("ReturnType")
+
+
+class JitError(RuntimeError):
+    """A jitted function was called in a way its captured launches cannot replay."""
+
+
+@dataclass(frozen=True)
+class InputSignature:
+    """What the captured launches assume about one input tensor."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    device: str
+
+    def describe_change(self, other: InputSignature) -> str:
+        changes = [f"{field} {getattr(self, field)} -> {getattr(other, field)}"
+                   for field in ("shape", "dtype", "device")
+                   if getattr(self, field) != getattr(other, field)]
+        return ", ".join(changes)
+
+
+def _buffer_of(tensor: Tensor) -> Buffer:
+    node = tensor.uop
+    while node.op is Ops.RESHAPE:
+        node = node.src[0]
+    buffer: Buffer = node.arg
+    return buffer
+
+
+def _split_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
+        list[tuple[str, Tensor]], list[tuple[str, Any]]]:
+    """Tensor arguments (by name) and the other arguments, which must not change."""
+    named = [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    tensors = [(name, value) for name, value in named if isinstance(value, Tensor)]
+    others = [(name, value) for name, value in named if not isinstance(value, Tensor)]
+    return tensors, others
+
+
+def _realized_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
+        tuple[Any, ...], dict[str, Any]]:
+    """Every tensor argument as a realized, contiguous buffer (what launches can read)."""
+    def prepare(value: Any) -> Any:
+        if not isinstance(value, Tensor):
+            return value
+        value.realize()
+        return value if is_contiguous_buffer(value.uop) else value.contiguous().realize()
+    return tuple(prepare(a) for a in args), {k: prepare(v) for k, v in kwargs.items()}
+
+
+def _returned_tensors(result: Any) -> list[Tensor]:
+    if isinstance(result, Tensor):
+        return [result]
+    if isinstance(result, (tuple, list)):
+        return [r for r in result if isinstance(r, Tensor)]
+    if isinstance(result, dict):
+        return [r for r in result.values() if isinstance(r, Tensor)]
+    return []
+
+
+class CapturedJit:
+    """The launches recorded during the capture call, ready to replay with new inputs."""
+
+    def __init__(self, launches: list[Launch], input_buffers: list[Buffer], result: Any,
+                 outputs: list[Tensor]):
+        self.launches = launches
+        self.result = result
+        self.output_uops = [t.uop for t in outputs]
+        self.input_slots = self._find_input_slots(input_buffers)
+        self.graph = self._make_graph()
+
+    def _find_input_slots(self, input_buffers: list[Buffer]) -> list[tuple[int, int, int]]:
+        """(launch, position, input) for every place an input buffer is passed."""
+        slots = []
+        for k, launch in enumerate(self.launches):
+            for position, buffer in enumerate(launch.buffers):
+                for i, input_buffer in enumerate(input_buffers):
+                    if buffer is input_buffer:
+                        slots.append((k, position, i))
+        return slots
+
+    def _make_graph(self) -> Any:
+        """A device's batched executor, when every launch is a kernel on that device."""
+        devices = {launch.item.device for launch in self.launches}
+        if len(devices) != 1 or any(launch.runner is None for launch in self.launches):
+            return None
+        graph_class = getattr(Device[devices.pop()], "graph", None)
+        return None if graph_class is None else graph_class(self.launches)
+
+    def replay(self, input_buffers: list[Buffer]) -> None:
+        for k, position, i in self.input_slots:
+            self.launches[k].buffers[position] = input_buffers[i]
+        start = time.perf_counter()
+        if self.graph is not None:
+            self.graph(self.launches, [(k, position) for k, position, _ in self.input_slots])
+        else:
+            for launch in self.launches:
+                self._run_one(launch)
+        seconds = time.perf_counter() - start
+        GlobalCounters.kernel_count += len(self.launches)
+        GlobalCounters.time_sum_s += seconds
+        if DEBUG >= 1:
+            how = "one graph call" if self.graph is not None else "one by one"
+            print(f"TinyJit: replayed {len(self.launches)} kernels ({how}) in "
+                  f"{seconds * 1e6:.1f}us")
+
+    @staticmethod
+    def _run_one(launch: Launch) -> None:
+        if launch.runner is None:  # a copy between devices
+            launch.buffers[0].copyin(launch.buffers[1].numpy())
+        else:
+            launch.runner.program(*launch.buffers)
+
+    def outputs(self) -> Any:
+        """The function's result, with tensors pointing at the replayed output buffers."""
+        replacements = iter(self.output_uops)
+
+        def rebuild(value: Any) -> Any:
+            return Tensor(next(replacements), value.device) if isinstance(value, Tensor) else value
+        if isinstance(self.result, (tuple, list)):
+            return type(self.result)(rebuild(r) for r in self.result)
+        if isinstance(self.result, dict):
+            return {key: rebuild(value) for key, value in self.result.items()}
+        return rebuild(self.result)
+
+
+class TinyJit(Generic[ReturnType]):
+    """Decorator: `@TinyJit def step(x, y): ...`. Call 1 runs, call 2 captures, later calls
+    replay. Tensor arguments may change values between calls, not shapes, dtypes or devices;
+    other arguments must not change at all. Realize what you return (or it is realized for you).
+    """
+
+    def __init__(self, fn: Callable[..., ReturnType]):
+        self.fn = fn
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the capture: the next call runs normally again."""
+        self.calls = 0
+        self.captured: CapturedJit | None = None
+        self.signature: list[tuple[str, InputSignature]] = []
+        self.fixed_arguments: list[tuple[str, Any]] = []
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Callable[..., ReturnType]:
+        return functools.partial(self.__call__, obj)  # a jitted method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
+        args, kwargs = _realized_inputs(args, kwargs)
+        tensors, others = _split_arguments(args, kwargs)
+        signature = [(name, InputSignature(t.shape, t.dtype, t.device)) for name, t in tensors]
+        if self.calls == 0:
+            self.calls = 1
+            result = self.fn(*args, **kwargs)
+            outputs = _returned_tensors(result)
+            if outputs:
+                Tensor.realize(*outputs)
+            return result
+        if self.calls == 1:
+            return self._capture(args, kwargs, signature, others, tensors)
+        self._check(signature, others)
+        assert self.captured is not None
+        self.captured.replay([_buffer_of(t) for _, t in tensors])
+        self.calls += 1
+        outputs: ReturnType = self.captured.outputs()
+        return outputs
+
+    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 signature: list[tuple[str, InputSignature]], others: list[tuple[str, Any]],
+                 tensors: list[tuple[str, Tensor]]) -> ReturnType:
+        rng_before = Tensor._rng_counter
+        with record_launches() as launches:
+            result = self.fn(*args, **kwargs)
+            outputs = _returned_tensors(result)
+            if outputs:
+                Tensor.realize(*outputs)
+        if Tensor._rng_counter != rng_before:
+            raise JitError(f"{self.fn.__name__} draws random numbers (Tensor.rand, dropout...): "
+                           "replays would repeat the same numbers. Draw them outside the "
+                           "jitted function and pass them in as an argument.")
+        input_buffers = [_buffer_of(t) for _, t in tensors]
+        self.captured = CapturedJit(list(launches), input_buffers, result, outputs)
+        self.signature, self.fixed_arguments, self.calls = signature, others, 2
+        if DEBUG >= 1:
+            print(f"TinyJit: captured {len(launches)} kernels of {self.fn.__name__}")
+        return result
+
+    def _check(self, signature: list[tuple[str, InputSignature]],
+               others: list[tuple[str, Any]]) -> None:
+        if [name for name, _ in signature] != [name for name, _ in self.signature]:
+            raise JitError(f"{self.fn.__name__}: the tensor arguments changed: captured "
+                           f"{[n for n, _ in self.signature]}, got {[n for n, _ in signature]}")
+        for (name, captured), (_, now) in zip(self.signature, signature):
+            if captured != now:
+                raise JitError(f"{self.fn.__name__}: {name} changed since the capture "
+                               f"({captured.describe_change(now)}); call .reset() to capture "
+                               "again")
+        for (name, captured_value), (_, value) in zip(self.fixed_arguments, others):
+            if not _same_value(captured_value, value):
+                raise JitError(f"{self.fn.__name__}: non-tensor {name} changed since the capture "
+                               f"({captured_value!r} -> {value!r}); it is baked into the kernels")
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
