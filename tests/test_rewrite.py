@@ -220,7 +220,7 @@ SYMBOLIC_CASES = [
     ((I * 1) // 1, I),
     (I % 1, const(0)),
     (I * 0, const(0)),
-    (-(-I), I),
+    (UOp(Ops.NEG, I32, (UOp(Ops.NEG, I32, (I,)),)), I),
     ((I + 2) + 3, I + 5),
     ((I * 2) * 4, I * 8),
     (3 + I, I + 3),
