@@ -1,0 +1,143 @@
+"""Chapter 10: TinyJit — capture and replay must give exactly what running eagerly gives."""
+import numpy as np
+import pytest
+
+from tinyteach import Context, GlobalCounters, Tensor, TinyJit
+from tinyteach.jit import JitError
+
+DEVICES = ["NUMPY", "CPU"]
+
+
+def make_weights(device: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((12, 8)).astype(np.float32) * 0.3,
+            rng.standard_normal((8, 3)).astype(np.float32) * 0.3)
+
+
+def train_losses(device: str, steps: int, jit: bool) -> tuple[list[float], np.ndarray]:
+    """An MLP trained with SGD written with assign; returns losses and final weights."""
+    a, b = make_weights(device)
+    w1 = Tensor(a, device=device, requires_grad=True)
+    w2 = Tensor(b, device=device, requires_grad=True)
+
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        loss = x.dot(w1).relu().dot(w2).sparse_categorical_crossentropy(y)
+        loss.backward()
+        for weight in (w1, w2):
+            assert weight.grad is not None
+            weight.assign(weight - 0.1 * weight.grad)
+            weight.grad = None
+        return loss.realize(w1, w2)
+
+    run = TinyJit(step) if jit else step
+    rng = np.random.default_rng(1)
+    batches = [(rng.standard_normal((16, 12)).astype(np.float32),
+                rng.integers(0, 3, 16).astype(np.int32)) for _ in range(2)]
+    losses = []
+    for k in range(steps):  # two batches in turn: new input buffers on every call
+        x, y = batches[k % 2]
+        losses.append(run(Tensor(x, device=device), Tensor(y, device=device)).item())
+    return losses, w1.numpy()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_replay_matches_eager_step_by_step(device: str) -> None:
+    eager_losses, eager_w1 = train_losses(device, 6, jit=False)
+    jit_losses, jit_w1 = train_losses(device, 6, jit=True)
+    np.testing.assert_allclose(jit_losses, eager_losses, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jit_w1, eager_w1, rtol=1e-5, atol=1e-6)
+    assert eager_losses[-2] < eager_losses[0]  # it does train (same batch, later step)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_several_inputs_and_outputs(device: str) -> None:
+    @TinyJit
+    def both(a: Tensor, b: Tensor, scale: float = 2.0) -> tuple[Tensor, Tensor]:
+        return (a + b).realize(), ((a * b).sum() * scale).realize()
+
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        x, y = rng.standard_normal((2, 5)).astype(np.float32), rng.standard_normal(
+            (2, 5)).astype(np.float32)
+        added, total = both(Tensor(x, device=device), Tensor(y, device=device), scale=2.0)
+        np.testing.assert_allclose(added.numpy(), x + y, rtol=1e-6)
+        np.testing.assert_allclose(total.item(), (x * y).sum() * 2.0, rtol=1e-5)
+
+
+def test_changed_shape_dtype_device_are_errors() -> None:
+    @TinyJit
+    def double(x: Tensor) -> Tensor:
+        return (x * 2).realize()
+
+    for _ in range(3):
+        double(Tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(JitError, match=r"argument 0 changed.*shape \(3,\) -> \(4,\)"):
+        double(Tensor([1.0, 2.0, 3.0, 4.0]))
+    with pytest.raises(JitError, match=r"dtype dtypes.float32 -> dtypes.int32"):
+        double(Tensor([1, 2, 3]))
+    other = "NUMPY" if Tensor([1.0]).device != "NUMPY" else "CPU"
+    with pytest.raises(JitError, match=r"device"):
+        double(Tensor([1.0, 2.0, 3.0], device=other))
+
+
+def test_changed_non_tensor_argument_is_an_error() -> None:
+    @TinyJit
+    def scaled(x: Tensor, factor: float) -> Tensor:
+        return (x * factor).realize()
+
+    for _ in range(3):
+        scaled(Tensor([1.0]), 3.0)
+    with pytest.raises(JitError, match=r"factor|argument 1"):
+        scaled(Tensor([1.0]), 4.0)
+
+
+def test_random_numbers_inside_are_refused() -> None:
+    @TinyJit
+    def noisy(x: Tensor) -> Tensor:
+        return (x + Tensor.rand(*x.shape)).realize()
+
+    noisy(Tensor([1.0]))
+    with pytest.raises(JitError, match="random numbers"):
+        noisy(Tensor([1.0]))
+
+
+def test_debug_says_what_was_captured_and_replayed(capsys: pytest.CaptureFixture[str]) -> None:
+    @TinyJit
+    def f(x: Tensor) -> Tensor:
+        return ((x + 1) * 2).sum().realize()
+
+    with Context(DEBUG=1):
+        for _ in range(3):
+            f(Tensor([1.0, 2.0]))
+    out = capsys.readouterr().out
+    assert "TinyJit: captured 1 kernels of f" in out
+    assert "TinyJit: replayed 1 kernels" in out
+
+
+def test_cpu_replay_is_one_graph_call_and_counts_kernels() -> None:
+    @TinyJit
+    def two_kernels(x: Tensor) -> Tensor:
+        return (x - x.max()).exp().realize()
+
+    for _ in range(2):
+        two_kernels(Tensor([1.0, 2.0, 3.0], device="CPU"))
+    assert two_kernels.captured is not None and two_kernels.captured.graph is not None
+    GlobalCounters.reset()
+    out = two_kernels(Tensor([3.0, 2.0, 1.0], device="CPU"))
+    assert GlobalCounters.kernel_count == 2
+    np.testing.assert_allclose(out.numpy(), np.exp(np.array([3.0, 2, 1]) - 3), rtol=1e-6)
+
+
+def test_jitted_method() -> None:
+    class Model:
+        def __init__(self) -> None:
+            self.w = Tensor([[1.0, 2.0], [3.0, 4.0]])
+
+        @TinyJit
+        def __call__(self, x: Tensor) -> Tensor:
+            return (x @ self.w).realize()
+
+    model = Model()
+    for k in range(4):
+        x = np.array([[k, 1.0]], dtype=np.float32)
+        np.testing.assert_allclose(model(Tensor(x)).numpy(), x @ np.array([[1, 2], [3, 4.0]]))
