@@ -1,0 +1,97 @@
+"""Chapter 8 (part 5): CUDA C — C++ for NVIDIA GPUs.
+
+A CUDA kernel is a C++ function marked `__global__`; `extern "C"` keeps its name unmangled so
+the runtime can find it. Threads come in *blocks* on a *grid*: a thread's index along x is
+`blockIdx.x*blockDim.x+threadIdx.x`, and the number of threads along x is
+`gridDim.x*blockDim.x` (OpenCL's get_global_id / get_global_size):
+
+    extern "C" __global__ void E_6_3(float* __restrict__ data0, const float* __restrict__ data1) {
+      for (int gidx0 = (blockIdx.y*blockDim.y+threadIdx.y); gidx0 < 6; ...
+
+Half floats come from `cuda_fp16.h`; math functions on them go through float. NVRTC compiles
+without the C library's headers, so INFINITY and NAN are spelled with bit patterns.
+
+Builds on: render/gpu.py.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tinyteach.dtype import DType, dtypes
+from tinyteach.lower import LinearProgram
+from tinyteach.render.gpu import GPURenderer
+from tinyteach.uop import Ops, UOp
+
+CUDA_PRELUDE = """#define INFINITY (__int_as_float(0x7f800000))
+#define NAN (__int_as_float(0x7fffffff))
+"""
+HALF_HEADER = "#include <cuda_fp16.h>\n"  # only when a kernel uses half: NVRTC needs its path
+AXES = "xyz"
+
+
+class CUDARenderer(GPURenderer):
+    device = "CUDA"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.code_for_op[Ops.CAST] = self._cast
+
+    def thread_id(self, dimension: int) -> str:
+        axis = AXES[dimension]
+        return f"(blockIdx.{axis}*blockDim.{axis}+threadIdx.{axis})"
+
+    def thread_count(self, dimension: int) -> str:
+        axis = AXES[dimension]
+        return f"(gridDim.{axis}*blockDim.{axis})"
+
+    def _cast(self, a: str, dtype: DType) -> str:
+        # half converts to and from other types through float (cuda_fp16.h has no direct
+        # conversions to bool or to 8-bit integers)
+        if dtype == dtypes.half:
+            return f"__float2half((float)({a}))"
+        return f"(({self.type_name(dtype)})({a}))"
+
+    def _math_function(self, op: Ops) -> Callable[[str, DType], str]:
+        base = self.math_functions[op]
+
+        def code(a: str, dtype: DType) -> str:
+            if dtype == dtypes.float64:
+                return f"{base}({a})"
+            if dtype == dtypes.float16:
+                return f"__float2half({base}f(__half2float({a})))"
+            return f"{base}f({a})"
+        return code
+
+    def alu(self, node: UOp, operands: list[str]) -> str:
+        if node.op is Ops.CAST and node.src[0].dtype == dtypes.half:
+            operands = [f"__half2float({operands[0]})"]  # half -> anything goes through float
+        if node.op is Ops.MOD and node.dtype == dtypes.half:
+            return f"__float2half(fmodf(__half2float({operands[0]}),__half2float({operands[1]})))"
+        return super().alu(node, operands)
+
+    def float_literal(self, value: float, dtype: DType) -> str:
+        if dtype == dtypes.float16:
+            return f"__float2half({value!r}f)"
+        return super().float_literal(value, dtype)
+
+    def render_const(self, value: float | int | bool, dtype: DType) -> str:
+        text = super().render_const(value, dtype)
+        if dtype == dtypes.float16 and text in (self.infinity, f"-{self.infinity}", self.nan):
+            return f"__float2half({text})"
+        return text
+
+    def param(self, define: UOp, is_output: bool) -> str:
+        const = "" if is_output else "const "
+        return f"{const}{self.type_name(define.dtype)}* __restrict__ data{define.arg[0]}"
+
+    def render(self, name: str, program: LinearProgram) -> str:
+        source = super().render(name, program)
+        if not any(u.dtype == dtypes.half for u in program.uops):
+            return source
+        first_line, rest = source.split("\n", 1)  # the launch comment stays first
+        return first_line + "\n" + HALF_HEADER + rest
+
+    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+        lines = [CUDA_PRELUDE + f'extern "C" __global__ void {name}({", ".join(params)}) {{',
+                 *body, "}"]
+        return "\n".join(lines) + "\n"

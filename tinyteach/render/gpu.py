@@ -1,0 +1,133 @@
+"""Chapter 8 (part 3): from loops to threads — what every GPU language shares.
+
+What this teaches:
+- on a GPU the output loops of a kernel become *threads*: thousands of copies of the kernel body
+  run at once, each with its own index. The C loop `for (gidx0 = 0; gidx0 < 6; gidx0++)` becomes
+  a *grid-stride* loop that starts at this thread's id and steps by the number of threads:
+
+      for (int gidx0 = get_global_id(0); gidx0 < 6; gidx0 += get_global_size(0)) { ... }
+
+  With at least 6 threads it runs once per thread (or not at all for the spare ones); with fewer
+  it still covers every index. So the launch size can be anything the hardware allows;
+- threads come in *work-groups* (OpenCL) / *blocks* (CUDA) / *workgroups* (WebGPU) of up to a
+  few hundred threads, in up to 3 dimensions. The innermost output axis goes to dimension 0,
+  whose neighbouring threads read neighbouring memory; up to 3 output axes become thread
+  dimensions, the outer ones stay loops;
+- the launch configuration is part of the kernel: the renderer writes it into the source's
+  first line (`// launch: global (8, 4, 1) local (8, 4, 1)`), so the source alone says how to
+  run it (and DEBUG=4 shows it). `launch_of(source)` reads it back.
+
+Builds on: render/__init__.py. Used by: render/opencl.py, render/cuda.py, render/wgsl.py.
+
+>>> plan_launch((6, 3))
+Launch(global_size=(4, 8, 1), local_size=(4, 8, 1), dimension_of={1: 0, 0: 1})
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tinyteach.lower import LinearProgram
+from tinyteach.render import CStyleRenderer
+from tinyteach.uop import Ops, UOp
+
+# Limits every GPU API guarantees (WebGPU's defaults are the smallest): threads per group,
+# threads per group along each dimension, groups along each dimension.
+MAX_THREADS_PER_GROUP = 256
+MAX_GROUP_SHAPE = (256, 256, 64)
+MAX_GROUPS = 65535
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How many threads run a kernel: `global_size` threads in all along each of 3 dimensions,
+    in groups of `local_size`. `dimension_of` maps an output loop's position (0 = outermost)
+    to the thread dimension that replaces it."""
+
+    global_size: tuple[int, int, int]
+    local_size: tuple[int, int, int]
+    dimension_of: dict[int, int]
+
+    @property
+    def groups(self) -> tuple[int, int, int]:
+        """Work-groups per dimension (CUDA's grid, WebGPU's dispatch size)."""
+        g, l = self.global_size, self.local_size
+        return (g[0] // l[0], g[1] // l[1], g[2] // l[2])
+
+
+def _power_of_two_at_least(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def plan_launch(sizes: tuple[int, ...]) -> Launch:
+    """Threads for output loops of `sizes` (outermost first): the last 3 loops become thread
+    dimensions 0, 1, 2 (innermost first); a group is as square as the sizes allow, at most
+    MAX_THREADS_PER_GROUP threads; the whole launch is capped at MAX_GROUPS groups per
+    dimension (the grid-stride loops cover the rest)."""
+    threaded = list(range(len(sizes)))[-3:][::-1]  # loop positions, innermost first
+    dimension_of = {position: dim for dim, position in enumerate(threaded)}
+    local, global_ = [1, 1, 1], [1, 1, 1]
+    room = MAX_THREADS_PER_GROUP
+    for dim, position in enumerate(threaded):
+        size = max(sizes[position], 1)
+        local[dim] = min(_power_of_two_at_least(size), MAX_GROUP_SHAPE[dim], room)
+        room //= local[dim]
+        groups = min(-(-size // local[dim]), MAX_GROUPS)
+        global_[dim] = groups * local[dim]
+    return Launch((global_[0], global_[1], global_[2]), (local[0], local[1], local[2]),
+                  dimension_of)
+
+
+_LAUNCH_LINE = re.compile(r"launch: global \((\d+), (\d+), (\d+)\) local \((\d+), (\d+), (\d+)\)")
+
+
+def launch_comment(launch: Launch) -> str:
+    return f"// launch: global {launch.global_size} local {launch.local_size}"
+
+
+def launch_of(source: str) -> Launch:
+    """Read the launch configuration back from a rendered GPU kernel's first lines."""
+    found = _LAUNCH_LINE.search(source)
+    if found is None:
+        raise ValueError("this source has no '// launch: global (...) local (...)' line: "
+                         "was it rendered by a GPU renderer?")
+    numbers = [int(n) for n in found.groups()]
+    return Launch((numbers[0], numbers[1], numbers[2]), (numbers[3], numbers[4], numbers[5]), {})
+
+
+def output_loops(program: LinearProgram) -> list[UOp]:
+    """The output ('g') loops of a program, outermost first."""
+    return sorted((u for u in program.uops if u.op is Ops.RANGE and u.arg[0] == "g"),
+                  key=lambda u: u.arg[1])
+
+
+class GPURenderer(CStyleRenderer):
+    """A C-style renderer whose output loops are grid-stride loops over threads.
+
+    A subclass says how a thread reads its id and the thread count along a dimension
+    (`thread_id`, `thread_count`). The launch of the kernel being rendered is kept in
+    `self.launch` while `render` runs (it is what `loop` and `render_kernel` consult)."""
+
+    launch: Launch | None = None
+    loop_dimension: dict[str, int]
+
+    def thread_id(self, dimension: int) -> str:
+        raise NotImplementedError
+
+    def thread_count(self, dimension: int) -> str:
+        raise NotImplementedError
+
+    def render(self, name: str, program: LinearProgram) -> str:
+        loops = output_loops(program)
+        self.launch = plan_launch(tuple(loop.arg[2] for loop in loops))
+        self.loop_dimension = {f"gidx{loop.arg[1]}": self.launch.dimension_of[position]
+                               for position, loop in enumerate(loops)
+                               if position in self.launch.dimension_of}
+        return launch_comment(self.launch) + "\n" + super().render(name, program)
+
+    def loop(self, name: str, size: int) -> str:
+        dimension = self.loop_dimension.get(name)
+        if dimension is None:  # a reduction, or an output axis beyond the third: a plain loop
+            return super().loop(name, size)
+        start, step = self.thread_id(dimension), self.thread_count(dimension)
+        return f"for (int {name} = {start}; {name} < {size}; {name} += {step}) {{"

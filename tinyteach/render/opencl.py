@@ -1,0 +1,88 @@
+"""Chapter 8 (part 4): OpenCL C — C with address spaces and work-items.
+
+OpenCL C is C99 with a few words added: `__kernel` marks a function the host can launch,
+`__global` says a pointer is device memory, and `get_global_id(d)` / `get_global_size(d)` give
+this work-item's index and the number of work-items along dimension `d`:
+
+    // launch: global (4, 8, 1) local (4, 8, 1)
+    __kernel void E_6_3(__global float* restrict data0, __global const float* restrict data1) {
+      for (int gidx0 = get_global_id(1); gidx0 < 6; gidx0 += get_global_size(1)) {
+        for (int gidx1 = get_global_id(0); gidx1 < 3; gidx1 += get_global_size(0)) { ... }
+
+`half` needs the `cl_khr_fp16` extension and `double` `cl_khr_fp64`; the renderer enables them
+when a kernel uses them (the runtime checks that the device has them). Math functions are
+overloaded by type, as in C++, so `exp2(x)` works for every float type.
+
+Builds on: render/gpu.py.
+
+>>> from tinyteach import Tensor
+>>> from tinyteach.lower import lower
+>>> from tinyteach.schedule import create_schedule
+>>> item = create_schedule([(Tensor.ones(4, 4).realize() + 1).uop], "CPU")[0][0]
+>>> print(OpenCLRenderer().render("E_4_4", lower(item.ast)))  # doctest: +NORMALIZE_WHITESPACE
+// launch: global (4, 4, 1) local (4, 4, 1)
+__kernel void E_4_4(__global float* restrict data0, __global const float* restrict data1) {
+  for (int gidx0 = get_global_id(1); gidx0 < 4; gidx0 += get_global_size(1)) {
+    for (int gidx1 = get_global_id(0); gidx1 < 4; gidx1 += get_global_size(0)) {
+      int alu0 = ((gidx0*4)+gidx1);
+      float val0 = data1[alu0];
+      data0[alu0] = (val0+1.0f);
+    }
+  }
+}
+"""
+from __future__ import annotations
+
+from tinyteach.dtype import DType, dtypes
+from tinyteach.lower import LinearProgram
+from tinyteach.render.gpu import GPURenderer
+from tinyteach.uop import UOp
+
+# (extension, dtype): the pragma a kernel needs before it may use the dtype
+EXTENSIONS = {dtypes.float16: "cl_khr_fp16", dtypes.float64: "cl_khr_fp64"}
+
+
+def dtypes_used(program: LinearProgram) -> set[DType]:
+    return {u.dtype for u in program.uops}
+
+
+class OpenCLRenderer(GPURenderer):
+    device = "OPENCL"
+    type_names = {**GPURenderer.type_names, dtypes.int8: "char", dtypes.uint8: "uchar",
+                  dtypes.uint16: "ushort", dtypes.uint32: "uint", dtypes.int64: "long",
+                  dtypes.uint64: "ulong"}
+
+    def thread_id(self, dimension: int) -> str:
+        return f"get_global_id({dimension})"
+
+    def thread_count(self, dimension: int) -> str:
+        return f"get_global_size({dimension})"
+
+    def int_literal(self, value: int, dtype: DType) -> str:
+        suffix = {dtypes.int64: "l", dtypes.uint64: "ul", dtypes.uint32: "u"}.get(dtype, "")
+        if value == dtype.min and value < 0:
+            return f"({value + 1}{suffix}-1)"
+        return f"{value}{suffix}"
+
+    def float_literal(self, value: float, dtype: DType) -> str:
+        if dtype == dtypes.float16:
+            return f"((half){value!r}f)"
+        return super().float_literal(value, dtype)
+
+    def param(self, define: UOp, is_output: bool) -> str:
+        const = "" if is_output else "const "
+        return f"__global {const}{self.type_name(define.dtype)}* restrict data{define.arg[0]}"
+
+    def render(self, name: str, program: LinearProgram) -> str:
+        pragmas = [f"#pragma OPENCL EXTENSION {EXTENSIONS[d]} : enable"
+                   for d in sorted(dtypes_used(program) & set(EXTENSIONS))]
+        source = super().render(name, program)
+        if not pragmas:
+            return source
+        first_line, rest = source.split("\n", 1)  # the launch comment stays first
+        return "\n".join([first_line, *pragmas, rest])
+
+    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+        lines = [f"__kernel void {name}({', '.join(params)}) {{", *body, "}"]
+        return "\n".join(lines) + "\n"
+

@@ -1,0 +1,252 @@
+"""Chapter 8 (part 6): WGSL — the shading language of WebGPU.
+
+WGSL looks like Rust more than C, and it is stricter than both:
+- no pointers: each buffer is a *binding*, declared once outside the kernel
+  (`@group(0) @binding(1) var<storage, read_write> data1: array<f32>;`);
+- the kernel is `@compute @workgroup_size(x, y, z) fn name(...)`; a thread's index is the
+  `global_invocation_id` builtin, and the output loops are grid-stride loops over it;
+- variables are declared `var name: type = value;`, loops are `for (var i: i32 = 0; ...)`;
+- no `?:`: `select(if_false, if_true, condition)`;
+- few types: i32, u32, f32, bool, and f16 with the `shader-f16` feature. No 64-bit types at
+  all, no 8- or 16-bit integers in buffers, and bool cannot live in a buffer. So bools are
+  stored as u32 (0 or 1), 8/16-bit integers as 32-bit ones, wrapped back into range after each
+  operation that may overflow (int8 127+1 is -128, as numpy says). float64, int64 and uint64 are
+  refused with an error that names the dtype — never silently computed in another type;
+- a device allows a limited number of storage buffers per kernel (8 is guaranteed; lavapipe
+  has 32): a kernel with more buffers is refused with an error that says so.
+
+Builds on: render/gpu.py.
+
+>>> from tinyteach import Tensor
+>>> from tinyteach.lower import lower
+>>> from tinyteach.schedule import create_schedule
+>>> item = create_schedule([(Tensor.ones(8).realize() < 2).uop], "CPU")[0][0]
+>>> print(WGSLRenderer().render("E_8", lower(item.ast)))  # doctest: +NORMALIZE_WHITESPACE
+// launch: global (8, 1, 1) local (8, 1, 1)
+@group(0) @binding(0) var<storage, read_write> data0: array<u32>;
+@group(0) @binding(1) var<storage, read_write> data1: array<f32>;
+@compute @workgroup_size(8, 1, 1)
+fn E_8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+  for (var gidx0: i32 = i32(gid.x); gidx0 < 8; gidx0 += i32(groups.x) * 8) {
+    var val0: f32 = data1[gidx0];
+    data0[gidx0] = select(0u, 1u, (val0<2.0f));
+  }
+}
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from tinyteach.dtype import DType, dtypes
+from tinyteach.lower import LinearProgram
+from tinyteach.render.gpu import GPURenderer
+from tinyteach.uop import Ops, UOp
+
+# dtypes WGSL has no way to hold, with the reason
+MISSING_DTYPES = {
+    dtypes.float64: "WGSL has no 64-bit floats",
+    dtypes.int64: "WGSL has no 64-bit integers",
+    dtypes.uint64: "WGSL has no 64-bit integers",
+}
+# how a value of each dtype is held in a register and in a buffer
+VALUE_TYPES = {
+    dtypes.bool: "bool", dtypes.int8: "i32", dtypes.int16: "i32", dtypes.int32: "i32",
+    dtypes.uint8: "u32", dtypes.uint16: "u32", dtypes.uint32: "u32",
+    dtypes.float16: "f16", dtypes.float32: "f32",
+}
+STORAGE_TYPES = {**VALUE_TYPES, dtypes.bool: "u32"}
+NARROW_INTS = (dtypes.int8, dtypes.int16, dtypes.uint8, dtypes.uint16)
+WRAPPING_OPS = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.CAST)
+DEFAULT_STORAGE_BUFFERS = 8  # what every WebGPU device guarantees per shader stage
+
+FLOAT_HELPERS = """fn inf_f32() -> f32 { var bits = 0x7f800000u; return bitcast<f32>(bits); }
+fn nan_f32() -> f32 { var bits = 0x7fc00000u; return bitcast<f32>(bits); }
+"""
+AXES = "xyz"
+
+
+class UnsupportedDType(TypeError):
+    """A device cannot hold or compute a dtype (WGSL has no float64, for example)."""
+
+
+def wrap(value: str, dtype: DType) -> str:
+    """Bring a 32-bit result back into a narrow integer type's range."""
+    bits = 32 - 8 * dtype.itemsize
+    if dtypes.is_unsigned(dtype):
+        return f"({value} & {hex((1 << (8 * dtype.itemsize)) - 1)}u)"
+    return f"(({value} << {bits}u) >> {bits}u)"  # >> on i32 copies the sign bit
+
+
+def _logic(bool_symbol: str, int_symbol: str) -> Callable[[str, str, DType], str]:
+    def code(a: str, b: str, dtype: DType) -> str:
+        return f"({a}{bool_symbol if dtype == dtypes.bool else int_symbol}{b})"
+    return code
+
+
+def _max(a: str, b: str, dtype: DType) -> str:
+    if dtypes.is_float(dtype):
+        return f"select({b}, {a}, ({a}>{b}) || ({a}!={a}))"  # NaN wins, as in numpy
+    if dtype == dtypes.bool:
+        return f"({a}||{b})"
+    return f"max({a}, {b})"
+
+
+class WGSLRenderer(GPURenderer):
+    device = "WEBGPU"
+    type_names = VALUE_TYPES
+
+    def __init__(self, shader_f16: bool = True,
+                 max_storage_buffers: int = DEFAULT_STORAGE_BUFFERS) -> None:
+        super().__init__()
+        self.shader_f16, self.max_storage_buffers = shader_f16, max_storage_buffers
+        self.buffer_dtypes: dict[str, DType] = {}
+        self.code_for_op.update({
+            Ops.NEG: self._neg, Ops.CAST: self._cast, Ops.MAX: _max,
+            Ops.RECIPROCAL: lambda a, dtype: f"({self.render_const(1, dtype)}/{a})",
+            Ops.CMPLT: lambda a, b, dtype: f"((!{a})&&{b})" if dtype == dtypes.bool
+            else f"({a}<{b})",
+            Ops.AND: _logic("&&", "&"), Ops.OR: _logic("||", "|"), Ops.XOR: _logic("!=", "^"),
+            Ops.WHERE: lambda c, a, b, dtype: f"select({b}, {a}, {c})",
+        })
+
+    # ---- what this language cannot do ----
+
+    def missing(self, dtype: DType) -> str | None:
+        """Why this renderer cannot use `dtype`, or None when it can."""
+        if dtype in MISSING_DTYPES:
+            return MISSING_DTYPES[dtype]
+        if dtype == dtypes.float16 and not self.shader_f16:
+            return "float16 needs the shader-f16 feature, which this device lacks"
+        return None
+
+    def check(self, program: LinearProgram) -> None:
+        for dtype in sorted({u.dtype for u in program.uops}):
+            reason = self.missing(dtype)
+            if reason is not None:
+                raise UnsupportedDType(f"WEBGPU cannot compute {dtype.name}: {reason}")
+        count = len(program.globals)
+        if count > self.max_storage_buffers:
+            raise RuntimeError(f"WEBGPU: this kernel needs {count} storage buffers, but the "
+                               f"device allows {self.max_storage_buffers} per shader stage")
+
+    # ---- the pieces of the language ----
+
+    def render(self, name: str, program: LinearProgram) -> str:
+        self.check(program)
+        self.buffer_dtypes = {f"data{g.arg[0]}": g.dtype for g in program.globals}
+        source = super().render(name, program)
+        if any(u.dtype == dtypes.float16 for u in program.uops):
+            first_line, rest = source.split("\n", 1)  # the launch comment stays first
+            source = first_line + "\nenable f16;\n" + rest
+        return source
+
+    def thread_id(self, dimension: int) -> str:
+        return f"i32(gid.{AXES[dimension]})"
+
+    def thread_count(self, dimension: int) -> str:
+        assert self.launch is not None
+        return f"i32(groups.{AXES[dimension]}) * {self.launch.local_size[dimension]}"
+
+    def loop(self, name: str, size: int) -> str:
+        dimension = self.loop_dimension.get(name)
+        if dimension is None:
+            return f"for (var {name}: i32 = 0; {name} < {size}; {name}++) {{"
+        start, step = self.thread_id(dimension), self.thread_count(dimension)
+        return f"for (var {name}: i32 = {start}; {name} < {size}; {name} += {step}) {{"
+
+    def declare(self, name: str, dtype: DType, value: str) -> str:
+        return f"var {name}: {self.type_name(dtype)} = {value};"
+
+    def where(self, condition: str, if_true: str, if_false: str) -> str:
+        return f"select({if_false}, {if_true}, {condition})"
+
+    def load(self, buffer: str, index: str) -> str:
+        if self.buffer_dtypes.get(buffer) == dtypes.bool:
+            return f"({buffer}[{index}]!=0u)"
+        return f"{buffer}[{index}]"
+
+    def store(self, buffer: str, index: str, value: str) -> str:
+        dtype = self.buffer_dtypes.get(buffer)
+        if dtype == dtypes.bool:
+            value = f"select(0u, 1u, {value})"
+        elif dtype in NARROW_INTS:
+            value = wrap(value, dtype)  # an accumulated sum may have left the range
+        return f"{buffer}[{index}] = {value};"
+
+    def render_const(self, value: float | int | bool, dtype: DType) -> str:
+        if dtype == dtypes.bool:
+            return "true" if value else "false"
+        if dtypes.is_float(dtype):
+            return self._float_const(float(value), dtype)
+        if dtypes.is_unsigned(dtype):
+            return f"{int(value)}u"
+        if int(value) == -(1 << 31):
+            return "i32(-2147483648)"  # 2147483648i is not a valid literal
+        return f"{int(value)}i"
+
+    def _float_const(self, value: float, dtype: DType) -> str:
+        rounded = float(np.float16(value) if dtype == dtypes.float16 else np.float32(value))
+        if np.isnan(rounded):
+            text = "nan_f32()"
+        elif np.isinf(rounded):
+            text = "inf_f32()" if rounded > 0 else "(-inf_f32())"
+        else:
+            return f"{rounded!r}{'h' if dtype == dtypes.float16 else 'f'}"
+        return f"f16({text})" if dtype == dtypes.float16 else text
+
+    def _neg(self, a: str, dtype: DType) -> str:
+        if dtype == dtypes.bool:
+            return f"(!{a})"
+        if dtypes.is_unsigned(dtype):
+            return f"(0u-{a})"
+        return f"(-({a}))"
+
+    def _cast(self, a: str, dtype: DType) -> str:
+        return f"{self.type_name(dtype)}({a})"
+
+    def alu(self, node: UOp, operands: list[str]) -> str:
+        dtype, operand_dtype = node.dtype, node.src[-1].dtype
+        if node.op in (Ops.IDIV, Ops.MOD) and not dtypes.is_float(dtype):
+            expression = self._integer_division(node, operands)
+        elif node.op in (Ops.ADD, Ops.MUL) and dtype == dtypes.bool:
+            expression = f"({operands[0]}{'||' if node.op is Ops.ADD else '&&'}{operands[1]})"
+        elif node.op is Ops.MOD:
+            expression = f"({operands[0]}%{operands[1]})"  # on floats: fmod's sign rule
+        elif node.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE, Ops.MAX, Ops.AND, Ops.OR, Ops.XOR):
+            expression = self.code_for_op[node.op](*operands, operand_dtype)
+        else:
+            expression = self.code_for_op[node.op](*operands, dtype)
+        if node.op in WRAPPING_OPS and dtype in NARROW_INTS:
+            return wrap(expression, dtype)
+        return expression
+
+    def _integer_division(self, node: UOp, operands: list[str]) -> str:
+        a, b = operands
+        symbol = "/" if node.op is Ops.IDIV else "%"
+        divisor = node.src[1]
+        if divisor.op is Ops.CONST and divisor.arg not in (0, -1):
+            return f"({a}{symbol}{b})"
+        zero = self.render_const(0, node.dtype)
+        if dtypes.is_unsigned(node.dtype):
+            return f"select(({a}{symbol}{b}), {zero}, {b}==0u)"
+        if node.op is Ops.IDIV:  # x/0 -> 0 and MIN/-1 wraps, as in the C renderer
+            return f"select(select(({a}/{b}), (-({a})), {b}==-1i), 0i, {b}==0i)"
+        return f"select(({a}%{b}), 0i, ({b}==0i)||({b}==-1i))"
+
+    def param(self, define: UOp, is_output: bool) -> str:
+        number = define.arg[0]
+        return (f"@group(0) @binding({number}) var<storage, read_write> data{number}: "
+                f"array<{STORAGE_TYPES[define.dtype]}>;")
+
+    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+        assert self.launch is not None
+        helpers = [FLOAT_HELPERS] if any("inf_f32()" in line or "nan_f32()" in line
+                                         for line in body) else []
+        x, y, z = self.launch.local_size
+        builtins = ("@builtin(global_invocation_id) gid: vec3<u32>, "
+                    "@builtin(num_workgroups) groups: vec3<u32>")
+        lines = [*params, *helpers, f"@compute @workgroup_size({x}, {y}, {z})",
+                 f"fn {name}({builtins}) {{", *body, "}"]
+        return "\n".join(lines) + "\n"
