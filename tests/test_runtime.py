@@ -123,7 +123,8 @@ def test_missing_compiler_is_reported(monkeypatch):
 # ---- compile errors ----
 
 def test_compile_error_shows_the_message_and_the_line(cache):
-    bad = "void broken(float* restrict data0) {\n  int ok = 1;\n  data0[0] = undeclared_x + ok;\n}\n"
+    bad = ("void broken(float* restrict data0) {\n  int ok = 1;\n"
+           "  data0[0] = undeclared_x + ok;\n}\n")
     with pytest.raises(CompileError) as error:
         compiler().compile(bad)
     message = str(error.value)

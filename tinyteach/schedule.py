@@ -222,8 +222,9 @@ class _KernelBuilder:
             self.old_contents_read.append(buffer)
         if node.op is not Ops.BUFFER:
             self.input_nodes.append(node)
+        size: int = buffer.size
         if buffer is self.output:  # an in-place assign reads its own target element-wise
-            return UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, buffer.size)).reshape(node.shape)
+            return UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, size)).reshape(node.shape)
         if buffer not in self.inputs:
             self.inputs.append(buffer)
             why = "a realized tensor" if node.op is Ops.BUFFER else realized[node]
