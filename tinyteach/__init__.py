@@ -35,3 +35,11 @@ from tinyteach.tensor import Tensor
 from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
 
 __all__ = ["Tensor", "TinyJit", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters", "nn"]
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """`%load_ext tinyteach`: the magics and rich display live in `viz`, imported only now
+    (tinyteach itself never imports viz or IPython)."""
+    from viz.magic import load_ipython_extension as load_viz
+
+    load_viz(ipython)

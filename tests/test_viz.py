@@ -1,0 +1,236 @@
+"""viz: the graph, schedule, kernel and rewrite views — what their SVG/HTML must contain.
+
+The expected content comes from what the scheduler and the renderers must do for each graph
+(an ADD node, a kernel per stored reduction, a `for` loop in C), never from copied output.
+"""
+from __future__ import annotations
+
+import html
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tinyteach import Tensor
+from tinyteach.rewrite import record_rewrites
+from tinyteach.schedule import create_schedule
+
+pytest.importorskip("graphviz", reason="viz tests need the graphviz Python package")
+pytest.importorskip("pygments", reason="viz tests need pygments")
+
+import viz  # noqa: E402
+from viz.figure import INSTALL_DOT  # noqa: E402
+from viz.kernel import find_renderers  # noqa: E402
+
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
+                               reason="graphviz's `dot` is not installed (apt-get install graphviz)")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def inputs(device: str = "CPU") -> tuple[Tensor, Tensor, Tensor]:
+    rng = np.random.default_rng(0)
+    return tuple(Tensor(rng.standard_normal((4, 4)).astype(np.float32), device=device)
+                 for _ in range(3))  # type: ignore[return-value]
+
+
+def seed_example() -> Tensor:
+    a, b, c = inputs()
+    return ((a + b) * c).relu().sum(1)
+
+
+def softmax_example() -> Tensor:
+    x = Tensor(np.arange(15, dtype=np.float32).reshape(3, 5), device="CPU")
+    return x.softmax(1)
+
+
+# ---- graph ----
+
+@needs_dot
+def test_graph_nodes_show_op_shape_dtype_and_roles() -> None:
+    figure = viz.graph(seed_example())
+    assert figure.svg is not None and figure.svg.startswith("<svg")
+    for text in ("ADD", "MUL", "WHERE", "REDUCE_AXIS sum", "(4, 4) float32", "(4,) float32",
+                 "input: a realized buffer", "output, stored by kernel 1", "kernel 1: r_4_4"):
+        assert text in figure.svg, text
+    assert figure.html.count("<svg") == 1
+    assert "stored because it is an output" in figure.html  # the legend
+
+
+@needs_dot
+def test_graph_does_not_realize_the_tensor() -> None:
+    out = seed_example()
+    before = repr(out)
+    viz.graph(out)
+    viz.schedule(out)
+    viz.kernel(out)
+    assert repr(out) == before and "lazy" in before
+
+
+@needs_dot
+def test_graph_colours_nodes_by_kernel_and_stripes_recomputed_ones() -> None:
+    figure = viz.graph(softmax_example())
+    dot = figure.dot or ""
+    assert dot.count("subgraph cluster_kernel") == 3
+    assert 'style="striped"' in dot  # exp(x - max) is recomputed in two kernels
+    assert "recomputed in kernels 2, 3" in (figure.svg or "")
+    assert 'shape="cylinder"' in dot and "dashed" in dot  # an input, a constant
+
+
+def test_graph_folds_movement_chains() -> None:
+    a, b, _ = inputs()
+    out = (a.reshape(16).reshape(2, 8).permute(1, 0) + b.reshape(8, 2)).sum()
+    folded = viz.graph(out).text
+    unfolded = viz.graph(out, collapse_movement=False).text
+    assert "RESHAPE → PERMUTE" in folded or "RESHAPE → RESHAPE" in folded
+    assert len(folded.splitlines()) < len(unfolded.splitlines())
+
+
+def test_big_graphs_are_drawn_one_box_per_kernel() -> None:
+    x = Tensor(np.ones((3, 5), dtype=np.float32), device="CPU")
+    for _ in range(6):
+        x = x.softmax(1) * 2 + 1
+    figure = viz.graph(x, max_nodes=20)
+    assert "more than max_nodes=20" in figure.text
+    assert "kernel 1:" in figure.text
+
+
+# ---- schedule ----
+
+@needs_dot
+def test_schedule_has_one_cluster_per_kernel_and_every_reason() -> None:
+    out = softmax_example()
+    items, _ = create_schedule([out.uop], "CPU")
+    figure = viz.schedule(out)
+    assert (figure.dot or "").count("subgraph cluster_k") == len(items) == 3
+    for item in items:
+        assert item.boundary_reason in figure.text
+        for note in item.fusions + item.input_reasons:
+            assert note in figure.text
+    assert "broadcast back" in (figure.svg or "")
+    assert "used by 2 kernels:" in (figure.svg or "")
+
+
+def test_schedule_accepts_items_and_launches() -> None:
+    out = seed_example()
+    items, _ = create_schedule([out.uop], "CPU")
+    assert "r_4_4" in viz.schedule(items).text
+    from tinyteach.realize import record_launches
+
+    with record_launches() as launches:
+        out.realize()
+    assert "r_4_4" in viz.schedule(launches).text
+
+
+# ---- kernel ----
+
+def test_kernel_shows_every_stage_and_every_renderer() -> None:
+    figure = viz.kernel(seed_example())
+    assert "DEFINE_GLOBAL" in figure.text and "SINK" in figure.text  # the AST
+    assert "RANGE" in figure.text and "ACCUMULATE" in figure.text   # the linear program
+    assert "launch sizes: global (4,)" in figure.text
+    assert "optimizations: none" in figure.text
+    assert "void r_4_4(" in figure.text and "for (int gidx0 = 0; gidx0 < 4" in figure.text
+    for found in find_renderers():
+        assert f"{found.language} source" in figure.text
+    assert '<div class="tinyteach-source highlight"' in figure.html
+    assert "<span style=" in figure.html  # pygments colours, inline
+
+
+def test_kernel_index_and_schedule_item() -> None:
+    out = softmax_example()
+    items, _ = create_schedule([out.uop], "CPU")
+    assert "kernel E_3_5" in viz.kernel(out).title
+    assert "a max over axes" in viz.kernel(out, index=0).text
+    assert viz.kernel(items[1]).text == viz.kernel(out, index=1).text
+
+
+def test_kernel_of_a_realized_tensor_says_so() -> None:
+    a, _, _ = inputs()
+    assert "already realized" in viz.kernel(a).text
+
+
+# ---- rewrites ----
+
+def test_rewrite_explorer_steps_through_rules() -> None:
+    pytest.importorskip("ipywidgets")
+    x = Tensor(np.arange(24, dtype=np.float32).reshape(2, 3, 4), device="CPU")
+    explorer = viz.rewrites(x.permute(2, 0, 1).sum(0))
+    steps = explorer.steps
+    assert len(steps) > 3
+    assert explorer.step == 0 and html.escape(steps[0].rule) in explorer.view.value
+    first = explorer.view.value
+    explorer.next.click()
+    assert explorer.step == 1 and explorer.slider.value == 1
+    assert html.escape(steps[1].rule) in explorer.title.value and explorer.view.value != first
+    explorer.slider.value = len(steps) - 1
+    assert f"step {len(steps)} of {len(steps)}" in explorer.view.value
+    explorer.next.click()  # clamped at the end
+    assert explorer.step == len(steps) - 1
+    explorer.previous.click()
+    assert explorer.step == len(steps) - 2
+    assert "before:" in explorer.view.value and "after:" in explorer.view.value
+    bundle = explorer._repr_mimebundle_()
+    assert bundle["text/plain"].startswith("rewrite explorer: step")
+
+
+def test_rewrites_from_a_recorded_log() -> None:
+    pytest.importorskip("ipywidgets")
+    from tinyteach.lower import lower
+
+    items, _ = create_schedule([seed_example().uop], "CPU")
+    with record_rewrites() as log:
+        lower(items[0].ast)
+    explorer = viz.rewrites(log)
+    assert [s.rule for s in explorer.steps] == [s.rule for s in log.steps]
+
+
+# ---- without `dot` ----
+
+def test_fallback_without_dot(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `dot` anywhere on PATH
+    for figure in (viz.graph(seed_example()), viz.schedule(softmax_example())):
+        assert figure.svg is None
+        assert "apt-get install graphviz" in figure.html
+        assert "<pre" in figure.html and "kernel 1" in figure.html
+    assert "apt-get install graphviz" in INSTALL_DOT
+
+
+def test_fallback_in_the_widget(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    pytest.importorskip("ipywidgets")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    explorer = viz.rewrites(seed_example())
+    assert "apt-get install graphviz" in explorer.view.value
+
+
+# ---- determinism ----
+
+DETERMINISM_SCRIPT = """
+import hashlib, numpy as np, viz
+from tinyteach import Tensor
+rng = np.random.default_rng(0)
+a, b, c = (Tensor(rng.standard_normal((4, 4)).astype(np.float32), device="CPU") for _ in range(3))
+out = ((a + b) * c).relu().sum(1)
+x = Tensor(np.arange(15, dtype=np.float32).reshape(3, 5), device="CPU").softmax(1)
+parts = [viz.graph(out).html, viz.graph(x).html, viz.schedule(x).html, viz.kernel(out).html,
+         viz.rewrites(out).view.value]
+print(hashlib.sha256("".join(parts).encode()).hexdigest())
+"""
+
+
+def test_output_is_byte_identical_across_processes() -> None:
+    pytest.importorskip("ipywidgets")
+    env = {**os.environ, "PYTHONHASHSEED": "random"}
+    digests = [subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT], capture_output=True,
+                              text=True, check=True, cwd=ROOT, env=env).stdout
+               for _ in range(2)]
+    assert digests[0] == digests[1] and len(digests[0].strip()) == 64
+
+
+def test_same_input_same_output_in_one_process() -> None:
+    out = softmax_example()
+    assert viz.graph(out).html == viz.graph(out).html
+    assert viz.schedule(out).html == viz.schedule(softmax_example()).html
+    assert "0x" not in viz.graph(out).html  # no memory addresses

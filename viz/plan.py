@@ -1,0 +1,87 @@
+"""Which kernel each node of a lazy graph will land in — computed without running anything.
+
+What this teaches:
+- the scheduler (chapter 6) is a pure function of the graph: `find_realized` says which nodes get
+  their own buffer and why, `create_schedule` turns each of them into a kernel. Calling them on a
+  tensor's graph computes nothing and changes nothing (UOps are immutable; the Buffers it makes
+  are not allocated until a kernel runs), so viz can ask "what would happen?" at no cost;
+- a node belongs to every kernel that reads it without going through a stored buffer. Elementwise
+  nodes used by two kernels are in both: the scheduler recomputes them rather than store them.
+
+Builds on: tinyteach.schedule, tinyteach.realize (substitute_realized). Used by: every view.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinyteach.device import Device
+from tinyteach.realize import substitute_realized
+from tinyteach.schedule import ScheduleItem, create_schedule, find_realized
+from tinyteach.uop import Ops, UOp
+
+
+@dataclass
+class Plan:
+    """The schedule of some roots, and for each node the kernels (item numbers) it lands in."""
+
+    roots: list[UOp]
+    items: list[ScheduleItem]
+    realized: dict[UOp, str]
+    item_of: dict[UOp, int]                        # realized node -> its item number
+    kernels_of: dict[UOp, list[int]] = field(default_factory=dict)
+
+    def nodes(self) -> list[UOp]:
+        """Every node of the graph, sources before users, each once."""
+        order: dict[UOp, None] = {}
+        for root in self.roots:
+            order.update(dict.fromkeys(root.toposort))
+        return list(order)
+
+
+def as_uops(targets: tuple[Any, ...]) -> list[UOp]:
+    """Tensors or UOps -> UOps."""
+    uops = []
+    for target in targets:
+        uop = getattr(target, "uop", target)
+        if not isinstance(uop, UOp):
+            raise TypeError(f"expected a Tensor or a UOp, got {type(target).__name__}")
+        uops.append(uop)
+    return uops
+
+
+def device_of(targets: tuple[Any, ...], device: str | None) -> str:
+    if device is not None:
+        return Device.canonicalize(device)
+    for target in targets:
+        if isinstance(getattr(target, "device", None), str):
+            return str(target.device)
+    return Device.DEFAULT
+
+
+def make_plan(targets: tuple[Any, ...], device: str | None = None) -> Plan:
+    """Schedule the graph of `targets` (Tensors or UOps) as realize() would, without running it."""
+    roots = substitute_realized(as_uops(targets))  # parts computed before are buffers now
+    realized = find_realized(roots)
+    items, _ = create_schedule(roots, device_of(targets, device))
+    plan = Plan(roots, items, realized, {})
+    stored = [node for node in plan.nodes() if node in realized]
+    plan.item_of = {node: number for number, node in enumerate(stored)}
+    plan.kernels_of = _membership(stored, realized)
+    return plan
+
+
+def _membership(stored: list[UOp], realized: dict[UOp, str]) -> dict[UOp, list[int]]:
+    """Walk down from each stored node to the buffers it reads; everything on the way is part
+    of that kernel."""
+    kernels_of: dict[UOp, list[int]] = {}
+    for number, root in enumerate(stored):
+        stack, seen = [root], set()
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            kernels_of.setdefault(node, []).append(number)
+            stack.extend(s for s in node.src if s not in realized and s.op is not Ops.BUFFER)
+    return kernels_of
