@@ -39,7 +39,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import itertools
+
 from tinyteach.dtype import DType, dtypes
+from tinyteach.opt import NO_OPTIONS, KernelOptions, choose_options
 from tinyteach.rewrite import graph_rewrite, symbolic
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
 from tinyteach.view import (
@@ -70,6 +73,9 @@ class _Lowerer:
     globals_by_index: dict[int, UOp]
     reduce_count: int = 0
     memo: dict[tuple[UOp, Index, Valid], UOp] = field(default_factory=dict)
+    # one set of loops per reduction: evaluated at several indices (an upcast tile), it still
+    # loops once, and the linearizer puts all reductions over the same loops in one loop nest
+    reduce_ranges: dict[UOp, list[UOp]] = field(default_factory=dict)
 
     def lower(self, node: UOp, index: Index, valid: Valid) -> UOp:
         key = (node, index, valid)
@@ -106,12 +112,13 @@ class _Lowerer:
     def _reduce(self, node: UOp, index: Index, valid: Valid) -> UOp:
         reduce_op, axes = node.arg
         source_shape = node.src[0].shape
-        ranges = []
+        if node not in self.reduce_ranges:
+            self.reduce_ranges[node] = [make_range("r", self.reduce_count + k, source_shape[axis])
+                                        for k, axis in enumerate(axes)]
+            self.reduce_count += len(axes)
+        ranges = self.reduce_ranges[node]
         inner_index = list(index)
-        for axis in axes:
-            loop = make_range("r", self.reduce_count, source_shape[axis])
-            self.reduce_count += 1
-            ranges.append(loop)
+        for axis, loop in zip(axes, ranges):
             inner_index[axis] = loop
         value = self.lower(node.src[0], tuple(inner_index), valid)
         return UOp(Ops.REDUCE, node.dtype, (value, *ranges), reduce_op)
@@ -123,18 +130,37 @@ def _reads_buffer_directly(node: UOp) -> bool:
     return node.op is Ops.DEFINE_GLOBAL
 
 
-def lower_ast(ast: UOp) -> UOp:
-    """SINK(STORE(out, value)) -> SINK(STORE(out, index, lowered value)) over loop ranges."""
+def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index]:
+    """The output index of every element one loop iteration computes. Without upcasts that is
+    one index, (gidx0, gidx1, ...); an axis upcast by 4 loops over size/4 and contributes
+    gidx*4 + 0, ..., gidx*4 + 3, so the iteration computes a whole tile."""
+    factors = dict(options.upcasts)
+    per_axis: list[list[UOp]] = []
+    for axis, size in enumerate(shape):
+        factor = factors.get(axis, 1)
+        if size == 1:
+            per_axis.append([index_const(0)])
+        elif factor == 1:
+            per_axis.append([make_range("g", axis, size)])
+        else:
+            base = make_range("g", axis, size // factor) * factor
+            per_axis.append([base + offset for offset in range(factor)])
+    return [tuple(combination) for combination in itertools.product(*per_axis)]
+
+
+def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
+    """SINK(STORE(out, value)) -> SINK(STORE(out, index, lowered value), ...) over loops:
+    one STORE per element of the tile each loop iteration computes."""
     store = ast.src[0]
     output, value = store.src
     globals_by_index = {n.arg[0]: n for n in ast.toposort if n.op is Ops.DEFINE_GLOBAL}
     lowerer = _Lowerer(globals_by_index)
-    shape = value.shape
-    index = tuple(index_const(0) if size == 1 else make_range("g", axis, size)
-                  for axis, size in enumerate(shape))
-    lowered = lowerer.lower(value, index, None)
-    new_store = UOp(Ops.STORE, value.dtype, (output, linear_index(index, shape), lowered))
-    return graph_rewrite(UOp(Ops.SINK, dtypes.bool, (new_store,)), symbolic)
+    stores = []
+    for index in output_indices(value.shape, options):
+        lowered = lowerer.lower(value, index, None)
+        position = linear_index(index, value.shape)
+        stores.append(UOp(Ops.STORE, value.dtype, (output, position, lowered)))
+    return graph_rewrite(UOp(Ops.SINK, dtypes.bool, tuple(stores)), symbolic)
 
 
 # ---- linearize: a graph with loops -> a straight-line program ----
@@ -146,6 +172,7 @@ class LinearProgram:
     uops: list[UOp]
     global_sizes: tuple[int, ...]
     accumulators: dict[UOp, UOp] = field(default_factory=dict)  # REDUCE -> its DEFINE_ACC
+    options: KernelOptions = NO_OPTIONS
 
     @property
     def globals(self) -> list[UOp]:
@@ -181,6 +208,7 @@ class _Linearizer:
     placed: set[UOp] = field(default_factory=set)
     acc_count: int = 0
     accumulators: dict[UOp, UOp] = field(default_factory=dict)
+    reductions: dict[tuple[UOp, ...], list[UOp]] = field(default_factory=dict)  # by their loops
     range_memo: dict[UOp, frozenset[UOp]] = field(default_factory=dict)
 
     def place(self, node: UOp) -> None:
@@ -196,38 +224,51 @@ class _Linearizer:
         self.placed.add(node)
 
     def _place_reduce(self, node: UOp) -> None:
-        value, loops = node.src[0], node.src[1:]
+        """Place every reduction over the same loops as `node` in one loop nest:
+        accumulators first, then the loops, each value and its accumulate, then close."""
+        loops = node.src[1:]
+        group = [r for r in self.reductions.get(loops, [node]) if r not in self.placed]
         own = set(loops)
-        # hoist: everything the value needs that does not depend on this reduction's loops
-        for dep in value.toposort:
-            inside = ranges_of(dep, self.range_memo) & own
-            if dep not in self.placed and not inside and dep.op is not Ops.RANGE:
-                self.place(dep)
-        identity = UOp.const(node.dtype, identity_element(node.arg, node.dtype))
-        acc = UOp(Ops.DEFINE_ACC, node.dtype, (identity,), self.acc_count)
-        self.acc_count += 1
-        self.place(identity)
-        self.uops.append(acc)
+        # hoist: everything the values need that does not depend on these loops
+        for reduce in group:
+            for dep in reduce.src[0].toposort:
+                inside = ranges_of(dep, self.range_memo) & own
+                if dep not in self.placed and not inside and dep.op is not Ops.RANGE:
+                    self.place(dep)
+        accumulators = [self._define_accumulator(reduce) for reduce in group]
         for loop in loops:
             self.uops.append(loop)
             self.placed.add(loop)
-        self.place(value)
-        self.uops.append(UOp(Ops.ACCUMULATE, node.dtype, (acc, value), node.arg))
+        for reduce, acc in zip(group, accumulators):
+            self.place(reduce.src[0])
+            self.uops.append(UOp(Ops.ACCUMULATE, reduce.dtype, (acc, reduce.src[0]), reduce.arg))
         for loop in reversed(loops):
             self.uops.append(UOp(Ops.END_RANGE, dtypes.bool, (loop,)))
-        # after the loop, the reduction's value is the accumulator
-        self.accumulators[node] = acc
-        self.uops.append(node)
-        self.placed.add(node)
+        # after the loop, each reduction's value is its accumulator
+        for reduce, acc in zip(group, accumulators):
+            self.accumulators[reduce] = acc
+            self.uops.append(reduce)
+            self.placed.add(reduce)
+
+    def _define_accumulator(self, reduce: UOp) -> UOp:
+        identity = UOp.const(reduce.dtype, identity_element(reduce.arg, reduce.dtype))
+        acc = UOp(Ops.DEFINE_ACC, reduce.dtype, (identity,), self.acc_count)
+        self.acc_count += 1
+        self.place(identity)
+        self.uops.append(acc)
+        return acc
 
 
-def linearize(lowered: UOp) -> LinearProgram:
+def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgram:
     """Order a lowered kernel: parameters, output loops, body, closing braces."""
     nodes = lowered.toposort
     defines = sorted((n for n in nodes if n.op is Ops.DEFINE_GLOBAL), key=lambda n: n.arg[0])
     global_loops = sorted((n for n in nodes if n.op is Ops.RANGE and n.arg[0] == "g"),
                           key=lambda n: n.arg[1])
     linearizer = _Linearizer()
+    for node in nodes:
+        if node.op is Ops.REDUCE:
+            linearizer.reductions.setdefault(node.src[1:], []).append(node)
     for node in [*defines, *global_loops]:
         linearizer.uops.append(node)
         linearizer.placed.add(node)
@@ -236,9 +277,11 @@ def linearize(lowered: UOp) -> LinearProgram:
     for loop in reversed(global_loops):
         linearizer.uops.append(UOp(Ops.END_RANGE, dtypes.bool, (loop,)))
     sizes = tuple(loop.arg[2] for loop in global_loops)
-    return LinearProgram(linearizer.uops, sizes, linearizer.accumulators)
+    return LinearProgram(linearizer.uops, sizes, linearizer.accumulators, options)
 
 
-def lower(ast: UOp) -> LinearProgram:
-    """The whole chapter: lower the AST, simplify its index math, and linearize it."""
-    return linearize(lower_ast(ast))
+def lower(ast: UOp, options: KernelOptions | None = None) -> LinearProgram:
+    """The whole chapter: choose optimizations (opt.py, unless given), lower the AST,
+    simplify its index math, and linearize it."""
+    chosen = choose_options(ast) if options is None else options
+    return linearize(lower_ast(ast, chosen), chosen)

@@ -71,6 +71,9 @@ def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
     if backend.renderer is None:
         return Runner(name, backend.name, backend.program(ast), ast, ops_estimate=estimate_ops(ast))
     linear = lower(ast)
+    if DEBUG >= 3:
+        applied = linear.options.describe() or ["none"]
+        print(f"    optimizations of {name}: {'; '.join(applied)}")
     source = backend.renderer.render(name, linear)
     if DEBUG >= 4:
         print(source)

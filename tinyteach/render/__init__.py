@@ -37,10 +37,12 @@ def _idiv_code(a: str, b: str, dtype: DType, b_node: UOp) -> str:
         return f"({a}/{b})"
     if dtypes.is_unsigned(dtype):
         return f"({b}==0?0:{a}/{b})"
-    return f"({b}==0?0:({b}==-1?-{a}:{a}/{b}))"  # never trap: x/0 -> 0, MIN/-1 wraps
+    return f"({b}==0?0:({b}==-1?-({a}):{a}/{b}))"  # never trap: x/0 -> 0, MIN/-1 wraps
 
 
 def _mod_code(a: str, b: str, dtype: DType, b_node: UOp) -> str:
+    if dtypes.is_float(dtype):
+        return f"fmod({a},{b})"  # C's % is for integers; fmod has the same sign rule
     if b_node.op is Ops.CONST and b_node.arg not in (0, -1):
         return f"({a}%{b})"
     if dtypes.is_unsigned(dtype):
@@ -71,7 +73,7 @@ class CStyleRenderer:
 
     def __init__(self) -> None:
         self.code_for_op: dict[Ops, Callable[..., str]] = {
-            Ops.NEG: lambda a, dtype: f"(!{a})" if dtype == dtypes.bool else f"(-{a})",
+            Ops.NEG: lambda a, dtype: f"(!{a})" if dtype == dtypes.bool else f"(-({a}))",
             Ops.RECIPROCAL: lambda a, dtype: f"({self.render_const(1, dtype)}/{a})",
             Ops.CAST: lambda a, dtype: f"(({self.type_name(dtype)})({a}))",
             Ops.ADD: lambda a, b, dtype: f"({a}+{b})",
@@ -125,8 +127,16 @@ class CStyleRenderer:
     def loop(self, name: str, size: int) -> str:
         return f"for (int {name} = 0; {name} < {size}; {name}++) {{"
 
+    def parallel_pragma(self) -> str | None:
+        """How to split the outermost loop across cores (None: this language does not)."""
+        return None
+
     def declare(self, name: str, dtype: DType, value: str) -> str:
         return f"{self.type_name(dtype)} {name} = {value};"
+
+    def where(self, condition: str, if_true: str, if_false: str) -> str:
+        """`condition ? if_true : if_false` (WGSL, which has no `?:`, says `select`)."""
+        return f"({condition}?{if_true}:{if_false})"
 
     def load(self, buffer: str, index: str) -> str:
         return f"{buffer}[{index}]"
@@ -209,6 +219,9 @@ def _render_const(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
 def _render_range(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
     kind, number, size = u.arg
     writer.names[u] = f"{'gidx' if kind == 'g' else 'ridx'}{number}"
+    pragma = writer.renderer.parallel_pragma()
+    if kind == "g" and writer.program.options.parallel and pragma and writer.depth == 1:
+        writer.emit(pragma)  # the outermost loop's iterations run on several cores
     writer.emit(writer.renderer.loop(writer.names[u], size))
     writer.depth += 1
 
@@ -222,7 +235,7 @@ def _render_load(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
     renderer = writer.renderer
     value = renderer.load(operands[0], operands[1])
     if len(u.src) == 3:  # guarded: padding outside the buffer reads 0
-        value = f"({operands[2]}?{value}:{renderer.render_const(0, u.dtype)})"
+        value = renderer.where(operands[2], value, renderer.render_const(0, u.dtype))
     writer.names[u] = writer.new_name("val")
     return renderer.declare(writer.names[u], u.dtype, value)
 
@@ -237,7 +250,7 @@ def _render_accumulate(writer: KernelWriter, u: UOp, operands: list[str]) -> str
     if u.arg is Ops.ADD:
         combined = f"({acc}+{value})"
     else:
-        combined = _max_code(acc, value, u.dtype)
+        combined = writer.renderer.code_for_op[Ops.MAX](acc, value, u.dtype)
     return f"{acc} = {combined};"
 
 

@@ -42,6 +42,9 @@ class CRenderer(CStyleRenderer):
             return f"((_Float16){value!r}f)"
         return super().float_literal(value, dtype)
 
+    def parallel_pragma(self) -> str | None:
+        return "#pragma omp parallel for"
+
     def param(self, define: UOp, is_output: bool) -> str:
         const = "" if is_output else "const "
         return f"{const}{self.type_name(define.dtype)}* restrict data{define.arg[0]}"
