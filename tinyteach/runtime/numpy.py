@@ -53,14 +53,21 @@ def _cast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return a.astype(dtype)
 
 
+def _lowest(dtype: np.dtype) -> float | int | bool:
+    """The smallest value of a dtype: where a max starts from."""
+    if dtype.kind == "f":
+        return -np.inf
+    if dtype == np.bool_:
+        return False
+    return int(np.iinfo(dtype).min)
+
+
 def _reduce(a: np.ndarray, op: Ops, axes: tuple[int, ...]) -> np.ndarray:
     if op is Ops.ADD:
         return np.sum(a, axis=axes, keepdims=True, dtype=a.dtype)
     if a.size == 0:  # the max of nothing is the smallest value the dtype has
         shape = tuple(1 if i in axes else s for i, s in enumerate(a.shape))
-        low = -np.inf if a.dtype.kind == "f" else (False if a.dtype == np.bool_
-                                                    else np.iinfo(a.dtype).min)
-        return np.full(shape, low, dtype=a.dtype)
+        return np.full(shape, _lowest(a.dtype), dtype=a.dtype)
     return np.max(a, axis=axes, keepdims=True)
 
 
