@@ -289,3 +289,13 @@ def test_numpy_and_cpu_agree_on_integer_graphs(dtype):
         results[device] = [o.numpy() for o in outs]
     for ours, reference in zip(results["CPU"], results["NUMPY"]):
         np.testing.assert_array_equal(ours, reference)
+
+
+def test_same_constant_graph_on_two_devices_gets_two_buffers():
+    # an arange is made only of constants: its graph is identical on every device, and a value
+    # computed on NUMPY must not be reused for a CPU tensor
+    first = Tensor.arange(7, device="NUMPY").realize()
+    second = Tensor.arange(7, device="CPU").realize()
+    buffers = [n.arg for t in (first, second) for n in t.uop.toposort if n.op.name == "BUFFER"]
+    assert [b.device for b in buffers] == ["NUMPY", "CPU"]
+    assert second.numpy().tolist() == list(range(7))
