@@ -112,6 +112,16 @@ def graph_before_realize(root: UOp, graph_behind: Mapping[UOp, UOp]) -> UOp:
     return rebuilt[root]
 
 
+def reachable_by_gradient(root: UOp) -> set[UOp]:
+    """The nodes a gradient from `root` can reach: it stops at DETACH, comparisons and the
+    other ops without a gradient (their sources get none)."""
+    reached = {root}
+    for node in reversed(root.toposort):
+        if node in reached and GRADIENT_RULES.get(node.op) is not _no_grad:
+            reached.update(node.src)
+    return reached
+
+
 def _on_path(root: UOp, targets: set[UOp]) -> set[UOp]:
     """The nodes through which `root` depends on a target: only they need gradients."""
     needed: set[UOp] = set()

@@ -73,6 +73,7 @@ def getitem(tensor: Tensor, index: Any) -> Tensor:
         if isinstance(item, Tensor):
             if dtypes.is_float(item.dtype) or item.dtype == dtypes.bool:
                 raise IndexError(f"tensors used as indices must be integer, not {item.dtype}")
+            check_index_range(item, size, axis)
             advanced.append((axis, item))
         elif isinstance(item, slice):
             x = _take_slice(x, axis, item)
@@ -121,7 +122,6 @@ def _advanced(x: Tensor, positions: list[int], indices: list[Tensor]) -> Tensor:
     moved = x.permute(rest + positions)
     mask: Tensor | None = None
     for k, (index, size) in enumerate(zip(indices, sizes)):
-        _check_range(index, size)
         index = (index < 0).where(index + size, index).expand(batch)
         shape = batch + (1,) * k + (size,) + (1,) * (len(sizes) - k - 1)
         arange = Tensor.arange(size, device=x.device).reshape(shape[len(batch):])
@@ -144,8 +144,9 @@ def _advanced(x: Tensor, positions: list[int], indices: list[Tensor]) -> Tensor:
     return picked.permute(order)
 
 
-def _check_range(index: Tensor, size: int) -> None:
+def check_index_range(index: Tensor, size: int, axis: int) -> None:
+    """Out-of-range indices would select nothing (a silent 0), so they are an error."""
     values = index.numpy()
     if values.size and (values.min() < -size or values.max() >= size):
         bad = values[(values < -size) | (values >= size)].reshape(-1)[0]
-        raise IndexError(f"index {bad} is out of range for an axis of size {size}")
+        raise IndexError(f"index {bad} is out of range for axis {axis} with size {size}")

@@ -31,7 +31,7 @@ import numpy as np
 
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes, least_upper_dtype, least_upper_float
-from tinyteach.gradient import compute_gradient, graph_before_realize
+from tinyteach.gradient import compute_gradient, graph_before_realize, reachable_by_gradient
 from tinyteach.helpers import TRAINING, Context, prod
 from tinyteach.realize import realize_uops
 from tinyteach.schedule import device_of, is_contiguous_buffer
@@ -1274,11 +1274,13 @@ class Tensor(metaclass=_TensorType):
         if gradient is None and self.shape != ():
             raise ValueError(f"backward() needs a scalar (shape ()) tensor, this one has shape "
                              f"{self.shape}; pass gradient= for a non-scalar output")
-        in_graph = set(graph_before_realize(self._lazy or self.uop, _graph_behind).toposort)
+        in_graph = reachable_by_gradient(graph_before_realize(self._lazy or self.uop,
+                                                              _graph_behind))
         targets = [t for t in list(Tensor._needs_grad.values())
                    if t.uop in in_graph or (t._lazy is not None and t._lazy in in_graph)]
         if not targets:
-            raise RuntimeError("backward(): no tensor with requires_grad=True in this graph")
+            raise RuntimeError("backward(): no tensor with requires_grad=True in this graph "
+                               "(gradients stop at detach(), no_grad and comparisons)")
         for target, grad in zip(targets, self.gradient(*targets, gradient=gradient)):
             target.grad = grad if target.grad is None else target.grad + grad
         Tensor._losses[id(self)] = self
