@@ -96,7 +96,11 @@ def test_imports_point_down(path):
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_visual_layer_or_jupyter_imports(path):
-    bad = [m for m, _ in imports_of(path) if m.split(".")[0] in FORBIDDEN]
+    # the one bridge (DESIGN.md): `%load_ext tinyteach` runs tinyteach.load_ipython_extension,
+    # which imports viz lazily, inside the function, only when IPython asks for it
+    bridge = path == PACKAGE / "__init__.py"
+    bad = [m for m, lazy in imports_of(path)
+           if m.split(".")[0] in FORBIDDEN and not (bridge and lazy)]
     assert bad == [], f"{path.name} imports {bad}: the core stays free of viz and Jupyter"
 
 
