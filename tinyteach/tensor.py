@@ -610,6 +610,10 @@ class Tensor(metaclass=_TensorType):
     def stack(*tensors: Any, dim: int = 0) -> Tensor:
         items: list[Tensor] = list(tensors[0]) if len(tensors) == 1 and isinstance(
             tensors[0], (list, tuple)) else list(tensors)
+        for item in items[1:]:
+            if item.shape != items[0].shape:
+                raise ValueError(f"stack needs tensors of one shape, got {items[0].shape} and "
+                                 f"{item.shape}")
         axis = items[0]._axis(dim, items[0].ndim + 1)
         return Tensor.cat(*(t.unsqueeze(axis) for t in items), dim=axis)
 
