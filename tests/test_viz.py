@@ -25,8 +25,8 @@ import viz  # noqa: E402
 from viz.figure import INSTALL_DOT  # noqa: E402
 from viz.kernel import find_renderers  # noqa: E402
 
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
-                               reason="graphviz's `dot` is not installed (apt-get install graphviz)")
+NO_DOT = "graphviz's `dot` is not installed (apt-get install graphviz)"
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason=NO_DOT)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
