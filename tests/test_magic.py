@@ -120,6 +120,11 @@ def test_rich_display_of_schedule_items(shell: InteractiveShell) -> None:
                     "[(a + b).sum(1).uop], 'CPU')[0][0]")
     html = shell.display_formatter.format(item)[0]["text/html"]
     assert "linear program" in html and "C source" in html
+    launches = shell.ev("__import__('tinyteach.realize').realize.record_launches")
+    with launches() as recorded:
+        shell.ev("(a - b).realize()")
+    html = shell.display_formatter.format(recorded[0])[0]["text/html"]
+    assert "this is what ran" in html and " us" in html
 
 
 def test_display_hooks_never_raise(shell: InteractiveShell) -> None:

@@ -9,8 +9,8 @@ What it gives a notebook:
 - `%tinyteach expr` (line magic) does the same for one expression and does not keep its value
   (the same options go before the expression);
 - rich display: a Tensor shows its shape, dtype, device, whether it is lazy or realized and, if
-  realized, a few values; a ScheduleItem shows its kernel at every stage (`viz.kernel`). A
-  formatter that fails shows the error as text: a display hook never raises.
+  realized, a few values; a ScheduleItem or a Launch shows its kernel at every stage
+  (`viz.kernel`). A formatter that fails shows the error as text: a display hook never raises.
 
 Builds on: viz/report.py, viz/kernel.py, viz/plan.py; IPython. Used by:
 `tinyteach.load_ipython_extension`, which imports this module only when the extension is loaded.
@@ -32,7 +32,7 @@ from IPython.display import display
 from tinyteach import Tensor
 from tinyteach.device import Device
 from tinyteach.lower import LinearProgram
-from tinyteach.realize import record_launches
+from tinyteach.realize import Launch, record_launches
 from tinyteach.schedule import ScheduleItem, is_contiguous_buffer
 from viz.figure import escape, notice, preformatted, table
 from viz.report import DEFAULT_SHOW, SHOW_CHOICES, launch_report
@@ -185,6 +185,12 @@ def schedule_item_html(item: ScheduleItem) -> str:
     return kernel(item).html
 
 
+def launch_html(launch: Launch) -> str:
+    from viz.kernel import kernel
+
+    return kernel(launch).html
+
+
 def linear_program_html(program: LinearProgram) -> str:
     return preformatted(str(program))
 
@@ -204,6 +210,7 @@ def never_raise(format_html: Callable[[Any], str]) -> Callable[[Any], str]:
 FORMATTERS: dict[type, Callable[[Any], str]] = {
     Tensor: tensor_html,
     ScheduleItem: schedule_item_html,
+    Launch: launch_html,
     LinearProgram: linear_program_html,
 }
 
