@@ -192,7 +192,14 @@ def ranges_of(node: UOp, memo: dict[UOp, frozenset[UOp]] | None = None) -> froze
     """The loops a node's value depends on. A REDUCE closes its own loops: its result depends
     only on the loops outside it."""
     memo = {} if memo is None else memo
-    for n in node.toposort:
+    stack = [node]
+    while stack:  # sources first, skipping what an earlier call already worked out
+        n = stack[-1]
+        missing = [s for s in n.src if s not in memo]
+        if missing:
+            stack.extend(missing)
+            continue
+        stack.pop()
         if n.op is Ops.RANGE:
             memo[n] = frozenset((n,))
         elif n.op is Ops.REDUCE:

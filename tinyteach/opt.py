@@ -31,6 +31,8 @@ from tinyteach.helpers import NOOPT, prod
 from tinyteach.uop import Ops, UOp
 
 UPCAST = 4                 # tile size per upcast axis
+MAX_UPCAST_GRAPH = 120     # bigger kernels (convolutions, fused backward passes) stay untiled:
+                           # a tile copies the kernel's whole body 16 times
 MAX_UPCAST_AXES = 2        # 4x4 = 16 accumulators fit in registers
 PARALLEL_MIN_WORK = 1 << 16  # element-operations below which threads cost more than they save
 
@@ -65,7 +67,7 @@ def choose_options(ast: UOp) -> KernelOptions:
     shape = value.shape
     reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
     upcasts: list[tuple[int, int]] = []
-    if reduces:
+    if reduces and len(value.toposort) <= MAX_UPCAST_GRAPH:
         # tile the output axes (innermost last): each loaded value serves several accumulators
         for axis in reversed(range(len(shape))):
             if len(upcasts) < MAX_UPCAST_AXES and shape[axis] % UPCAST == 0 \

@@ -104,9 +104,13 @@ class PatternMatcher:
 
     def __init__(self, name: str, rules: list[Rule]):
         self.name, self.rules = name, rules
+        # the rules that can match each op, in table order (a rule for "any op" goes everywhere)
+        self.rules_for: dict[Ops, list[Rule]] = {
+            op: [rule for rule in rules if rule[1].op is None or op in _as_tuple(rule[1].op)]
+            for op in Ops}
 
     def rewrite(self, node: UOp) -> tuple[str, UOp] | None:
-        for rule_name, pattern, build in self.rules:
+        for rule_name, pattern, build in self.rules_for[node.op]:
             bindings: dict[str, UOp] = {}
             if pattern.match(node, bindings):
                 result = build(**bindings)
@@ -156,24 +160,56 @@ def _note(pass_name: str, rule: str, before: UOp, after: UOp) -> None:
 
 # ---- the engine ----
 
-def graph_rewrite(root: UOp, matcher: PatternMatcher, max_steps: int = 100_000) -> UOp:
+def graph_rewrite(root: UOp, matcher: PatternMatcher, max_steps: int = 1_000_000) -> UOp:
     """Rewrite bottom-up: rebuild each node from rewritten sources, then apply rules to it
     until none matches. Returns the new root (the old graph is untouched: UOps are immutable)."""
-    done: dict[UOp, UOp] = {}
-    steps = 0
-    for node in root.toposort:
-        new_sources = tuple(done[s] for s in node.src)
-        current = node if new_sources == node.src else node.replace(src=new_sources)
-        while (found := matcher.rewrite(current)) is not None:
-            rule_name, result = found
-            _note(matcher.name, rule_name, current, result)
-            # the result may contain new nodes: rewrite them too before going on
-            current = graph_rewrite(result, matcher) if result.src else result
-            steps += 1
-            if steps > max_steps:
-                raise RuntimeError(f"rewrite pass {matcher.name} did not finish")
-        done[node] = current
-    return done[root]
+    return _Rewriter(matcher, max_steps).rewrite(root)
+
+
+@dataclass
+class _Rewriter:
+    """One pass. `done` maps every node seen to its rewritten form; a finished node maps to
+    itself, so nodes a rule builds out of finished parts are not rewritten again."""
+
+    matcher: PatternMatcher
+    max_steps: int
+    done: dict[UOp, UOp] = field(default_factory=dict)
+    steps: int = 0
+
+    def rewrite(self, root: UOp) -> UOp:
+        for node in self._pending(root):
+            new_sources = tuple(self.done[s] for s in node.src)
+            current = node if new_sources == node.src else node.replace(src=new_sources)
+            while (found := self.matcher.rewrite(current)) is not None:
+                rule_name, result = found
+                _note(self.matcher.name, rule_name, current, result)
+                # count before recursing: a rule that never finishes must stop here, not at
+                # Python's recursion limit
+                self.steps += 1
+                if self.steps > self.max_steps:
+                    raise RuntimeError(f"rewrite pass {self.matcher.name} did not finish")
+                # the result may contain new nodes: rewrite them too before going on
+                current = self.rewrite(result)
+            self.done[node] = current
+            self.done[current] = current
+        return self.done[root]
+
+    def _pending(self, root: UOp) -> list[UOp]:
+        """The nodes under `root` not rewritten yet, sources before users."""
+        order: list[UOp] = []
+        seen: set[UOp] = set()
+        stack: list[tuple[UOp, bool]] = [(root, False)]
+        while stack:
+            node, sources_done = stack.pop()
+            if node in self.done or (node in seen and not sources_done):
+                continue
+            if sources_done:
+                order.append(node)
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            stack.extend((s, False) for s in reversed(node.src) if s not in self.done)
+        return order
 
 
 # ---- constant folding: the reference meaning of each ALU op on Python scalars ----
@@ -279,15 +315,26 @@ def simplify_idiv(x: UOp, c: UOp) -> UOp | None:
 
 
 def simplify_mod(x: UOp, c: UOp) -> UOp | None:
-    """(a*c + b) % c -> b % c, and b % c -> b when 0 <= b < c."""
+    """(a*c + b) % c -> b % c, and b % c -> b when 0 <= b < c.
+    A term's factor also counts modulo c: (r*(c+2) + b) % c -> (r*2 + b) % c."""
     split = _split_by_divisor(x, c.arg)
     if split is None:
         return None
     multiples, rest = split
-    remainder = _sum(rest, x.dtype)
+    reduced = [_reduce_factor(t, c.arg) for t in rest]
+    remainder = _sum(reduced, x.dtype)
     if remainder.vmax < c.arg:
         return remainder
-    return remainder % c if multiples else None
+    changed = multiples or any(r is not t for r, t in zip(reduced, rest))
+    return remainder % c if changed else None
+
+
+def _reduce_factor(term: UOp, divisor: int) -> UOp:
+    """i*f -> i*(f % divisor), for a non-negative i (the same value modulo divisor)."""
+    factor = _factor(term)
+    if term.op is not Ops.MUL or factor < divisor:
+        return term
+    return term.src[0] * (factor % divisor)
 
 
 def fold_compare_by_range(x: UOp, c: UOp) -> UOp | None:
@@ -313,7 +360,8 @@ symbolic = PatternMatcher("symbolic", [
     ("x*0 -> 0 (ints)", UPat(Ops.MUL, src=(x, UPat.const(0))),
      lambda x: UOp.const(x.dtype, 0) if _is_int(x) else None),
     ("x//1 -> x", UPat(Ops.IDIV, src=(x, UPat.const(1))), lambda x: x),
-    ("x%1 -> 0", UPat(Ops.MOD, src=(x, UPat.const(1))), lambda x: UOp.const(x.dtype, 0)),
+    ("x%1 -> 0 (ints)", UPat(Ops.MOD, src=(x, UPat.const(1))),
+     lambda x: UOp.const(x.dtype, 0) if _is_int(x) else None),
     ("--x -> x", UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(x,)),)), lambda x: x),
     ("(x+c1)+c2 -> x+(c1+c2)", UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(x, c1)), c2)),
      lambda x, c1, c2: x + UOp.const(x.dtype, c1.arg + c2.arg) if _is_int(x) else None),

@@ -66,11 +66,51 @@ def linear_index(index: Index, shape: tuple[int, ...]) -> UOp:
 # ---- one function per movement op: output index -> (input index, condition) ----
 
 def _reshape(node: UOp, index: Index) -> tuple[Index, Valid]:
+    """Flatten the output index and unflatten it into the input shape — one group of axes at
+    a time: (a, b*c) -> (a, b, c) only needs arithmetic on the last two axes."""
     in_shape = node.src[0].shape
-    flat = linear_index(index, node.shape)
-    in_index = tuple(index_const(0) if size == 1 else (flat // stride) % size
-                     for size, stride in zip(in_shape, contiguous_strides(in_shape)))
-    return in_index, None
+    in_index: list[UOp] = []
+    for out_axes, in_axes in reshape_groups(node.shape, in_shape):
+        out_sizes = tuple(node.shape[a] for a in out_axes)
+        in_sizes = tuple(in_shape[a] for a in in_axes)
+        if out_sizes == in_sizes:  # this group is unchanged: pass the indices through
+            in_index.extend(index[a] for a in out_axes)
+            continue
+        flat = linear_index(tuple(index[a] for a in out_axes), out_sizes)
+        in_index.extend(index_const(0) if size == 1 else (flat // stride) % size
+                        for size, stride in zip(in_sizes, contiguous_strides(in_sizes)))
+    return tuple(in_index), None
+
+
+def reshape_groups(out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> list[
+        tuple[list[int], list[int]]]:
+    """Split both shapes into runs of axes with equal products: (2, 6, 5) and (2, 3, 2, 5)
+    give [([0], [0]), ([1], [1, 2]), ([2], [3])]. Falls back to one group if sizes are 0."""
+    if 0 in out_shape or 0 in in_shape or not out_shape or not in_shape:
+        return [(list(range(len(out_shape))), list(range(len(in_shape))))]
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(out_shape) or j < len(in_shape):
+        out_axes, in_axes = [], []
+        out_size = in_size = 1
+        while True:
+            if out_size <= in_size and i < len(out_shape):
+                out_size *= out_shape[i]
+                out_axes.append(i)
+                i += 1
+            elif j < len(in_shape):
+                in_size *= in_shape[j]
+                in_axes.append(j)
+                j += 1
+            else:
+                out_axes.extend(range(i, len(out_shape)))
+                i = len(out_shape)
+                break
+            if out_size == in_size and (i == len(out_shape) or out_shape[i] != 1) \
+                    and (j == len(in_shape) or in_shape[j] != 1):
+                break
+        groups.append((out_axes, in_axes))
+    return groups
 
 
 def _permute(node: UOp, index: Index) -> tuple[Index, Valid]:
