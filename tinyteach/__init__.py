@@ -26,13 +26,12 @@ Layering: a module imports only from modules *below* it in this order (a test ch
 helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime, realize,
 gradient, tensor, indexing, jit, nn.
 """
+from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
 from tinyteach.device import Device
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import DEBUG, Context, GlobalCounters
 from tinyteach.jit import TinyJit
 from tinyteach.tensor import Tensor
-
-from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
 
 __all__ = ["Tensor", "TinyJit", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters", "nn"]
 

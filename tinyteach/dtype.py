@@ -17,6 +17,7 @@ dtypes.float16
 """
 from __future__ import annotations
 
+import builtins  # inside `dtypes`, the names bool/int/float are dtypes
 import math
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -81,15 +82,15 @@ class dtypes:
     default_int: DType = int32
 
     @staticmethod
-    def is_float(dtype: DType) -> bool:
+    def is_float(dtype: DType) -> builtins.bool:
         return dtype.kind == "float"
 
     @staticmethod
-    def is_int(dtype: DType) -> bool:
+    def is_int(dtype: DType) -> builtins.bool:
         return dtype.kind in ("int", "uint")
 
     @staticmethod
-    def is_unsigned(dtype: DType) -> bool:
+    def is_unsigned(dtype: DType) -> builtins.bool:
         return dtype.kind == "uint"
 
     @staticmethod

@@ -172,7 +172,7 @@ class TinyJit(Generic[ReturnType]):
 
     def __init__(self, fn: Callable[..., ReturnType]):
         self.fn = fn
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
         self.reset()
 
     def reset(self) -> None:
@@ -202,8 +202,8 @@ class TinyJit(Generic[ReturnType]):
         assert self.captured is not None
         self.captured.replay([_buffer_of(t) for _, t in tensors])
         self.calls += 1
-        outputs: ReturnType = self.captured.outputs()
-        return outputs
+        replayed: ReturnType = self.captured.outputs()
+        return replayed
 
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                  signature: list[tuple[str, InputSignature]], others: list[tuple[str, Any]],

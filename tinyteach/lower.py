@@ -37,9 +37,8 @@ Builds on: uop.py, view.py, rewrite.py. Used by: render/, realize.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import itertools
+from dataclasses import dataclass, field
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.opt import NO_OPTIONS, KernelOptions, choose_options

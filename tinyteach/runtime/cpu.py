@@ -108,8 +108,8 @@ class ClangStyleCompiler(Compiler):
         target.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
         os.close(handle)
-        result = subprocess.run([self.compiler, *self.flags, "-x", "c", "-", "-o", temporary, "-lm"],
-                                input=source, capture_output=True, text=True)
+        command = [self.compiler, *self.flags, "-x", "c", "-", "-o", temporary, "-lm"]
+        result = subprocess.run(command, input=source, capture_output=True, text=True)
         if result.returncode != 0:
             os.unlink(temporary)
             raise CompileError(explain_compile_error(source, result.stderr))
@@ -148,7 +148,9 @@ class CPUGraph:
 
     def __init__(self, launches: list) -> None:
         arities = [len(launch.buffers) for launch in launches]
-        library_path = Device["CPU"].compiler.compile(render_graph(arities))
+        compiler = Device["CPU"].compiler
+        assert compiler is not None
+        library_path = compiler.compile(render_graph(arities))
         self.library = ctypes.CDLL(str(library_path))
         self.run = self.library.run_graph
         self.run.restype = None
