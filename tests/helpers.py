@@ -1,0 +1,137 @@
+"""Shared test helpers: which devices to test, and `check`, which compares an op with PyTorch.
+
+`check(tinyteach_fn, torch_fn, inputs, device)` builds the same random inputs for both
+libraries, compares the forward values and, for float inputs, the gradients that
+`.backward()` produces (through a random output gradient, so every output element matters).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tinyteach import Tensor
+from tinyteach.device import Device
+
+ALWAYS = ["NUMPY", "CPU"]
+OPTIONAL = ["OPENCL", "WEBGPU"]
+
+
+def test_devices() -> list[str]:
+    """NUMPY and CPU always; OPENCL and WEBGPU where their libraries and drivers exist."""
+    return ALWAYS + [name for name in OPTIONAL if Device.is_available(name)]
+
+
+test_devices.__test__ = False  # type: ignore[attr-defined]  # not a test for pytest
+
+
+def skip_unless_supported(device: str, *needed: Any) -> None:
+    """Skip the test, saying why, when `device` cannot hold one of the `needed` dtypes
+    (tinyteach or numpy dtypes): WEBGPU has no 64-bit types, pocl's OpenCL no float16.
+    Using such a dtype there raises a clear error (tests/test_backends.py checks that)."""
+    import pytest
+
+    from tinyteach.dtype import dtypes
+    unsupported = getattr(Device[device], "unsupported_dtypes", {})
+    for dtype in map(dtypes.as_dtype, needed):
+        if dtype in unsupported:
+            pytest.skip(f"{device} cannot hold {dtype.name}: {unsupported[dtype]}")
+
+
+Input = tuple[int, ...] | np.ndarray | int | float
+
+
+def make_inputs(inputs: Sequence[Input], low: float = -2.0, high: float = 2.0,
+                seed: int = 0) -> list[Any]:
+    """Shapes become float32 arrays drawn uniformly from [low, high); arrays and Python
+    scalars are passed through unchanged."""
+    rng = np.random.default_rng(seed)
+    made: list[Any] = []
+    for item in inputs:
+        if isinstance(item, tuple):
+            made.append(rng.uniform(low, high, size=item).astype(np.float32))
+        else:
+            made.append(item)
+    return made
+
+
+def _is_float_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind == "f"
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, Tensor):
+        return value.numpy()
+    if hasattr(value, "detach"):  # a torch tensor
+        return value.detach().numpy()
+    return np.asarray(value)
+
+
+def compare(ours: Any, theirs: Any, atol: float, rtol: float, what: str = "value") -> None:
+    """Equal shapes and close values (exact for integer and bool results)."""
+    ours_np, theirs_np = _to_numpy(ours), _to_numpy(theirs)
+    assert ours_np.shape == theirs_np.shape, f"{what}: shape {ours_np.shape} != {theirs_np.shape}"
+    if theirs_np.dtype.kind in "biu":
+        np.testing.assert_array_equal(ours_np, theirs_np, err_msg=what)
+    else:
+        np.testing.assert_allclose(ours_np.astype(np.float64), theirs_np.astype(np.float64),
+                                   atol=atol, rtol=rtol, err_msg=what)
+
+
+def check(tinyteach_fn: Callable[..., Any], torch_fn: Callable[..., Any],
+          inputs: Sequence[Input], device: str, atol: float = 1e-5, rtol: float = 1e-4,
+          grad: bool = True, low: float = -2.0, high: float = 2.0, seed: int = 0,
+          grad_atol: float | None = None, grad_rtol: float | None = None) -> None:
+    """Run both functions on identical inputs; compare values and (for floats) gradients.
+
+    `inputs` holds shapes (random float32 arrays), numpy arrays, or Python scalars (passed
+    to both functions as they are). Functions may return one tensor or a tuple of them."""
+    import torch
+    arrays = make_inputs(inputs, low, high, seed)
+    wants_grad = [grad and _is_float_array(a) for a in arrays]
+    ours_in = [Tensor(a, device=device, requires_grad=g or None) if isinstance(a, np.ndarray)
+               else a for a, g in zip(arrays, wants_grad)]
+    theirs_in = [torch.tensor(a, requires_grad=g) if isinstance(a, np.ndarray) else a
+                 for a, g in zip(arrays, wants_grad)]
+    ours = _as_list(tinyteach_fn(*ours_in))
+    theirs = _as_list(torch_fn(*theirs_in))
+    assert len(ours) == len(theirs), f"{len(ours)} outputs != {len(theirs)}"
+    for k, (o, t) in enumerate(zip(ours, theirs)):
+        compare(o, t, atol, rtol, f"output {k}")
+    if any(wants_grad):
+        _check_gradients(ours, theirs, ours_in, theirs_in, wants_grad, device,
+                         grad_atol if grad_atol is not None else atol,
+                         grad_rtol if grad_rtol is not None else rtol, seed)
+
+
+def _check_gradients(ours: list[Any], theirs: list[Any], ours_in: list[Any],
+                     theirs_in: list[Any], wants_grad: list[bool], device: str,
+                     atol: float, rtol: float, seed: int) -> None:
+    """Backpropagate sum(output * random cotangent) through both and compare input grads."""
+    import torch
+    rng = np.random.default_rng(seed + 1)
+    our_loss: Tensor | None = None
+    their_loss: Any = None
+    for o, t in zip(ours, theirs):
+        if not (isinstance(o, Tensor) and o.requires_grad and t.dtype.is_floating_point):
+            continue
+        cotangent = rng.uniform(0.5, 1.5, size=t.shape).astype(np.float32)
+        our_term = (o * Tensor(cotangent, device=device)).sum()
+        their_term = (t * torch.tensor(cotangent)).sum()
+        our_loss = our_term if our_loss is None else our_loss + our_term
+        their_loss = their_term if their_loss is None else their_loss + their_term
+    if our_loss is None:
+        return
+    our_loss.backward()
+    their_loss.backward()
+    for k, (o, t, g) in enumerate(zip(ours_in, theirs_in, wants_grad)):
+        if not g:
+            continue
+        expected = t.grad if t.grad is not None else torch.zeros_like(t)
+        assert o.grad is not None, f"input {k} got no gradient"
+        compare(o.grad, expected, atol, rtol, f"gradient of input {k}")
