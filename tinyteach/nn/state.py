@@ -181,7 +181,7 @@ def _array_from_entry(name: str, entry: Any, data: bytes, path: str) -> np.ndarr
     if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
         raise SafetensorsError(f"{where} needs 'dtype', 'shape' and 'data_offsets'")
     if entry["dtype"] not in SAFETENSORS_DTYPES:
-        raise SafetensorsError(f"{where} has dtype {entry['dtype']!r}; supported: "
+        raise SafetensorsError(f"{where} has unsupported dtype {entry['dtype']!r}; supported: "
                                f"{sorted(SAFETENSORS_DTYPES)}")
     dtype = SAFETENSORS_DTYPES[entry["dtype"]]
     shape, offsets = entry["shape"], entry["data_offsets"]
