@@ -187,7 +187,9 @@ def test_batchnorm_training_and_running_stats(device: str, shape: tuple[int, ...
     assert ours.num_batches_tracked.item() == theirs.num_batches_tracked.item() == 2
     theirs.eval()
     theirs.zero_grad(set_to_none=True)
-    ours.weight.grad = ours.bias.grad = None
+    for parameter in (ours.weight, ours.bias):
+        assert parameter is not None
+        parameter.grad = None
     run_both(ours, theirs, random_input(*shape, seed=4), device, ["weight", "bias"])
 
 

@@ -10,8 +10,14 @@ import numpy as np
 import pytest
 
 from tinyteach import Tensor, dtypes, nn
-from tinyteach.nn.state import (SafetensorsError, get_parameters, get_state_dict,
-                                load_state_dict, safe_load, safe_save)
+from tinyteach.nn.state import (
+    SafetensorsError,
+    get_parameters,
+    get_state_dict,
+    load_state_dict,
+    safe_load,
+    safe_save,
+)
 
 
 class Block:
