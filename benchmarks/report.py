@@ -1,0 +1,206 @@
+"""Turn the workers' results into the table of medians and ratios, the goals of the optimizer
+issue (met or not), and a check that every framework trained to the same losses."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+PEERS = ("tinygrad", "torch", "numpy")
+FRAMEWORKS = ("tinyteach",) + PEERS
+
+# results[(workload, run)][framework] -> the worker's dict; run is "steady", "cold" or "warm"
+Results = dict[tuple[str, str], dict[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: a metric of one workload run, and which direction is better."""
+
+    label: str
+    workload: str
+    run: str
+    metric: str
+    better: str  # "lower" or "higher"
+    fmt: str = "{:.2f}"
+
+
+ROWS = [
+    Row("MLP step, JIT (ms/step)", "mlp", "steady", "ms_step", "lower"),
+    Row("MLP kernels/step", "mlp", "steady", "kernels_step", "lower", "{:.0f}"),
+    Row("MLP 1st step, cold cache (ms)", "mlp", "cold", "first_step_ms", "lower", "{:.0f}"),
+    Row("MLP 2nd step (capture), cold (ms)", "mlp", "cold", "second_step_ms", "lower", "{:.0f}"),
+    Row("MLP 1st step, warm cache (ms)", "mlp", "warm", "first_step_ms", "lower", "{:.0f}"),
+    Row("CNN step, JIT (ms/step)", "cnn", "steady", "ms_step", "lower"),
+    Row("CNN kernels/step", "cnn", "steady", "kernels_step", "lower", "{:.0f}"),
+    Row("CNN 1st step, cold cache (ms)", "cnn", "cold", "first_step_ms", "lower", "{:.0f}"),
+    Row("CNN 2nd step (capture), cold (ms)", "cnn", "cold", "second_step_ms", "lower", "{:.0f}"),
+    Row("CNN 1st step, warm cache (ms)", "cnn", "warm", "first_step_ms", "lower", "{:.0f}"),
+    Row("matmul 512² (GFLOP/s)", "matmul512", "steady", "gflops", "higher", "{:.1f}"),
+    Row("matmul 1024² (GFLOP/s)", "matmul1024", "steady", "gflops", "higher", "{:.1f}"),
+    Row("matmul 1024² kernels", "matmul1024", "steady", "kernels", "lower", "{:.0f}"),
+    Row("fused ((a+b)*c).relu().sum(1) (GB/s)", "fused", "steady", "gbps", "higher"),
+    Row("fused kernels", "fused", "steady", "kernels", "lower", "{:.0f}"),
+    Row("softmax 4096x1024 (ms)", "softmax", "steady", "ms", "lower"),
+    Row("softmax kernels", "softmax", "steady", "kernels", "lower", "{:.0f}"),
+    Row("layernorm 4096x1024 (ms)", "layernorm", "steady", "ms", "lower"),
+    Row("layernorm kernels", "layernorm", "steady", "kernels", "lower", "{:.0f}"),
+    Row("tiny kernel, eager (µs/realize)", "tiny", "steady", "eager_us", "lower", "{:.1f}"),
+    Row("tiny kernel, JIT replay (µs/call)", "tiny", "steady", "jit_us", "lower", "{:.1f}"),
+]
+
+
+def value(results: Results, workload: str, run: str, framework: str, metric: str) -> Any:
+    """A metric, or None when it was not measured (or the worker failed)."""
+    entry = results.get((workload, run), {}).get(framework, {})
+    return entry.get("metrics", {}).get(metric)
+
+
+def cell(results: Results, row: Row, framework: str) -> str:
+    entry = results.get((row.workload, row.run), {}).get(framework)
+    if entry is None:
+        return "-"
+    if "error" in entry:
+        return "error"
+    if "skipped" in entry:
+        return "n/a"
+    number = entry.get("metrics", {}).get(row.metric)
+    return "n/a" if number is None else row.fmt.format(number)
+
+
+def ratio(results: Results, row: Row, peer: str) -> float | None:
+    """tinyteach / peer for this row (None if either is missing or the peer is zero)."""
+    ours = value(results, row.workload, row.run, "tinyteach", row.metric)
+    theirs = value(results, row.workload, row.run, peer, row.metric)
+    if ours is None or theirs is None or theirs == 0:
+        return None
+    return ours / theirs
+
+
+def table_rows(results: Results) -> list[dict[str, Any]]:
+    """The table as dicts (also what --json writes)."""
+    rows = []
+    for row in ROWS:
+        if (row.workload, row.run) not in results:
+            continue
+        rows.append({"label": row.label, "better": row.better,
+                     **{fw: value(results, row.workload, row.run, fw, row.metric)
+                        for fw in FRAMEWORKS},
+                     **{f"tinyteach/{peer}": ratio(results, row, peer) for peer in PEERS}})
+    return rows
+
+
+def format_table(results: Results) -> str:
+    """A fixed-width text table: medians per framework, then tinyteach/peer ratios."""
+    header = (["workload (median)", "better"] + list(FRAMEWORKS)
+              + [f"tt/{peer}" for peer in PEERS])
+    lines = []
+    for row in ROWS:
+        if (row.workload, row.run) not in results:
+            continue
+        ratios = [ratio(results, row, peer) for peer in PEERS]
+        lines.append([row.label, row.better] + [cell(results, row, fw) for fw in FRAMEWORKS]
+                     + ["-" if r is None else f"{r:.2f}x" for r in ratios])
+    widths = [max(len(str(line[i])) for line in [header] + lines) for i in range(len(header))]
+    render = lambda line: "  ".join(str(text).ljust(width) if i < 2 else str(text).rjust(width)
+                                    for i, (text, width) in enumerate(zip(line, widths)))
+    rule = "-" * len(render(header))
+    return "\n".join([render(header), rule] + [render(line) for line in lines])
+
+
+# ---- goals (issue 7, plus the JIT replay goal of issue 3) ----
+
+@dataclass(frozen=True)
+class Goal:
+    text: str
+    measure: Callable[[Results], float | None]  # the figure compared with the target
+    target: float
+    better: str  # "lower" or "higher": which side of the target meets the goal
+    shown: str  # how the figure reads, e.g. "{:.2f}x tinygrad"
+
+
+def _ratio(workload: str, metric: str, peer: str, run: str = "steady"):
+    def measure(results: Results) -> float | None:
+        ours = value(results, workload, run, "tinyteach", metric)
+        theirs = value(results, workload, run, peer, metric)
+        return None if ours is None or not theirs else ours / theirs
+    return measure
+
+
+def _ours(workload: str, metric: str, run: str = "steady"):
+    return lambda results: value(results, workload, run, "tinyteach", metric)
+
+
+def _replay_per_kernel(results: Results) -> float | None:
+    us, kernels = _ours("tiny", "jit_us")(results), _ours("tiny", "jit_kernels")(results)
+    return None if us is None or not kernels else us / kernels
+
+
+GOALS = [
+    Goal("matmul 1024² GFLOP/s >= 3x tinygrad", _ratio("matmul1024", "gflops", "tinygrad"),
+         3.0, "higher", "{:.2f}x tinygrad"),
+    Goal("matmul 1024² GFLOP/s >= 50% of numpy", _ratio("matmul1024", "gflops", "numpy"),
+         0.5, "higher", "{:.0%} of numpy"),
+    Goal("fused 4096² GB/s >= tinygrad", _ratio("fused", "gbps", "tinygrad"), 1.0, "higher",
+         "{:.2f}x tinygrad"),
+    Goal("fused 4096² in one kernel", _ours("fused", "kernels"), 1, "lower", "{:.0f} kernel(s)"),
+    Goal("softmax time <= tinygrad", _ratio("softmax", "ms", "tinygrad"), 1.0, "lower",
+         "{:.2f}x tinygrad"),
+    Goal("layernorm time <= tinygrad", _ratio("layernorm", "ms", "tinygrad"), 1.0, "lower",
+         "{:.2f}x tinygrad"),
+    Goal("MLP ms/step <= tinygrad", _ratio("mlp", "ms_step", "tinygrad"), 1.0, "lower",
+         "{:.2f}x tinygrad"),
+    Goal("MLP kernels/step <= tinygrad", _ratio("mlp", "kernels_step", "tinygrad"), 1.0,
+         "lower", "{:.2f}x tinygrad"),
+    Goal("CNN ms/step <= tinygrad", _ratio("cnn", "ms_step", "tinygrad"), 1.0, "lower",
+         "{:.2f}x tinygrad"),
+    Goal("CNN kernels/step <= tinygrad", _ratio("cnn", "kernels_step", "tinygrad"), 1.0,
+         "lower", "{:.2f}x tinygrad"),
+    Goal("tiny kernel JIT replay <= 0.2x tinygrad", _ratio("tiny", "jit_us", "tinygrad"), 0.2,
+         "lower", "{:.2f}x tinygrad"),
+    Goal("JIT replay <= 15 µs per kernel (issue 3)", _replay_per_kernel, 15.0, "lower",
+         "{:.1f} µs/kernel"),
+    Goal("MLP first step, cold cache <= 1 s", _ours("mlp", "first_step_ms", "cold"), 1000.0,
+         "lower", "{:.0f} ms"),
+]
+
+
+def goal_rows(results: Results) -> list[dict[str, Any]]:
+    rows = []
+    for goal in GOALS:
+        figure = goal.measure(results)
+        met = None if figure is None else (
+            figure <= goal.target if goal.better == "lower" else figure >= goal.target)
+        rows.append({"goal": goal.text, "figure": figure, "met": met,
+                     "shown": "not measured" if figure is None else goal.shown.format(figure)})
+    return rows
+
+
+def format_goals(results: Results) -> str:
+    status = {True: "met", False: "NOT met", None: "n/a"}
+    rows = goal_rows(results)
+    width = max(len(row["goal"]) for row in rows)
+    return "\n".join(f"  {row['goal']:<{width}}  {row['shown']:>18}  {status[row['met']]}"
+                     for row in rows)
+
+
+# ---- the same model, the same losses ----
+
+def loss_agreement(results: Results, reference: str = "torch") -> list[str]:
+    """Max |loss - reference loss| over the steps both trained (same data, same init, same
+    Adam): a large difference means the frameworks did not measure the same computation."""
+    lines = []
+    for workload in ("mlp", "cnn"):
+        entries = results.get((workload, "steady"), {})
+        ref = entries.get(reference, {}).get("extra", {}).get("losses")
+        if not ref:
+            continue
+        for framework, entry in entries.items():
+            losses = entry.get("extra", {}).get("losses")
+            if framework == reference or not losses:
+                continue
+            diff = max(abs(a - b) for a, b in zip(losses, ref))
+            verdict = "ok" if diff <= 1e-3 * max(1.0, abs(ref[0])) else "MISMATCH"
+            lines.append(f"  {workload}: {framework} vs {reference}: max |Δloss| = {diff:.2e} "
+                         f"over {min(len(losses), len(ref))} steps ({verdict})")
+    return lines

@@ -1,0 +1,206 @@
+"""One framework, one workload, in its own process: `python -m benchmarks.worker FRAMEWORK
+WORKLOAD --data DIR [--quick] [--first]`. Prints one line `BENCH_RESULT {json}` on stdout.
+
+The protocols live here, once for every framework; the `impl_*` modules only say how each
+framework makes a tensor, synchronizes, and computes each workload."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.data import FUSED_N, MATMUL_SIZES, NORM_SHAPE, Data  # noqa: E402
+from benchmarks.timing import time_batches, time_runs  # noqa: E402
+
+FRAMEWORKS = ("tinyteach", "tinygrad", "torch", "numpy")
+TRAIN_WORKLOADS = ("mlp", "cnn")
+WORKLOADS = TRAIN_WORKLOADS + tuple(f"matmul{n}" for n in MATMUL_SIZES) + (
+    "fused", "softmax", "layernorm", "tiny")
+RESULT_PREFIX = "BENCH_RESULT "
+
+# (default, --quick) repetition counts
+REPEATS = {"train_warmup": (3, 3), "train_steps": (30, 5), "matmul": (7, 3), "fused": (5, 2),
+           "norm": (10, 3), "tiny_eager": (7, 3), "tiny_jit": (7, 3),
+           "tiny_eager_batch": (200, 50), "tiny_jit_batch": (500, 100)}
+
+
+def repeats(name: str, quick: bool) -> int:
+    return REPEATS[name][1 if quick else 0]
+
+
+def load_impl(framework: str) -> Any:
+    """The implementation object of `framework` (imported only in this process)."""
+    if framework in ("tinyteach", "tinygrad"):
+        from benchmarks.impl_tiny import TinyImpl
+        return TinyImpl(framework)
+    if framework == "torch":
+        from benchmarks.impl_torch import TorchImpl
+        return TorchImpl()
+    if framework == "numpy":
+        from benchmarks.impl_numpy import NumpyImpl
+        return NumpyImpl()
+    raise ValueError(f"unknown framework {framework!r}; choose from {FRAMEWORKS}")
+
+
+def ms(seconds: float) -> float:
+    return seconds * 1e3
+
+
+# ---- training steps ----
+
+def train_first(impl: Any, kind: str, data: Data) -> dict[str, Any]:
+    """The first and second steps in a fresh process (compile, then JIT capture)."""
+    step = impl.train_step(kind, data)
+    start = time.perf_counter()
+    loss1 = step(0)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    loss2 = step(1)
+    second = time.perf_counter() - start
+    return {"metrics": {"first_step_ms": ms(first), "second_step_ms": ms(second)},
+            "extra": {"losses": [loss1, loss2]}}
+
+
+def train_steady(impl: Any, kind: str, data: Data, quick: bool) -> dict[str, Any]:
+    """ms per step (median) after the warm-up steps, and kernels per replayed step."""
+    step = impl.train_step(kind, data)
+    warmup, steps = repeats("train_warmup", quick), repeats("train_steps", quick)
+    losses, warm_times, times = [], [], []
+    for i in range(warmup):
+        start = time.perf_counter()
+        losses.append(step(i))
+        warm_times.append(time.perf_counter() - start)
+    if impl.counts_kernels:
+        reset, read = impl.kernel_counter()
+        reset()
+    for i in range(warmup, warmup + steps):
+        start = time.perf_counter()
+        losses.append(step(i))
+        times.append(time.perf_counter() - start)
+    kernels = read() / steps if impl.counts_kernels else None
+    return {"metrics": {"ms_step": ms(statistics.median(times)), "kernels_step": kernels},
+            "extra": {"warmup_ms": [ms(t) for t in warm_times], "step_ms": [ms(t) for t in times],
+                      "losses": losses}}
+
+
+# ---- single kernels ----
+
+def kernel_workload(impl: Any, fn: Callable[..., Any], arrays: list[Any], warmup: int,
+                    count: int) -> tuple[Any, int | None]:
+    """Time `fn` on fresh tensors of `arrays`; also count the kernels of one more call."""
+    prepare = lambda: [impl.tensor(a) for a in arrays]
+    timings = time_runs(prepare, lambda inputs: fn(*inputs), impl.sync, warmup, count)
+    kernels = None
+    if impl.counts_kernels:
+        inputs = prepare()
+        kernels = impl.count_kernels(lambda: fn(*inputs))
+    return timings, kernels
+
+
+def matmul(impl: Any, n: int, data: Data, quick: bool) -> dict[str, Any]:
+    arrays = [data[f"mm{n}_a"], data[f"mm{n}_b"]]
+    timings, kernels = kernel_workload(impl, impl.matmul, arrays, 1, repeats("matmul", quick))
+    return {"metrics": {"gflops": 2 * n**3 / timings.median / 1e9, "ms": ms(timings.median),
+                        "kernels": kernels},
+            "extra": {"warmup_ms": [ms(t) for t in timings.warmup],
+                      "run_ms": [ms(t) for t in timings.runs]}}
+
+
+def fused(impl: Any, data: Data, quick: bool) -> dict[str, Any]:
+    arrays = [data[f"fused_{name}"] for name in "abc"]
+    timings, kernels = kernel_workload(impl, impl.fused, arrays, 1, repeats("fused", quick))
+    moved = 3 * FUSED_N * FUSED_N * 4 + FUSED_N * 4  # read a, b, c; write the row sums
+    return {"metrics": {"gbps": moved / timings.median / 1e9, "ms": ms(timings.median),
+                        "kernels": kernels},
+            "extra": {"bytes": moved, "warmup_ms": [ms(t) for t in timings.warmup],
+                      "run_ms": [ms(t) for t in timings.runs]}}
+
+
+def norm(impl: Any, name: str, data: Data, quick: bool) -> dict[str, Any]:
+    fn = impl.softmax if name == "softmax" else impl.layernorm
+    timings, kernels = kernel_workload(impl, fn, [data["norm_x"]], 1, repeats("norm", quick))
+    return {"metrics": {"ms": ms(timings.median), "kernels": kernels},
+            "extra": {"shape": list(NORM_SHAPE), "warmup_ms": [ms(t) for t in timings.warmup],
+                      "run_ms": [ms(t) for t in timings.runs]}}
+
+
+def tiny(impl: Any, data: Data, quick: bool) -> dict[str, Any]:
+    """Launch cost of (x+1) on 16 floats: eagerly (a fresh graph per realize, each on its own
+    input) and as a jitted one-kernel function; µs per call over a batch, one sync per batch."""
+    x = data["tiny_x"]
+    pool = lambda size: (lambda: [impl.tensor(x) for _ in range(size)])
+    impl.sync(impl.add_one(impl.tensor(x)))  # compile outside the clock
+    eager = time_batches(pool(repeats("tiny_eager_batch", quick)), impl.add_one, impl.sync,
+                         repeats("tiny_eager", quick))
+    metrics: dict[str, Any] = {"eager_us": statistics.median(eager) * 1e6,
+                               "jit_us": None, "jit_kernels": None}
+    extra: dict[str, Any] = {"eager_us_runs": [t * 1e6 for t in eager]}
+    if impl.has_jit:
+        jitted = impl.jit_add_one()
+        for _ in range(3):  # run, capture, first replay
+            impl.sync(jitted(impl.tensor(x)))
+        replay = time_batches(pool(repeats("tiny_jit_batch", quick)), jitted, impl.sync,
+                              repeats("tiny_jit", quick))
+        metrics["jit_us"] = statistics.median(replay) * 1e6
+        extra["jit_us_runs"] = [t * 1e6 for t in replay]
+        one = impl.tensor(x)
+        metrics["jit_kernels"] = impl.count_kernels(lambda: jitted(one))
+    return {"metrics": metrics, "extra": extra}
+
+
+def run_workload(framework: str, workload: str, data: Data, quick: bool,
+                 first: bool) -> dict[str, Any]:
+    """Measure one workload; a framework that cannot run it gets {"skipped": reason}."""
+    impl = load_impl(framework)
+    try:
+        if workload in TRAIN_WORKLOADS:
+            result = (train_first(impl, workload, data) if first
+                      else train_steady(impl, workload, data, quick))
+        elif workload.startswith("matmul"):
+            result = matmul(impl, int(workload.removeprefix("matmul")), data, quick)
+        elif workload == "fused":
+            result = fused(impl, data, quick)
+        elif workload in ("softmax", "layernorm"):
+            result = norm(impl, workload, data, quick)
+        elif workload == "tiny":
+            result = tiny(impl, data, quick)
+        else:
+            raise ValueError(f"unknown workload {workload!r}; choose from {WORKLOADS}")
+    except NotImplementedError as error:
+        return {"skipped": str(error)}
+    result["notes"] = impl.notes
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("framework", choices=FRAMEWORKS)
+    parser.add_argument("workload", choices=WORKLOADS)
+    parser.add_argument("--data", type=Path, required=True, help="directory from data.save")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--first", action="store_true",
+                        help="training workloads: time the first two steps of a fresh process")
+    args = parser.parse_args(argv)
+    try:
+        result = run_workload(args.framework, args.workload, Data(args.data), args.quick,
+                              args.first)
+    except Exception as error:  # reported in the table, with the traceback on stderr
+        traceback.print_exc()
+        result = {"error": f"{type(error).__name__}: {error}"[:300]}
+    result.update(framework=args.framework, workload=args.workload, pid=os.getpid())
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The benchmark suite (benchmarks/, not part of `make test`) must not rot: run the tinyteach
+part of one small workload end to end with --quick, and check the report's arithmetic."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import data, report  # noqa: E402
+
+
+def test_tiny_workload_runs_quick(tmp_path: Path) -> None:
+    """`run.py --quick` for tinyteach's tiny-kernel workload: one kernel under JIT replay, and
+    positive timings in the table and the JSON dump (skipped if the machine is too slow)."""
+    out = tmp_path / "out.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick",
+               "--frameworks", "tinyteach", "--workloads", "tiny", "--json", str(out)]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.skip("the quick tiny-kernel benchmark took over 60 s on this machine")
+    assert done.returncode == 0, done.stderr
+    assert "tiny kernel, JIT replay" in done.stdout
+    assert "load average" in done.stdout
+    dump = json.loads(out.read_text())
+    (entry,) = dump["results"]
+    assert "error" not in entry, entry
+    assert entry["framework"] == "tinyteach" and entry["workload"] == "tiny"
+    assert entry["metrics"]["jit_kernels"] == 1
+    assert entry["metrics"]["eager_us"] > 0 and entry["metrics"]["jit_us"] > 0
+    assert dump["meta"]["load_before"] and dump["meta"]["quick"] is True
+
+
+def test_ratios_and_goals() -> None:
+    """tinyteach/peer ratios, and goals judged in the right direction."""
+    results: report.Results = {
+        ("matmul1024", "steady"): {"tinyteach": {"metrics": {"gflops": 60.0}},
+                                   "tinygrad": {"metrics": {"gflops": 20.0}},
+                                   "numpy": {"metrics": {"gflops": 150.0}}},
+        ("tiny", "steady"): {"tinyteach": {"metrics": {"jit_us": 30.0, "jit_kernels": 1}},
+                             "tinygrad": {"metrics": {"jit_us": 100.0}},
+                             "torch": {"skipped": "no JIT"}},
+    }
+    row = next(r for r in report.ROWS if r.workload == "matmul1024" and r.metric == "gflops")
+    assert report.ratio(results, row, "tinygrad") == pytest.approx(3.0)
+    assert report.cell(results, row, "torch") == "-"
+    goals = {g["goal"]: g["met"] for g in report.goal_rows(results)}
+    assert goals["matmul 1024² GFLOP/s >= 3x tinygrad"] is True
+    assert goals["matmul 1024² GFLOP/s >= 50% of numpy"] is False
+    assert goals["tiny kernel JIT replay <= 0.2x tinygrad"] is False
+    assert goals["JIT replay <= 15 µs per kernel (issue 3)"] is False
+    assert goals["fused 4096² in one kernel"] is None  # not measured
+    assert "matmul 1024²" in report.format_table(results)
+
+
+def test_data_is_deterministic_per_workload() -> None:
+    """A workload's arrays do not depend on which other workloads are generated with it."""
+    alone = data.generate(["tiny"])["tiny_x"]
+    together = data.generate(["mlp", "tiny"])["tiny_x"]
+    assert (alone == together).all() and alone.dtype.name == "float32"
