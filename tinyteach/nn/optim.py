@@ -96,8 +96,11 @@ def _state(initial: Tensor) -> Tensor:
 
 
 def _scalar_state(value: float, device: str) -> Tensor:
-    """A float32 scalar held in a buffer (not a constant), so it can change between steps."""
-    return _state(Tensor([value], device=device, dtype=dtypes.float32).reshape(()))
+    """A float32 scalar held in a buffer (not a constant), so it can change between steps
+    (`optimizer.lr.assign(...)`) and a JIT replays the new value."""
+    scalar = Tensor([value], device=device, dtype=dtypes.float32).reshape(())
+    scalar.requires_grad = False
+    return scalar
 
 
 class SGD(Optimizer):
