@@ -76,6 +76,16 @@ def test_load_state_dict_copies_values() -> None:
                                       err_msg=name)
 
 
+def test_loaded_model_does_not_share_memory_with_the_state_dict() -> None:
+    source, target = nn.Linear(2, 2), nn.Linear(2, 2)
+    source.weight.realize()
+    load_state_dict(target, get_state_dict(source))
+    before = source.weight.numpy()
+    target.weight.assign(target.weight + 1).realize()
+    np.testing.assert_array_equal(source.weight.numpy(), before)
+    np.testing.assert_array_equal(target.weight.numpy(), before + 1)
+
+
 def test_load_state_dict_reports_every_problem() -> None:
     model = nn.Linear(3, 2)
     given = {"weight": Tensor.zeros(3, 2), "extra": Tensor.zeros(1)}

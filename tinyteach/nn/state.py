@@ -32,6 +32,7 @@ import numpy as np
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import prod
+from tinyteach.schedule import is_contiguous_buffer
 from tinyteach.tensor import Tensor
 
 # ---- walking a model ----
@@ -85,10 +86,18 @@ def load_state_dict(model: Any, state_dict: Mapping[str, Tensor],
     for name, target in targets.items():
         if name in state_dict:
             value = state_dict[name].to(target.device).cast(target.dtype)
-            loaded.append(target.assign(value))
+            loaded.append(_own_buffer(target).assign(value))
     if loaded:
         Tensor.realize(*loaded)
     return loaded
+
+
+def _own_buffer(target: Tensor) -> Tensor:
+    """Give a not-yet-realized tensor memory of its own, so that assign() copies into it:
+    otherwise it would share the state dict's buffer, and training the model would change it."""
+    if not is_contiguous_buffer(target.uop):
+        target.assign(Tensor.empty(*target.shape, dtype=target.dtype, device=target.device))
+    return target
 
 
 def _state_dict_problems(targets: Mapping[str, Tensor], given: Mapping[str, Tensor],
