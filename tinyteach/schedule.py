@@ -127,7 +127,8 @@ def _reduce_must_be_stored(node: UOp, users: dict[UOp, list[UOp]],
     if len(kernels_of[node]) > 1:
         return (f"the reduction is used by {len(kernels_of[node])} kernels: computed once "
                 "and stored, not recomputed in each")
-    for path_op in _ops_between(node, users, realized):
+    # sorted: a set of Ops iterates in an order that changes from process to process
+    for path_op in sorted(_ops_between(node, users, realized), key=lambda op: op.value):
         if path_op is Ops.EXPAND:
             return ("the reduction's result is broadcast back (EXPAND): storing it avoids "
                     "recomputing the reduction for every element")
