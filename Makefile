@@ -59,6 +59,19 @@ system-deps:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium >/dev/null; } \
 	  || echo "==> apt-get could not install graphviz/chromium: continuing (their tests skip)"; \
 	fi
+	@if ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then \
+	  echo "==> lavapipe (CPU Vulkan) found (WEBGPU tests)"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "==> lavapipe missing and not root: skipping (WEBGPU tests skip)"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "==> lavapipe missing and apt-get unavailable: skipping (WEBGPU tests skip)"; \
+	else \
+	  echo "==> installing mesa-vulkan-drivers and libvulkan1 (lavapipe) with apt-get"; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 \
+	      >/dev/null; } \
+	  || echo "==> apt-get could not install lavapipe: continuing (WEBGPU tests skip)"; \
+	fi
 
 setup-test: system-deps $(VENV)/.installed-test
 
