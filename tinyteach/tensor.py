@@ -207,10 +207,12 @@ class Tensor(metaclass=_TensorType):
             for tensor, result in zip(pending, results):
                 if tensor.requires_grad is not None or tensor.uop.op is not Ops.BUFFER:
                     tensor._lazy = tensor._lazy or tensor.uop
-                if tensor.requires_grad and id(tensor) not in Tensor._needs_grad:
+                lazy = tensor._lazy or tensor.uop
+                if tensor.requires_grad and id(tensor) not in Tensor._needs_grad and \
+                        result is not lazy:  # a view of a buffer is its own graph: no loop
                     # graphs built on this tensor now start at its buffer: remember the graph
                     # behind it, so backward() still reaches the parameters (as PyTorch does)
-                    _graph_behind[result] = tensor._lazy or tensor.uop
+                    _graph_behind[result] = lazy
                 tensor.uop = result
         return self
 
@@ -580,8 +582,9 @@ class Tensor(metaclass=_TensorType):
         one_hot = picked == Tensor.arange(n, device=self.device)
         return one_hot.where(source.unsqueeze(-2), 0).sum(-1, dtype=self.dtype).transpose(axis, -1)
 
-    @staticmethod
     def cat(*tensors: Any, dim: int = 0) -> Tensor:
+        """Join along `dim`: `a.cat(b, c)`, `Tensor.cat(a, b, c)` or `Tensor.cat([a, b, c])`
+        (no @staticmethod, so that `a.cat(b)` passes `a` too, as in tinygrad)."""
         items: list[Tensor] = list(tensors[0]) if len(tensors) == 1 and isinstance(
             tensors[0], (list, tuple)) else list(tensors)
         return items[0].cat_with(*items[1:], dim=dim)
@@ -606,8 +609,8 @@ class Tensor(metaclass=_TensorType):
         assert result is not None
         return result
 
-    @staticmethod
     def stack(*tensors: Any, dim: int = 0) -> Tensor:
+        """Join along a new axis `dim`: `a.stack(b)`, `Tensor.stack(a, b)` or a list."""
         items: list[Tensor] = list(tensors[0]) if len(tensors) == 1 and isinstance(
             tensors[0], (list, tuple)) else list(tensors)
         for item in items[1:]:
