@@ -399,7 +399,8 @@ class Tensor(metaclass=_TensorType):
         start = Tensor._rng_counter
         Tensor._rng_counter += count
         counter = _arange_int(count, Device.canonicalize(device)).cast(dtypes.uint32)
-        key = _hash32_int(_hash32_int(Tensor._seed) ^ (start & 0xFFFFFFFF))
+        # 0x6A09E667 (from sqrt(2)) moves seed 0 off the hash's fixed point hash(0) == 0
+        key = _hash32_int(_hash32_int(Tensor._seed ^ 0x6A09E667) ^ (start & 0xFFFFFFFF))
         return _hash32((counter ^ key) * 0x9E3779B9 + (start >> 32))
 
     @staticmethod
