@@ -222,7 +222,7 @@ def chapter_01(setup: str) -> Book:
         return v ^ (v >> 16)
 
     def numpy_rand(seed: int, count: int, start: int = 0) -> np.ndarray:
-        key = lowbias32(lowbias32(seed) ^ np.uint32(start))
+        key = lowbias32(lowbias32(np.uint32(seed) ^ np.uint32(0x6A09E667)) ^ np.uint32(start))
         counter = np.arange(count, dtype=np.uint32)
         bits = lowbias32((counter ^ key) * np.uint32(0x9E3779B9) + np.uint32(start >> 32))
         return (bits >> 8).astype(np.float32) / (1 << 24)
@@ -246,8 +246,9 @@ def chapter_01(setup: str) -> Book:
        the primitive ops its graph uses.
     2. Without `[...]`, select every other column of a `(3, 6)` tensor using only `reshape`
        and `shrink`. Check against `t_np[:, ::2]`.
-    3. `Tensor.manual_seed(0); Tensor.rand(3)` starts with exactly `0.0`. Why? (Hint: what
-       does `lowbias32` do to 0, and what is the key for seed 0?)
+    3. `lowbias32(0) == 0`: the hash has a fixed point. Without the constant `0x6A09E667`
+       mixed into the seed, what would `Tensor.manual_seed(0); Tensor.rand(3)` start with?
+       Check with `numpy_rand` written without it.
     """)
     b.solution(1, """
     def softsign(x: Tensor) -> Tensor:
@@ -266,10 +267,17 @@ def chapter_01(setup: str) -> Book:
     every_other.numpy()
     """)
     b.solution(3, """
-    # xor-shift and multiply both map 0 to 0, so lowbias32(0) == 0. For seed 0 the key is
-    # lowbias32(lowbias32(0) ^ 0) == 0, so counter 0 hashes to lowbias32(0 * golden) == 0.
-    print(lowbias32(0), numpy_rand(0, 3))
+    # xor-shift and multiply both map 0 to 0, so lowbias32(0) == 0. Without the constant the
+    # key for seed 0 would be lowbias32(lowbias32(0) ^ 0) == 0, and counter 0 would hash to
+    # lowbias32(0 * golden) == 0: the very first number would be exactly 0.0.
+    def rand_without_constant(seed: int, count: int) -> np.ndarray:
+        key = lowbias32(lowbias32(np.uint32(seed)) ^ np.uint32(0))
+        bits = lowbias32((np.arange(count, dtype=np.uint32) ^ key) * np.uint32(0x9E3779B9))
+        return (bits >> 8).astype(np.float32) / (1 << 24)
+
+    print(lowbias32(np.uint32(0)), rand_without_constant(0, 3))
+    assert rand_without_constant(0, 3)[0] == 0.0
     Tensor.manual_seed(0)
-    assert Tensor.rand(3).numpy()[0] == 0.0
+    assert Tensor.rand(3).numpy()[0] != 0.0
     """)
     return b
