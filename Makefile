@@ -7,13 +7,29 @@ PIP    := $(PY) -m pip
 export PIP_NO_INPUT := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: course demo setup-test system-deps test lint typecheck unit clean
+.PHONY: course course-deps demo setup-test system-deps test lint typecheck unit clean
 
 # ---- course ---------------------------------------------------------------
 
-course: $(VENV)/.installed-course
-	$(PY) examples/demo.py
+# the course: JupyterLab on chapters/, on this machine only (127.0.0.1); it prints the URL
+course: $(VENV)/.installed-course course-deps
+	@echo "==> starting JupyterLab on chapters/; open the http://127.0.0.1:8888/lab?token=... URL below"
+	$(VENV)/bin/jupyter lab --notebook-dir=chapters --ServerApp.ip=127.0.0.1 --no-browser
 
+# graphviz draws the graphs in the notebooks (apt, only as root; the course runs without it)
+course-deps:
+	@if command -v dot >/dev/null 2>&1; then \
+	  echo "==> graphviz found"; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "==> graphviz missing: install it (e.g. apt-get install graphviz) to see the graphs"; \
+	else \
+	  echo "==> installing graphviz with apt-get"; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; } \
+	  || echo "==> apt-get could not install graphviz: continuing without the graphs"; \
+	fi
+
+# the short demo: a fused kernel and its generated C source, in the terminal
 demo:
 	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-course
 	$(PY) examples/demo.py
@@ -83,7 +99,12 @@ test: setup-test
 	@echo "==> pytest"
 	@rc=0; $(VENV)/bin/pytest -n 2 tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "==> pytest collected no tests"; rc=0; fi; \
-	exit $$rc
+	echo "==> nbval: every chapter notebook, re-executed and compared with its stored outputs"; \
+	nb=0; $(VENV)/bin/pytest -n 2 --dist loadfile --nbval --nbval-current-env \
+	  --nbval-sanitize-with chapters/nbval_sanitize.cfg chapters/ || nb=$$?; \
+	if [ $$nb -eq 5 ]; then echo "==> nbval collected no notebooks"; nb=0; fi; \
+	if [ $$rc -ne 0 ]; then exit $$rc; fi; \
+	exit $$nb
 
 # ---- housekeeping ---------------------------------------------------------
 

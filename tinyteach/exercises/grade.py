@@ -1,0 +1,14 @@
+"""The grader's command line: `python -m tinyteach.exercises.grade <module or file> [--train]`.
+
+It loads a module, a .py file or an .ipynb notebook (skipping cells tagged skip-when-grading),
+grades every InterpreterBackend and CodegenBackend defined there, prints one table each, and
+exits with 0 when everything passes. The grader itself is autograder.py.
+
+Builds on: exercises/autograder.py.
+"""
+import sys
+
+from tinyteach.exercises.autograder import main
+
+if __name__ == "__main__":
+    sys.exit(main())
