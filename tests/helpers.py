@@ -15,11 +15,12 @@ from tinyteach import Tensor
 from tinyteach.device import Device
 
 ALWAYS = ["NUMPY", "CPU"]
-OPTIONAL = ["OPENCL", "WEBGPU"]
+OPTIONAL = ["OPENCL", "WEBGPU", "CUDA"]
 
 
 def test_devices() -> list[str]:
-    """NUMPY and CPU always; OPENCL and WEBGPU where their libraries and drivers exist."""
+    """NUMPY and CPU always; OPENCL, WEBGPU and CUDA where their libraries, drivers (and for
+    CUDA a GPU) exist."""
     return ALWAYS + [name for name in OPTIONAL if Device.is_available(name)]
 
 
