@@ -72,7 +72,7 @@ def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
         return Runner(name, backend.name, backend.program(ast), ast, ops_estimate=estimate_ops(ast))
     linear = lower(ast)
     if DEBUG >= 3:
-        applied = linear.options.describe() or ["none"]
+        applied = linear.applied_opts or ["none"]
         print(f"    optimizations of {name}: {'; '.join(applied)}")
     source = backend.renderer.render(name, linear)
     if DEBUG >= 4:
@@ -142,11 +142,19 @@ already_realized: weakref.WeakKeyDictionary[UOp, dict[str, UOp]] = weakref.WeakK
 
 def _realized_on(node: UOp, device: str | None) -> UOp | None:
     by_device = already_realized.get(node)
+    if by_device:  # a buffer that assign() has since overwritten no longer holds node's value
+        by_device = {name: held for name, held in by_device.items() if not _overwritten(held)}
     if not by_device:
         return None
     if device is None:
         return next(iter(by_device.values()))
     return by_device.get(device)
+
+
+def _overwritten(node: UOp) -> bool:
+    while node.op in MOVEMENT:
+        node = node.src[0]
+    return node.op is Ops.BUFFER and node.arg.overwritten
 
 
 def substitute_realized(roots: list[UOp], device: str | None = None) -> list[UOp]:

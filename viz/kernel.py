@@ -191,8 +191,8 @@ def summary_rows(info: KernelInfo, linear: LinearProgram | None) -> list[tuple[s
         sizes = linear.global_sizes
         rows.append(("launch sizes", f"global {sizes}: one loop per output axis"
                      if sizes else "global (): a single output element"))
-        applied = getattr(linear, "applied_opts", None) or getattr(linear, "opts", None)
-        rows.append(("optimizations", ", ".join(map(str, applied)) if applied else NO_OPTIMIZER))
+        applied = linear.options.describe()
+        rows.append(("optimizations", "; ".join(applied) if applied else NO_OPTIMIZER))
     if info.seconds is not None:
         rows.append(("time", f"{info.seconds * 1e6:.1f} us"))
     return rows
