@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.opt import NO_OPTIONS, KernelOptions, choose_options
-from tinyteach.rewrite import graph_rewrite, symbolic
+from tinyteach.helpers import NOOPT
+from tinyteach.rewrite import PYTHON_ALU, graph_rewrite, symbolic
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
 from tinyteach.view import (
     Index,
@@ -172,6 +173,15 @@ class LinearProgram:
     global_sizes: tuple[int, ...]
     accumulators: dict[UOp, UOp] = field(default_factory=dict)  # REDUCE -> its DEFINE_ACC
     options: KernelOptions = NO_OPTIONS
+    # innermost reduction loops whose sums may be split into vector lanes -> their accumulators
+    simd_loops: dict[UOp, list[UOp]] = field(default_factory=dict)
+
+    @property
+    def applied_opts(self) -> list[str]:
+        """Every optimization this program carries, in plain words (DEBUG=3, viz)."""
+        lanes = [f"vector lanes: the sum over ridx{loop.arg[1]} is split across SIMD lanes"
+                 for loop in self.simd_loops]
+        return self.options.describe() + lanes
 
     @property
     def globals(self) -> list[UOp]:
@@ -215,6 +225,8 @@ class _Linearizer:
     acc_count: int = 0
     accumulators: dict[UOp, UOp] = field(default_factory=dict)
     reductions: dict[tuple[UOp, ...], list[UOp]] = field(default_factory=dict)  # by their loops
+    simd_loops: dict[UOp, list[UOp]] = field(default_factory=dict)
+    vectorize: bool = True
     range_memo: dict[UOp, frozenset[UOp]] = field(default_factory=dict)
 
     def place(self, node: UOp) -> None:
@@ -255,6 +267,8 @@ class _Linearizer:
             self.accumulators[reduce] = acc
             self.uops.append(reduce)
             self.placed.add(reduce)
+        if self.vectorize and _sums_over_contiguous_memory(group, loops[-1]):
+            self.simd_loops[loops[-1]] = accumulators
 
     def _define_accumulator(self, reduce: UOp) -> UOp:
         identity = UOp.const(reduce.dtype, identity_element(reduce.arg, reduce.dtype))
@@ -265,13 +279,44 @@ class _Linearizer:
         return acc
 
 
+def _sums_over_contiguous_memory(group: list[UOp], loop: UOp) -> bool:
+    """Can the innermost loop's float sums be split into vector lanes? Only when every load in
+    it walks memory one element at a time (or stays put), without padding guards. Reordering a
+    float sum changes rounding, as it does in tinygrad; never for max, never for ints."""
+    if not all(r.arg is Ops.ADD and r.dtype.kind == "float" for r in group):
+        return False
+    loads = {n for r in group for n in r.src[0].toposort if n.op is Ops.LOAD}
+    inside = [n for n in loads if loop in n.src[1].toposort or len(n.src) == 3]
+    return bool(inside) and all(len(n.src) == 2 and _steps_by_one(n.src[1], loop)
+                                for n in inside)
+
+
+def _steps_by_one(index: UOp, loop: UOp) -> bool:
+    """Does `index` move by 0 or 1 as `loop` counts 0, 1, 2 (all other loops held at 0)?"""
+    values = [_evaluate_index(index, {loop: value}) for value in (0, 1, 2)]
+    if any(v is None for v in values):
+        return False
+    return all(b - a in (0, 1) for a, b in zip(values, values[1:]))  # type: ignore[operator]
+
+
+def _evaluate_index(node: UOp, loops: dict[UOp, int]) -> int | None:
+    if node.op is Ops.RANGE:
+        return loops.get(node, 0)
+    if node.op is Ops.CONST:
+        return int(node.arg)
+    if node.op not in PYTHON_ALU:
+        return None  # e.g. an index read from memory
+    sources = [_evaluate_index(s, loops) for s in node.src]
+    return None if None in sources else int(PYTHON_ALU[node.op](*sources))
+
+
 def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgram:
     """Order a lowered kernel: parameters, output loops, body, closing braces."""
     nodes = lowered.toposort
     defines = sorted((n for n in nodes if n.op is Ops.DEFINE_GLOBAL), key=lambda n: n.arg[0])
     global_loops = sorted((n for n in nodes if n.op is Ops.RANGE and n.arg[0] == "g"),
                           key=lambda n: n.arg[1])
-    linearizer = _Linearizer()
+    linearizer = _Linearizer(vectorize=not NOOPT)
     for node in nodes:
         if node.op is Ops.REDUCE:
             linearizer.reductions.setdefault(node.src[1:], []).append(node)
@@ -283,7 +328,8 @@ def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgra
     for loop in reversed(global_loops):
         linearizer.uops.append(UOp(Ops.END_RANGE, dtypes.bool, (loop,)))
     sizes = tuple(loop.arg[2] for loop in global_loops)
-    return LinearProgram(linearizer.uops, sizes, linearizer.accumulators, options)
+    return LinearProgram(linearizer.uops, sizes, linearizer.accumulators, options,
+                         linearizer.simd_loops)
 
 
 def lower(ast: UOp, options: KernelOptions | None = None) -> LinearProgram:

@@ -111,6 +111,7 @@ def run_item(item: ScheduleItem) -> None:
         if DEBUG >= 2:
             Device[item.device].synchronize()
     seconds = time.perf_counter() - start
+    item.output.writes += 1
     _count(item, runner, seconds)
     for log in _launch_logs:
         log.append(Launch(item, runner, seconds, list(item.buffers)))
@@ -135,26 +136,29 @@ def run_schedule(items: list[ScheduleItem]) -> None:
 
 # ---- realizing: each computed node is remembered, so later graphs reuse its buffer ----
 
-# node -> {device: the BUFFER-backed node holding its value on that device}. The device is part
-# of the key because a graph made only of constants (an arange) looks the same on every device.
-already_realized: weakref.WeakKeyDictionary[UOp, dict[str, UOp]] = weakref.WeakKeyDictionary()
+# node -> {device: (the BUFFER-backed node holding its value on that device, the buffer's write
+# count then)}. The device is part of the key because a graph made only of constants (an arange)
+# looks the same on every device; the write count tells whether the memory still holds the value
+# (assign() or a JIT replay may have written it since).
+already_realized: weakref.WeakKeyDictionary[UOp, dict[str, tuple[UOp, int]]] = \
+    weakref.WeakKeyDictionary()
 
 
 def _realized_on(node: UOp, device: str | None) -> UOp | None:
     by_device = already_realized.get(node)
-    if by_device:  # a buffer that assign() has since overwritten no longer holds node's value
-        by_device = {name: held for name, held in by_device.items() if not _overwritten(held)}
     if not by_device:
         return None
+    valid = {name: held for name, (held, writes) in by_device.items()
+             if _buffer_writes(held) == writes}
     if device is None:
-        return next(iter(by_device.values()))
-    return by_device.get(device)
+        return next(iter(valid.values()), None)
+    return valid.get(device)
 
 
-def _overwritten(node: UOp) -> bool:
+def _buffer_writes(node: UOp) -> int:
     while node.op in MOVEMENT:
         node = node.src[0]
-    return node.op is Ops.BUFFER and node.arg.overwritten
+    return node.arg.writes if node.op is Ops.BUFFER and not node.arg.overwritten else -1
 
 
 def substitute_realized(roots: list[UOp], device: str | None = None) -> list[UOp]:
@@ -196,6 +200,7 @@ def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
         result = becomes.get(node, node)
         result_device = _buffer_device(result)
         if result is not original and original.op is not Ops.CONST and result_device is not None:
-            already_realized.setdefault(original, {})[result_device] = result
+            already_realized.setdefault(original, {})[result_device] = (result,
+                                                                        _buffer_writes(result))
         results.append(result)
     return results

@@ -131,6 +131,10 @@ class CStyleRenderer:
         """How to split the outermost loop across cores (None: this language does not)."""
         return None
 
+    def simd_pragma(self, accumulators: list[str]) -> str | None:
+        """How to let the compiler reorder a loop's sums into vector lanes (None: it can't)."""
+        return None
+
     def declare(self, name: str, dtype: DType, value: str) -> str:
         return f"{self.type_name(dtype)} {name} = {value};"
 
@@ -222,6 +226,11 @@ def _render_range(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
     pragma = writer.renderer.parallel_pragma()
     if kind == "g" and writer.program.options.parallel and pragma and writer.depth == 1:
         writer.emit(pragma)  # the outermost loop's iterations run on several cores
+    accumulators = writer.program.simd_loops.get(u)
+    if accumulators:
+        simd = writer.renderer.simd_pragma([writer.names[acc] for acc in accumulators])
+        if simd:
+            writer.emit(simd)  # the compiler may split these sums across vector lanes
     writer.emit(writer.renderer.loop(writer.names[u], size))
     writer.depth += 1
 

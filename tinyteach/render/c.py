@@ -45,6 +45,9 @@ class CRenderer(CStyleRenderer):
     def parallel_pragma(self) -> str | None:
         return "#pragma omp parallel for"
 
+    def simd_pragma(self, accumulators: list[str]) -> str | None:
+        return f"#pragma omp simd reduction(+:{','.join(accumulators)})"
+
     def param(self, define: UOp, is_output: bool) -> str:
         const = "" if is_output else "const "
         return f"{const}{self.type_name(define.dtype)}* restrict data{define.arg[0]}"
