@@ -384,6 +384,23 @@ def test_integer_reductions(device):
     compare(Tensor(u, device=device).max(1), u.max(1), 0, 0)
 
 
+@pytest.mark.parametrize("name", ["int8", "int32", "uint8"])
+def test_min_at_the_dtype_limits(device, name):
+    """min, argmin and minimum must not negate: -(-128) overflows int8."""
+    info = np.iinfo(name)
+    x = np.array([[info.max, info.min, 0], [5, info.max, info.min + 1]], dtype=name)
+    t = Tensor(x, device=device)
+    compare(t.min(), x.min(), 0, 0)
+    compare(t.min(1), x.min(1), 0, 0)
+    compare(t.argmin(1), np.argmin(x, 1), 0, 0)
+    compare(t.minimum(Tensor(x[::-1].copy(), device=device)), np.minimum(x, x[::-1]), 0, 0)
+
+
+def test_logsumexp_infinities(device):
+    x = np.array([[-np.inf, -np.inf], [np.inf, 1.0], [-np.inf, 0.0]], dtype=np.float32)
+    check(lambda t: t.logsumexp(1), lambda t: t.logsumexp(1), [x], device, grad=False)
+
+
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_softmax_log_softmax(device, axis):
     check(lambda x: x.softmax(axis), lambda x: x.softmax(axis), [(3, 4, 5)], device)

@@ -841,9 +841,12 @@ class Tensor(metaclass=_TensorType):
 
     def minimum(self, other: Any) -> Tensor:
         x, y = self._broadcasted(other)
-        if x.dtype.kind in ("bool", "uint"):
-            return (x < y).where(x, y)
-        return -((-x).maximum(-y))
+        return x._order_reversed().maximum(y._order_reversed())._order_reversed()
+
+    def _order_reversed(self) -> Tensor:
+        """Values in the opposite order, so that min(x) = r(max(r(x))): -x for floats, and
+        ~x = -x - 1 for integers and bools, which never overflows (-INT_MIN does)."""
+        return -self if dtypes.is_float(self.dtype) else ~self
 
     # ---- math, composed from EXP2, LOG2, SIN, SQRT and RECIPROCAL ----
 
@@ -1031,12 +1034,7 @@ class Tensor(metaclass=_TensorType):
         return self._reduce(Ops.MAX, axis, keepdim)
 
     def min(self, axis: Any = None, keepdim: bool = False) -> Tensor:
-        if self.dtype == dtypes.bool:
-            return self.logical_not().max(axis, keepdim).logical_not()
-        if self.dtype.kind == "uint":
-            top = self.dtype.max
-            return top - (top - self).max(axis, keepdim)
-        return -((-self).max(axis, keepdim))
+        return self._order_reversed().max(axis, keepdim)._order_reversed()
 
     def mean(self, axis: Any = None, keepdim: bool = False) -> Tensor:
         total = self._to_float().sum(axis, keepdim)
@@ -1090,8 +1088,7 @@ class Tensor(metaclass=_TensorType):
         return n - (is_max.cast(dtypes.int32) * countdown).max(a, keepdim)
 
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
-        flipped = ~self if self.dtype.kind in ("uint", "bool") else -self
-        return flipped.argmax(axis, keepdim)
+        return self._order_reversed().argmax(axis, keepdim)
 
     def softmax(self, axis: int = -1) -> Tensor:
         shifted = self._to_float() - self._to_float().max(axis, keepdim=True)
@@ -1104,6 +1101,7 @@ class Tensor(metaclass=_TensorType):
 
     def logsumexp(self, axis: Any = None, keepdim: bool = False) -> Tensor:
         peak = self._to_float().max(axis, keepdim=True)
+        peak = (peak.abs() == math.inf).where(0.0, peak)  # all -inf: the answer is -inf, not nan
         total = (self - peak).exp().sum(axis, keepdim=True).log() + peak
         return total if keepdim else total.reshape(
             tuple(s for i, s in enumerate(self.shape) if i not in self._axes(axis)))
