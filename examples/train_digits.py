@@ -61,7 +61,7 @@ def train(steps: int, batch_size: int, use_mnist: bool, seed: int = 0) -> float:
     rng = np.random.default_rng(seed)
     x_train, y_train, x_test, y_test = load(use_mnist)
     model = SmallCNN(x_train.shape[-1])
-    optimizer = nn.optim.Adam(get_parameters(model), lr=3e-3)
+    optimizer = nn.optim.Adam(get_parameters(model), lr=1e-2)
 
     @TinyJit
     def train_step(x: Tensor, y: Tensor) -> Tensor:

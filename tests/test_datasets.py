@@ -115,9 +115,11 @@ def test_digits_shapes_scale_and_split() -> None:
     assert X_train.shape == (1500, 1, 8, 8) and X_test.shape == (297, 1, 8, 8)
     assert X_train.dtype == dtypes.float32 and Y_train.dtype == dtypes.int32
     bunch = sklearn_datasets.load_digits()
-    np.testing.assert_allclose(X_test.numpy().reshape(297, 64), bunch.data[1500:] / 16.0,
+    order = np.random.default_rng(0).permutation(1797)
+    np.testing.assert_allclose(X_test.numpy().reshape(297, 64), bunch.data[order][1500:] / 16.0,
                                rtol=1e-6)
-    np.testing.assert_array_equal(Y_train.numpy(), bunch.target[:1500])
+    np.testing.assert_array_equal(Y_train.numpy(), bunch.target[order][:1500])
+    assert sorted(order[:1500].tolist() + order[1500:].tolist()) == list(range(1797))
     assert 0.0 <= X_train.numpy().min() and X_train.numpy().max() == 1.0
     assert sorted(set(Y_test.numpy().tolist())) == list(range(10))
 

@@ -18,7 +18,7 @@ Builds on: uop.py. Used by: lower.py (applies the options), render/ (the paralle
 
 >>> from tinyteach import Tensor
 >>> from tinyteach.schedule import create_schedule
->>> a, b = Tensor.ones(64, 64).realize(), Tensor.ones(64, 64).realize()
+>>> a, b = Tensor.ones(256, 256).realize(), Tensor.ones(256, 256).realize()
 >>> item = create_schedule([(a @ b).uop], "CPU")[0][0]
 >>> choose_options(item.ast).describe()
 ['upcast axis 0 by 4', 'upcast axis 1 by 4', 'threads: split the outer loop across cores']
@@ -34,7 +34,7 @@ UPCAST = 4                 # tile size per upcast axis
 MAX_UPCAST_GRAPH = 120     # bigger kernels (convolutions, fused backward passes) stay untiled:
                            # a tile copies the kernel's whole body 16 times
 MAX_UPCAST_AXES = 2        # 4x4 = 16 accumulators fit in registers
-PARALLEL_MIN_WORK = 1 << 16  # element-operations below which threads cost more than they save
+PARALLEL_MIN_WORK = 1 << 21  # operations below which waking threads costs more than it saves
 
 
 @dataclass(frozen=True)

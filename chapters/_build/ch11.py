@@ -137,7 +137,8 @@ def build() -> Book:
     ## The data: 8×8 digits, offline
 
     `nn.datasets.digits()` returns the 1,797 images bundled with scikit-learn, scaled to [0, 1],
-    with a fixed split: 1,500 for training, the last 297 for testing.
+    with a fixed split: the images in a fixed shuffled order, 1,500 for training and 297 for
+    testing.
     """)
     b.code('''
     X_train, Y_train, X_test, Y_test = nn.datasets.digits()
