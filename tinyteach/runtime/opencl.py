@@ -85,7 +85,7 @@ class OpenCLCompiler(Compiler):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # build logs of successful builds
-                return cl.Program(self.context, source).build()
+                return cl.Program(self.context, source).build(options=["-w"])  # no warnings
         except cl.RuntimeError as error:
             raise CompileError(f"OpenCL kernel failed to compile:\n{error}\nin:\n{source}") \
                 from None
