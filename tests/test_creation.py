@@ -63,6 +63,18 @@ def test_requires_grad_flag(device):
     assert t.grad.tolist() == [2.0, 4.0]
     assert Tensor([1.0], device=device).requires_grad is None
     assert Tensor.ones(2, device=device, requires_grad=True).requires_grad
+    for made in (Tensor.eye(2, device=device, requires_grad=True),
+                 Tensor.linspace(0, 1, 3, device=device, requires_grad=True),
+                 Tensor.arange(0.0, 1.0, 0.5, device=device, requires_grad=True),
+                 Tensor.zeros(2, device=device, requires_grad=True)):
+        assert made.requires_grad and made.device == device
+        (made * 2).sum().backward()
+        compare(made.grad, np.full(made.shape, 2.0, np.float32), 0, 0)
+    # equal constants are one shared node in the graph, but two parameters stay two leaves
+    a = Tensor.zeros(2, device=device, requires_grad=True)
+    b = Tensor.zeros(2, device=device, requires_grad=True)
+    (a + 3 * b).sum().backward()
+    assert a.grad.tolist() == [1.0, 1.0] and b.grad.tolist() == [3.0, 3.0]
 
 
 # ---- constants and ranges ----

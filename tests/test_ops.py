@@ -658,3 +658,5 @@ def test_scalar_tensors(device):
     assert Tensor(7, device=device).max().item() == 7
     assert Tensor(3.0, device=device).mean().item() == 3.0
     assert Tensor(3, device=device).unsqueeze(0).tolist() == [3]
+    check(lambda a: a.cumsum(0) * a.softmax(), lambda a: a.cumsum(0) * a.softmax(-1),
+          [np.array(0.5, np.float32)], device)

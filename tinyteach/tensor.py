@@ -159,11 +159,22 @@ class Tensor(metaclass=_TensorType):
 
     @requires_grad.setter
     def requires_grad(self, value: bool | None) -> None:
-        self._requires_grad = value
         if value:
             if not dtypes.is_float(self.dtype):
                 raise TypeError(f"only float tensors can require gradients, not {self.dtype}")
+            if not is_contiguous_buffer(self.uop):
+                self._requires_grad = None  # realized as a plain tensor, with no graph kept
+                self._become_leaf()
             Tensor._needs_grad[id(self)] = self
+        self._requires_grad = value
+
+    def _become_leaf(self) -> None:
+        """Compute this tensor into a buffer of its own and forget how it was made, as a
+        PyTorch leaf. UOps are shared (hash-consed) and realized graphs are remembered:
+        `zeros(2)` is the same node, and realizes to the same buffer, as every other
+        `zeros(2)`; only a fresh buffer tells one parameter from another."""
+        self.uop = _uop_from_data(self.numpy(), self.dtype, self.device)  # a copy, no math
+        self._lazy = None
 
     # ---- what a tensor is ----
 
@@ -366,18 +377,21 @@ class Tensor(metaclass=_TensorType):
         if steps < 0:
             raise ValueError(f"linspace needs steps >= 0, got {steps}")
         dtype = dtypes.as_dtype(kwargs.pop("dtype", dtypes.default_float))
+        requires_grad = kwargs.pop("requires_grad", None)  # set on the result, not the arange
         if steps == 1:
-            return Tensor.full((1,), start, dtype=dtype, **kwargs)
+            return Tensor.full((1,), start, dtype=dtype, requires_grad=requires_grad, **kwargs)
         index = Tensor.arange(steps, **kwargs).cast(dtypes.float64 if dtype == dtypes.float64
                                                     else dtypes.default_float)
-        return (index * ((stop - start) / (steps - 1)) + start).cast(dtype)
+        result = (index * ((stop - start) / (steps - 1)) + start).cast(dtype)
+        return result._with(requires_grad=requires_grad)
 
     @staticmethod
     def eye(n: int, m: int | None = None, **kwargs: Any) -> Tensor:
         dtype = dtypes.as_dtype(kwargs.pop("dtype", dtypes.default_float))
+        requires_grad = kwargs.pop("requires_grad", None)  # set on the result, not the aranges
         rows = Tensor.arange(n, **kwargs).reshape(n, 1)
         cols = Tensor.arange(n if m is None else m, **kwargs).reshape(1, -1)
-        return (rows == cols).cast(dtype)
+        return (rows == cols).cast(dtype)._with(requires_grad=requires_grad)
 
     def _with(self, device: str | None = None, requires_grad: bool | None = None) -> Tensor:
         result = self if device is None else self.to(device)
@@ -1108,6 +1122,8 @@ class Tensor(metaclass=_TensorType):
 
     def cumsum(self, axis: int = 0) -> Tensor:
         """Running sum: each output sums a window of the input padded with n-1 zeros."""
+        if self.ndim == 0:
+            return self.reshape(1).cumsum(0).reshape(())
         a = self._axis(axis)
         n = self.shape[a]
         if n == 0:
