@@ -116,10 +116,71 @@ def find_realized(outputs: list[UOp]) -> dict[UOp, str]:
         kernels_of[node] = set().union(*(kernels_of[u] for u in users[node]))
         if node.op is Ops.REDUCE_AXIS:
             reason = _reduce_must_be_stored(node, users, realized, kernels_of)
-            if reason is not None:
-                realized[node] = reason
-                kernels_of[node] = {node}
+        else:
+            reason = _recomputed_by_broadcast(node, users, realized)
+        if reason is not None:
+            realized[node] = reason
+            kernels_of[node] = {node}
     return realized
+
+
+# elementwise work broadcast this many times (or more) into a reduction is stored, not recomputed
+BROADCAST_RECOMPUTE_LIMIT = 16
+
+
+def _recomputed_by_broadcast(node: UOp, users: dict[UOp, list[UOp]],
+                             realized: dict[UOp, str]) -> str | None:
+    """An elementwise result read through an EXPAND by a reduction (dW = dH.T @ X reads dH once
+    per column of X) would be recomputed for every broadcast copy: store it once instead."""
+    if node.op not in ALU or prod(node.shape) < BROADCAST_RECOMPUTE_LIMIT or \
+            _alu_work(node, realized) < 2:
+        return None  # (a few elements are cheaper to recompute than a kernel is to launch)
+    for expand in _expands_above(node, users):
+        factor = prod(expand.shape) // max(prod(node.shape), 1)
+        if factor >= BROADCAST_RECOMPUTE_LIMIT and _reaches_reduction(expand, users, realized):
+            return (f"it is broadcast {factor}x into a reduction: stored once instead of "
+                    f"recomputed for each copy")
+    return None
+
+
+def _expands_above(node: UOp, users: dict[UOp, list[UOp]]) -> list[UOp]:
+    """The EXPANDs that read `node` directly or through other movement ops."""
+    found, stack = [], list(users[node])
+    while stack:
+        user = stack.pop()
+        if user.op is Ops.EXPAND:
+            found.append(user)
+        elif user.op in MOVEMENT:
+            stack.extend(users[user])
+    return found
+
+
+def _reaches_reduction(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str]) -> bool:
+    stack, seen = list(users[node]), set()
+    while stack:
+        user = stack.pop()
+        if user.op is Ops.REDUCE_AXIS:  # (stored or not, it reads the broadcast inside its loop)
+            return True
+        if user in seen or user in realized:
+            continue
+        seen.add(user)
+        if user.op in ALU or user.op in MOVEMENT:
+            stack.extend(users[user])
+    return False
+
+
+def _alu_work(node: UOp, realized: dict[UOp, str], limit: int = 2) -> int:
+    """How many ALU ops (up to `limit`) compute `node` inside one kernel."""
+    count, stack, seen = 0, [node], set()
+    while stack and count < limit:
+        current = stack.pop()
+        if current in seen or (current is not node and current in realized):
+            continue
+        seen.add(current)
+        if current.op in ALU and current.op is not Ops.CAST:
+            count += 1
+        stack.extend(current.src)
+    return count
 
 
 def _reduce_must_be_stored(node: UOp, users: dict[UOp, list[UOp]],

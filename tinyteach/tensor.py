@@ -22,6 +22,7 @@ Builds on: everything below (uop, gradient, realize). Used by: nn/, jit.py and e
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 from collections.abc import Iterator, Sequence
@@ -105,8 +106,9 @@ class _TensorType(type):
         _TensorType.no_grad_active = bool(value)
 
 
-class _Train:
-    """`with Tensor.train():` turns on training behaviour (dropout, batchnorm statistics)."""
+class _Train(contextlib.ContextDecorator):
+    """`with Tensor.train():` (or `@Tensor.train()` on a function) turns on training behaviour
+    (dropout, batchnorm statistics)."""
 
     def __init__(self, mode: bool = True):
         self.mode = mode
