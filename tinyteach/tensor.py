@@ -247,7 +247,7 @@ class Tensor(metaclass=_TensorType):
             raise ValueError(f"item() needs a tensor with exactly one element, not shape "
                              f"{self.shape}")
         value = self.numpy().reshape(-1)[0]
-        return value.item()  # type: ignore[no-any-return]
+        return value.item()
 
     def tolist(self) -> Any:
         return self.numpy().tolist()
@@ -559,7 +559,7 @@ class Tensor(metaclass=_TensorType):
         if any(b < 0 or a < 0 for b, a in pairs):
             cropped = tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape))
             return self.shrink(cropped).pad([(max(0, b), max(0, a)) for b, a in pairs], value)
-        padded = self._apply(self.uop.pad(pairs), self)
+        padded = self._apply(self.uop.pad(tuple(pairs)), self)
         if value == 0:
             return padded
         inside = Tensor.ones(*self.shape, dtype=dtypes.bool, device=self.device).pad(pairs)
@@ -698,24 +698,6 @@ class Tensor(metaclass=_TensorType):
     def cast(self, dtype: DType | str) -> Tensor:
         wanted = dtypes.as_dtype(dtype)
         return self if wanted == self.dtype else self._apply(self.uop.cast(wanted), self)
-
-    def float(self) -> Tensor:
-        return self.cast(dtypes.float32)
-
-    def half(self) -> Tensor:
-        return self.cast(dtypes.float16)
-
-    def double(self) -> Tensor:
-        return self.cast(dtypes.float64)
-
-    def int(self) -> Tensor:
-        return self.cast(dtypes.int32)
-
-    def long(self) -> Tensor:
-        return self.cast(dtypes.int64)
-
-    def bool(self) -> Tensor:
-        return self.cast(dtypes.bool)
 
     def _to_float(self) -> Tensor:
         return self.cast(least_upper_float(self.dtype))
@@ -1335,6 +1317,27 @@ class Tensor(metaclass=_TensorType):
 
     def __bool__(self) -> bool:
         raise TypeError("the truth value of a Tensor is ambiguous; use .item(), .any() or .all()")
+
+    # ---- casts by name: last in the class, because below these definitions the names
+    # `float`, `int` and `bool` mean the methods, not the types (for type checkers) ----
+
+    def float(self) -> Tensor:
+        return self.cast(dtypes.float32)
+
+    def half(self) -> Tensor:
+        return self.cast(dtypes.float16)
+
+    def double(self) -> Tensor:
+        return self.cast(dtypes.float64)
+
+    def int(self) -> Tensor:
+        return self.cast(dtypes.int32)
+
+    def long(self) -> Tensor:
+        return self.cast(dtypes.int64)
+
+    def bool(self) -> Tensor:
+        return self.cast(dtypes.bool)
 
 
 # ---- helpers used above ----
