@@ -119,7 +119,7 @@ class _Train(contextlib.ContextDecorator):
         Tensor.training = self.mode
         self._context.__enter__()
 
-    def __exit__(self, *args: object) -> None:
+    def __exit__(self, *args: Any) -> None:
         self._context.__exit__(*args)
         Tensor.training = self.previous
 
