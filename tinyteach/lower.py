@@ -41,8 +41,8 @@ import itertools
 from dataclasses import dataclass, field
 
 from tinyteach.dtype import DType, dtypes
-from tinyteach.opt import NO_OPTIONS, KernelOptions, choose_options
 from tinyteach.helpers import NOOPT
+from tinyteach.opt import NO_OPTIONS, KernelOptions, choose_options
 from tinyteach.rewrite import PYTHON_ALU, graph_rewrite, symbolic
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
 from tinyteach.view import (

@@ -337,6 +337,24 @@ def _reduce_factor(term: UOp, divisor: int) -> UOp:
     return term.src[0] * (factor % divisor)
 
 
+def recombine_divmod(total: UOp) -> UOp | None:
+    """(x//c)*c + x%c -> x: a reshape splits an index into quotient and remainder, and a later
+    reshape that merges them back produces exactly this sum."""
+    terms = _terms(total)
+    for k, term in enumerate(terms):
+        if term.op is not Ops.MUL or term.src[0].op is not Ops.IDIV:
+            continue
+        x, c = term.src[0].src
+        if c.op is not Ops.CONST or term.src[1] is not c:
+            continue
+        remainder = next((j for j, t in enumerate(terms) if t.op is Ops.MOD and t.src == (x, c)),
+                         None)
+        if remainder is not None:
+            rest = [t for j, t in enumerate(terms) if j not in (k, remainder)]
+            return _sum([x, *rest], total.dtype)
+    return None
+
+
 def fold_compare_by_range(x: UOp, c: UOp) -> UOp | None:
     """x < c is known when x's range lies entirely on one side of c."""
     if x.vmax < c.arg:
@@ -370,6 +388,8 @@ symbolic = PatternMatcher("symbolic", [
     ("c+x -> x+c", UPat(Ops.ADD, src=(c1, x)),
      lambda c1, x: x + c1 if x.op is not Ops.CONST else None),
     ("(a*c+b)//c -> a+b//c", UPat(Ops.IDIV, src=(x, c1)), lambda x, c1: simplify_idiv(x, c1)),
+    ("(x//c)*c + x%c -> x", UPat(Ops.ADD, name="total"),
+     lambda total: recombine_divmod(total) if _is_int(total) else None),
     ("(a*c+b)%c -> b%c", UPat(Ops.MOD, src=(x, c1)), lambda x, c1: simplify_mod(x, c1)),
     ("x<c known from x's range", UPat(Ops.CMPLT, src=(x, c1)),
      lambda x, c1: fold_compare_by_range(x, c1) if _is_int(x) else None),

@@ -113,12 +113,12 @@ def build() -> Book:
     b.md("""
     ## Optimizations: the same matmul, laid out differently
 
-    A 64×64 matmul is one kernel (chapter 6). The heuristic in `choose_options` picks two upcasts
+    A 256×256 matmul is one kernel (chapter 6). The heuristic in `choose_options` picks two upcasts
     (a 4×4 tile of outputs per iteration) and threads (the outer loop split across cores):
     """)
     b.code('''
-    m1 = Tensor(rng.standard_normal((64, 64)).astype(np.float32)).realize()
-    m2 = Tensor(rng.standard_normal((64, 64)).astype(np.float32)).realize()
+    m1 = Tensor(rng.standard_normal((256, 256)).astype(np.float32)).realize()
+    m2 = Tensor(rng.standard_normal((256, 256)).astype(np.float32)).realize()
     matmul = kernel_of(m1 @ m2)
     chosen = choose_options(matmul.ast)
     print(matmul.name, chosen.describe())
@@ -139,7 +139,7 @@ def build() -> Book:
     print(plain.source)
     ''')
     b.md("""
-    The optimized one: the output loops now run 16 times each (64 / 4), there are 16 accumulators,
+    The optimized one: the output loops now run 64 times each (256 / 4), there are 16 accumulators,
     and each value loaded from `a` is multiplied with four values of `b` (and vice versa). The
     OpenMP pragma hands the outer loop to several threads. Only its beginning is shown:
     """)
@@ -157,9 +157,9 @@ def build() -> Book:
     from tinyteach.device import Buffer
 
     def run(runner):
-        output = Buffer("CPU", 64 * 64, m1.dtype)
+        output = Buffer("CPU", 256 * 256, m1.dtype)
         runner.program(output, *matmul.buffers[1:])
-        return output.numpy().reshape(64, 64)
+        return output.numpy().reshape(256, 256)
 
     np.testing.assert_allclose(run(plain), run(tiled), rtol=1e-6)
     np.testing.assert_allclose(run(tiled), m1.numpy() @ m2.numpy(), rtol=1e-4, atol=1e-4)
@@ -191,7 +191,7 @@ def build() -> Book:
     AST and the fusion reasons of chapter 6). A new shape means a new kernel, so this one compiles:
     """)
     b.code('''
-    m3 = Tensor(rng.standard_normal((32, 64)).astype(np.float32)).realize()
+    m3 = Tensor(rng.standard_normal((32, 256)).astype(np.float32)).realize()
     with Context(DEBUG=3):
         (m3 @ m2).realize()
     ''')
@@ -200,7 +200,7 @@ def build() -> Book:
 
     `viz.kernel` shows a kernel's summary (launch sizes, the optimizations `choose_options`
     picked), its AST, its linear program and its source in every language of chapter 8 — here the
-    optimized 64×64 matmul:
+    optimized 256×256 matmul:
     """)
     b.code('''
     viz.kernel(m1 @ m2)
@@ -228,16 +228,16 @@ def build() -> Book:
         """, '''
         print(choose_options(kernel_of(m1 + m2).ast).describe())
         # no reduction: a tile would share no loads, so there is nothing to gain from an upcast;
-        # 4096 elements is also below PARALLEL_MIN_WORK, so no threads
+        # 65,536 elements is also below PARALLEL_MIN_WORK, so no threads
         assert choose_options(kernel_of(m1 + m2).ast).upcasts == ()
         ''')
     b.exercise("your own options", """
-        Lower the 64×64 matmul with `KernelOptions(upcasts=((1, 4),))` — a 1×4 tile, no threads.
+        Lower the 256×256 matmul with `KernelOptions(upcasts=((1, 4),))` — a 1×4 tile, no threads.
         How many accumulators does the program define?
         """, '''
         program = lower(matmul.ast, KernelOptions(upcasts=((1, 4),)))
         accumulators = [u for u in program.uops if u.op is Ops.DEFINE_ACC]
         print(len(accumulators), "accumulators; output loops", program.global_sizes)
-        assert len(accumulators) == 4 and program.global_sizes == (64, 16)
+        assert len(accumulators) == 4 and program.global_sizes == (256, 64)
         ''')
     return b
