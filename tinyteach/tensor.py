@@ -910,7 +910,7 @@ class Tensor(metaclass=_TensorType):
     def abs(self) -> Tensor:
         if self.dtype.kind in ("uint", "bool"):
             return self
-        return (self < 0).where(-self, self)
+        return self * self.sign()  # its gradient is sign(x): 0 at x = 0, as in PyTorch
 
     def sign(self) -> Tensor:
         positive = (self > 0).cast(self.dtype)
@@ -1246,10 +1246,9 @@ class Tensor(metaclass=_TensorType):
 
     def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean") -> Tensor:
         # log(sigmoid(x)) = -softplus(-x), written stably: max(x, 0) - x*y + log(1 + e^-|x|).
-        # At x = 0 both kinks must take the same side (x >= 0, as abs does) for the gradient
-        # to be the true sigmoid(x) - y; relu's side (x > 0) would be off by one.
-        positive_part = (self >= 0).where(self, 0)
-        loss = positive_part - self * Y + (1 + (-self.abs()).exp()).log()
+        # At x = 0 the kinks must add up to the true gradient sigmoid(0) - y = 0.5 - y:
+        # abs contributes 0 there, and maximum splits a tie, contributing 0.5.
+        loss = self.maximum(0) - self * Y + (1 + (-self.abs()).exp()).log()
         return _reduce_loss(loss, reduction)
 
     # ---- autograd ----
