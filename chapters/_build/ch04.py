@@ -167,9 +167,10 @@ def chapter_04(setup: str) -> Book:
     assert simplified is graph_rewrite(ranges((4, 3))[1] * 4 + ranges((4, 3))[0], symbolic)
     """)
     b.md("""
-    `symbolic` does not catch everything yet. Go through `(6, 2)` instead of `(12,)` and it stops
-    half-way, leaving `(x//4)*4 + x%4`, which is just `x`. Chapter 5 has an exercise on the
-    missing rule.
+    Going through `(6, 2)` instead of `(12,)` is harder: the first reshape splits the index into
+    a quotient and a remainder, and the second merges them back. The raw formula contains
+    `(x//4)*4 + x%4`, which is just `x`; `symbolic` has a rule for exactly that (chapter 5), and
+    the result is as tidy as before.
     """)
     b.code("""
     detour = base.reshape(6, 2).reshape(3, 4)
