@@ -388,6 +388,8 @@ symbolic = PatternMatcher("symbolic", [
     ("c+x -> x+c", UPat(Ops.ADD, src=(c1, x)),
      lambda c1, x: x + c1 if x.op is not Ops.CONST else None),
     ("(a*c+b)//c -> a+b//c", UPat(Ops.IDIV, src=(x, c1)), lambda x, c1: simplify_idiv(x, c1)),
+    ("(x+y)*c -> x*c+y*c (ints)", UPat(Ops.MUL, src=(UPat(Ops.ADD, src=(x, y)), c1)),
+     lambda x, y, c1: x * c1 + y * c1 if _is_int(x) else None),
     ("(x//c)*c + x%c -> x", UPat(Ops.ADD, name="total"),
      lambda total: recombine_divmod(total) if _is_int(total) else None),
     ("(a*c+b)%c -> b%c", UPat(Ops.MOD, src=(x, c1)), lambda x, c1: simplify_mod(x, c1)),
