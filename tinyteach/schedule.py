@@ -104,9 +104,6 @@ def find_realized(outputs: list[UOp]) -> dict[UOp, str]:
                 realized.setdefault(node.src[0], "its value is copied to another device")
         if node.op is Ops.ASSIGN:
             realized.setdefault(node, "assign() writes the value into the tensor's own buffer")
-            if _reads_target_through_view(node):
-                realized.setdefault(node.src[1], "the assigned value reads its own target through "
-                                    "a view, so it is computed into a fresh buffer first")
     # walk from the outputs down, so each node's users are decided before the node itself
     kernels_of: dict[UOp, set[UOp]] = {}
     for node in reversed(order):
@@ -121,6 +118,10 @@ def find_realized(outputs: list[UOp]) -> dict[UOp, str]:
         if reason is not None:
             realized[node] = reason
             kernels_of[node] = {node}
+    for node in order:  # now that every other kernel is known, the in-place writes
+        if node.op is Ops.ASSIGN and _reads_target_through_view(node, realized):
+            realized.setdefault(node.src[1], "the assigned value reads its own target through "
+                                "a view, so it is computed into a fresh buffer first")
     return realized
 
 
@@ -228,13 +229,16 @@ def assign_target(node: UOp) -> Buffer:
     return buffer
 
 
-def _reads_target_through_view(node: UOp) -> bool:
-    """Does the assigned value read its target other than element for element? Then writing
-    in place would overwrite elements that are still to be read."""
+def _reads_target_through_view(node: UOp, realized: dict[UOp, str]) -> bool:
+    """Does the assign's own kernel read its target other than element for element? Then
+    writing in place would overwrite elements that are still to be read. (Reads in other
+    kernels are safe: order_items runs them before the assign.)"""
     target = assign_target(node)
     stack: list[tuple[UOp, bool]] = [(node.src[1], True)]
     while stack:
         current, aligned = stack.pop()
+        if current is not node.src[1] and current in realized:
+            continue  # computed by another kernel, before this one
         if current.op is Ops.BUFFER and current.arg is target:
             if not aligned:
                 return True
