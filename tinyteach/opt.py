@@ -21,16 +21,20 @@ Builds on: uop.py. Used by: lower.py (applies the options), render/ (the paralle
 >>> a, b = Tensor.ones(256, 256).realize(), Tensor.ones(256, 256).realize()
 >>> item = create_schedule([(a @ b).uop], "CPU")[0][0]
 >>> choose_options(item.ast).describe()
-['upcast axis 0 by 4', 'upcast axis 1 by 4', 'threads: split the outer loop across cores']
+['upcast axis 0 by 4', 'upcast axis 1 by 8', 'threads: split the outer loop across cores']
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tinyteach.dtype import dtypes
 from tinyteach.helpers import NOOPT, prod
-from tinyteach.uop import Ops, UOp
+from tinyteach.rewrite import graph_rewrite, symbolic
+from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
+from tinyteach.view import linear_index, view_index
 
 UPCAST = 4                 # tile size per upcast axis
+WIDE_UPCAST = 8            # for the innermost axis: one AVX register of float32
 MAX_UPCAST_GRAPH = 120     # bigger kernels (convolutions, fused backward passes) stay untiled:
                            # a tile copies the kernel's whole body 16 times
 MAX_UPCAST_AXES = 2        # 4x4 = 16 accumulators fit in registers
@@ -68,16 +72,82 @@ def choose_options(ast: UOp) -> KernelOptions:
     reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
     upcasts: list[tuple[int, int]] = []
     if reduces and len(value.toposort) <= MAX_UPCAST_GRAPH:
-        # tile the output axes (innermost last): each loaded value serves several accumulators
+        # tile the output axes (innermost last): each loaded value serves several accumulators.
+        # The innermost axis gets a whole vector register (8 floats) when it divides evenly:
+        # its loads are usually contiguous, so the compiler turns the tile's rows into vectors
+        # ... unless the reduction itself walks memory contiguously: then its sum is split into
+        # vector lanes instead (lower.py), and a 4x4 tile keeps the registers for that
+        wide = not reads_contiguously_along_reduction(reduces[0])
         for axis in reversed(range(len(shape))):
-            if len(upcasts) < MAX_UPCAST_AXES and shape[axis] % UPCAST == 0 \
-                    and shape[axis] >= 2 * UPCAST:
-                upcasts.append((axis, UPCAST))
+            factor = WIDE_UPCAST if wide and not upcasts and shape[axis] % WIDE_UPCAST == 0 \
+                else UPCAST
+            if len(upcasts) < MAX_UPCAST_AXES and shape[axis] % factor == 0 \
+                    and shape[axis] >= 2 * factor:
+                upcasts.append((axis, factor))
     upcasts.sort()
     reduce_work = prod(reduces[0].src[0].shape) // max(prod(shape), 1) if reduces else 1
     outer = _outer_loop_size(shape, dict(upcasts))
     parallel = prod(shape) * reduce_work >= PARALLEL_MIN_WORK and outer >= 2
     return KernelOptions(tuple(upcasts), parallel)
+
+
+def reads_contiguously_along_reduction(reduce: UOp) -> bool:
+    """Does every buffer the reduction reads move by 0 or 1 element along its last reduced
+    axis? (Worked out from the views alone: each movement chain's index formula, simplified.)"""
+    source = reduce.src[0]
+    axis = reduce.arg[1][-1]
+    loops = tuple(UOp(Ops.RANGE, dtypes.int32, (), ("r", k, size))
+                  for k, size in enumerate(source.shape))
+    steps = [_step_along(chain, loops, loops[axis]) for chain in _buffer_reads(source)]
+    return bool(steps) and all(step in (0, 1) for step in steps) and 1 in steps
+
+
+def _buffer_reads(node: UOp) -> list[UOp]:
+    """The movement chains that end in a kernel input, above elementwise ops only."""
+    chains, stack, seen = [], [node], set()
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        chain_end = current
+        while chain_end.op in MOVEMENT:
+            chain_end = chain_end.src[0]
+        if chain_end.op is Ops.DEFINE_GLOBAL:
+            chains.append(current)
+        elif current.op in ALU:
+            stack.extend(current.src)
+    return chains
+
+
+def _step_along(chain: UOp, loops: tuple[UOp, ...], loop: UOp) -> int | None:
+    """How far the buffer position moves when `loop` goes from 0 to 1 (other loops at 0)."""
+    index: tuple[UOp, ...] = loops
+    node = chain
+    while node.op in MOVEMENT:  # (no pad conditions needed: only the position matters here)
+        index, _ = view_index(node, index)
+        node = node.src[0]
+    position = graph_rewrite(linear_index(index, node.shape), symbolic)
+    values = []
+    for value in (0, 1):
+        replaced = {loop: UOp.const(dtypes.int32, value)}
+        replaced.update({other: UOp.const(dtypes.int32, 0) for other in loops if other is not loop})
+        folded = graph_rewrite(_substitute(position, replaced), symbolic)
+        if folded.op is not Ops.CONST:
+            return None
+        values.append(int(folded.arg))
+    return values[1] - values[0]
+
+
+def _substitute(root: UOp, replacements: dict[UOp, UOp]) -> UOp:
+    done: dict[UOp, UOp] = {}
+    for node in root.toposort:
+        if node in replacements:
+            done[node] = replacements[node]
+        else:
+            sources = tuple(done[s] for s in node.src)
+            done[node] = node if sources == node.src else node.replace(src=sources)
+    return done[root]
 
 
 def _outer_loop_size(shape: tuple[int, ...], upcasts: dict[int, int]) -> int:

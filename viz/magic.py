@@ -125,7 +125,8 @@ class TinyteachMagics(Magics):
         notes: list[str] = []
         graph_of = None
         with default_device(options.device), record_launches() as launches:
-            value = self.shell.ev(expression)  # type: ignore[attr-defined]
+            shell: Any = self.shell  # IPython's stubs do not all know `ev`
+            value = shell.ev(expression)
             if is_lazy(value):
                 graph_of = value.uop
                 Tensor(value.uop, value.device).realize()  # a copy: `value` itself stays lazy
