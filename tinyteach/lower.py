@@ -336,4 +336,10 @@ def lower(ast: UOp, options: KernelOptions | None = None) -> LinearProgram:
     """The whole chapter: choose optimizations (opt.py, unless given), lower the AST,
     simplify its index math, and linearize it."""
     chosen = choose_options(ast) if options is None else options
-    return linearize(lower_ast(ast, chosen), chosen)
+    program = linearize(lower_ast(ast, chosen), chosen)
+    # every buffer stays a parameter, even one the simplifier made unused (where(False, ...)):
+    # the engine passes all of them, and OpenCL and WebGPU check the count
+    present = {u for u in program.uops if u.op is Ops.DEFINE_GLOBAL}
+    missing = [n for n in ast.toposort if n.op is Ops.DEFINE_GLOBAL and n not in present]
+    program.uops[:0] = sorted(missing, key=lambda n: n.arg[0])
+    return program
