@@ -114,7 +114,8 @@ def build() -> Book:
     ## Optimizations: the same matmul, laid out differently
 
     A 256×256 matmul is one kernel (chapter 6). The heuristic in `choose_options` picks two upcasts
-    (a 4×4 tile of outputs per iteration) and threads (the outer loop split across cores):
+    (a 4×8 tile of outputs per iteration: 8 floats fill one vector register) and threads (the
+    outer loop split across cores):
     """)
     b.code('''
     m1 = Tensor(rng.standard_normal((256, 256)).astype(np.float32)).realize()
@@ -124,7 +125,7 @@ def build() -> Book:
     print(matmul.name, chosen.describe())
     with Context(NOOPT=1):
         print("with NOOPT=1:", choose_options(matmul.ast).describe())
-    assert chosen.upcasts == ((0, 4), (1, 4)) and chosen.parallel
+    assert chosen.upcasts == ((0, 4), (1, 8)) and chosen.parallel
     ''')
     b.md("""
     Compile the kernel twice — once under `NOOPT=1`, once with the defaults — with the engine's own
@@ -139,15 +140,16 @@ def build() -> Book:
     print(plain.source)
     ''')
     b.md("""
-    The optimized one: the output loops now run 64 times each (256 / 4), there are 16 accumulators,
-    and each value loaded from `a` is multiplied with four values of `b` (and vice versa). The
+    The optimized one: the output loops now run 64 and 32 times (256 / 4, 256 / 8), there are 32
+    accumulators, and each value loaded from `a` is multiplied with eight values of `b` (and each
+    value of `b` with four of `a`). The
     OpenMP pragma hands the outer loop to several threads. Only its beginning is shown:
     """)
     b.code('''
     lines = tiled.source.splitlines()
     print("\\n".join(lines[:34]))
     print(f"... {len(lines)} lines in all (the plain kernel has {len(plain.source.splitlines())})")
-    assert "#pragma omp parallel for" in tiled.source and "acc15" in tiled.source
+    assert "#pragma omp parallel for" in tiled.source and "acc31" in tiled.source
     assert "acc1 " not in plain.source
     ''')
     b.md("""
