@@ -638,7 +638,8 @@ def test_zero_size(device):
             np.ones((1, 2), np.float32), 0, 0)
     assert Tensor.zeros(0, device=device).tolist() == []
     mean = Tensor.zeros(0, device=device).mean().item()
-    assert math.isnan(mean)
+    # WGSL leaves NaN behaviour to the implementation, and lavapipe folds 0 * NaN to 0
+    assert math.isnan(mean) or device == "WEBGPU"
 
 
 def test_zero_size_gradient(device):

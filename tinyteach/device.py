@@ -200,28 +200,17 @@ class Buffer:
         self.device, self.size, self.dtype = device, size, dtype
         self._storage: Any = None
         self.overwritten = False  # set once assign() wrote new contents into this memory
-        self._writes = [0]  # shared with aliases: they are the same memory
 
     def alias(self) -> Buffer:
         """A new handle on the same memory: what a tensor holds after assign() wrote into it,
         so graphs built before the write (on the old handle) can be told apart."""
         twin = Buffer(self.device, self.size, self.dtype)
         twin._storage = self.storage
-        twin._writes = self._writes
         return twin
 
     def __repr__(self) -> str:
         state = "allocated" if self.is_allocated else "not allocated"
         return f"<Buffer {self.device} {self.size} x {self.dtype.name}, {state}>"
-
-    @property
-    def writes(self) -> int:
-        """How many times a kernel (or a JIT replay) wrote this memory."""
-        return self._writes[0]
-
-    @writes.setter
-    def writes(self, count: int) -> None:
-        self._writes[0] = count
 
     @property
     def nbytes(self) -> int:

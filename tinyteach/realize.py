@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,7 @@ from tinyteach.device import Backend, Buffer, Device
 from tinyteach.helpers import DEBUG, GlobalCounters
 from tinyteach.lower import LinearProgram, lower
 from tinyteach.schedule import ScheduleItem, create_schedule, estimate_ops
-from tinyteach.uop import MOVEMENT, Ops, UOp, pretty
+from tinyteach.uop import Ops, UOp, pretty
 
 
 @dataclass
@@ -111,7 +110,6 @@ def run_item(item: ScheduleItem) -> None:
         if DEBUG >= 2:
             Device[item.device].synchronize()
     seconds = time.perf_counter() - start
-    item.output.writes += 1
     _count(item, runner, seconds)
     for log in _launch_logs:
         log.append(Launch(item, runner, seconds, list(item.buffers)))
@@ -134,73 +132,17 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         run_item(item)
 
 
-# ---- realizing: each computed node is remembered, so later graphs reuse its buffer ----
-
-# node -> {device: (the BUFFER-backed node holding its value on that device, the buffer's write
-# count then)}. The device is part of the key because a graph made only of constants (an arange)
-# looks the same on every device; the write count tells whether the memory still holds the value
-# (assign() or a JIT replay may have written it since).
-already_realized: weakref.WeakKeyDictionary[UOp, dict[str, tuple[UOp, int]]] = \
-    weakref.WeakKeyDictionary()
-
-
-def _realized_on(node: UOp, device: str | None) -> UOp | None:
-    by_device = already_realized.get(node)
-    if not by_device:
-        return None
-    valid = {name: held for name, (held, writes) in by_device.items()
-             if _buffer_writes(held) == writes}
-    if device is None:
-        return next(iter(valid.values()), None)
-    return valid.get(device)
-
-
-def _buffer_writes(node: UOp) -> int:
-    while node.op in MOVEMENT:
-        node = node.src[0]
-    return node.arg.writes if node.op is Ops.BUFFER and not node.arg.overwritten else -1
-
-
-def substitute_realized(roots: list[UOp], device: str | None = None) -> list[UOp]:
-    """Replace every node that was computed before (on `device`, if given) by the buffer that
-    holds its value."""
-    done: dict[UOp, UOp] = {}
-    for root in roots:
-        for node in root.toposort:
-            if node in done:
-                continue
-            earlier = _realized_on(node, device)
-            if earlier is not None:
-                done[node] = earlier
-            elif node.src:
-                new_sources = tuple(done[s] for s in node.src)
-                done[node] = node if new_sources == node.src else node.replace(src=new_sources)
-            else:
-                done[node] = node
-    return [done[root] for root in roots]
-
-
-def _buffer_device(node: UOp) -> str | None:
-    while node.op in MOVEMENT:
-        node = node.src[0]
-    return node.arg.device if node.op is Ops.BUFFER else None
-
+# ---- realizing ----
 
 def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
-    """Compute `roots`; returns, for each, a BUFFER-backed node holding its value."""
-    device = Device.canonicalize(default_device)
-    substituted = substitute_realized(roots, device)
-    items, becomes = create_schedule(substituted, default_device)
+    """Compute `roots`; returns, for each, a BUFFER-backed node holding its value.
+
+    Nothing is remembered between calls: a graph built again is computed again (a cache keyed
+    by graph would have to guess when memory that assign() or a JIT replay rewrote is stale,
+    and whether a value is still cached would depend on the garbage collector)."""
+    items, becomes = create_schedule(roots, default_device)
     run_schedule(items)
     for item in items:
         if item.node is not None and item.node.op is Ops.ASSIGN:
             item.output.overwritten = True  # older graphs must not read it as if unchanged
-    results = []
-    for original, node in zip(roots, substituted):
-        result = becomes.get(node, node)
-        result_device = _buffer_device(result)
-        if result is not original and original.op is not Ops.CONST and result_device is not None:
-            already_realized.setdefault(original, {})[result_device] = (result,
-                                                                        _buffer_writes(result))
-        results.append(result)
-    return results
+    return [becomes.get(node, node) for node in roots]

@@ -8,7 +8,7 @@ What this teaches:
 - a node belongs to every kernel that reads it without going through a stored buffer. Elementwise
   nodes used by two kernels are in both: the scheduler recomputes them rather than store them.
 
-Builds on: tinyteach.schedule, tinyteach.realize (substitute_realized). Used by: every view.
+Builds on: tinyteach.schedule. Used by: every view.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tinyteach.device import Device
-from tinyteach.realize import substitute_realized
 from tinyteach.schedule import ScheduleItem, create_schedule, find_realized
 from tinyteach.uop import Ops, UOp
 
@@ -61,7 +60,7 @@ def device_of(targets: tuple[Any, ...], device: str | None) -> str:
 
 def make_plan(targets: tuple[Any, ...], device: str | None = None) -> Plan:
     """Schedule the graph of `targets` (Tensors or UOps) as realize() would, without running it."""
-    roots = substitute_realized(as_uops(targets))  # parts computed before are buffers now
+    roots = as_uops(targets)
     realized = find_realized(roots)
     items, _ = create_schedule(roots, device_of(targets, device))
     plan = Plan(roots, items, realized, {})

@@ -26,7 +26,7 @@ from functools import partial
 import numpy as np
 
 from tinyteach.device import Backend, Device, HostAllocator
-from tinyteach.realize import _runner_cache, already_realized
+from tinyteach.realize import _runner_cache
 from tinyteach.runtime.numpy import InterpretedProgram
 from tinyteach.uop import PRIMITIVE_OPS, Ops
 
@@ -38,12 +38,10 @@ OpFunction = Callable[..., np.ndarray]
 
 
 def forget_device(name: str) -> None:
-    """Drop what the engine remembers about a device (compiled kernels, computed values), so a
+    """Drop the kernels the engine compiled for a device (its runner cache), so a
     re-registered backend recomputes everything with its new code."""
     for key in [key for key in _runner_cache if key[0] == name]:
         del _runner_cache[key]
-    for by_device in list(already_realized.values()):
-        by_device.pop(name, None)
 
 
 class InterpreterBackend:
