@@ -14,7 +14,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # the course: JupyterLab on chapters/, on this machine only (127.0.0.1); it prints the URL
 course: $(VENV)/.installed-course course-deps
 	@echo "==> starting JupyterLab on chapters/; open the http://127.0.0.1:8888/lab?token=... URL below"
-	$(VENV)/bin/jupyter lab --notebook-dir=chapters --ServerApp.ip=127.0.0.1 --no-browser
+	$(VENV)/bin/jupyter lab --notebook-dir=chapters --ServerApp.ip=127.0.0.1 --no-browser \
+	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # graphviz draws the graphs in the notebooks (apt, only as root; the course runs without it)
 course-deps:
