@@ -12,19 +12,20 @@ module (or small package) that opens with what it teaches, and one notebook in c
 | 4  | Shapes without copies: views                         | view.py                           |
 | 5  | Rewriting graphs: the pattern matcher                | rewrite.py                        |
 | 6  | Scheduling: kernel fusion                            | schedule.py                       |
-| 7  | Lowering: loops, indices, optimizations              | lower.py                          |
-| 8  | Code generation: C (and later OpenCL, CUDA, WGSL)    | render/                           |
+| 7  | Lowering: loops, indices, optimizations              | lower.py, opt.py                  |
+| 8  | Code generation: C, OpenCL, CUDA, WGSL               | render/                           |
 | 9  | Devices and runtimes                                 | device.py, realize.py, runtime/   |
 | 10 | The JIT and graph execution                          | jit.py                            |
 | 11 | Deep learning: nn, optim, state, datasets            | nn/                               |
+| 12 | Exercise: build a backend, with an autograder        | exercises/                        |
 
 The data flow of `(a + b).relu().sum()`: tensor.py builds a lazy UOp graph -> schedule.py cuts
 it into kernels -> lower.py turns each into loops -> render/ writes C -> runtime/cpu.py compiles
 and runs it. Set DEBUG=1..5 (or `with Context(DEBUG=4):`) to watch every stage.
 
 Layering: a module imports only from modules *below* it in this order (a test checks it):
-helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime, realize,
-gradient, tensor, indexing, jit, nn.
+helpers, dtype, uop, view, rewrite, device, schedule, opt/lower, render, runtime, realize,
+gradient, tensor, indexing, jit, nn, exercises.
 """
 from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
 from tinyteach.device import Device
