@@ -24,8 +24,8 @@ it into kernels -> lower.py turns each into loops -> render/ writes C -> runtime
 and runs it. Set DEBUG=1..5 (or `with Context(DEBUG=4):`) to watch every stage.
 
 Layering: a module imports only from modules *below* it in this order (a test checks it):
-helpers, dtype, uop, view, rewrite, device, schedule, opt/lower, render, runtime, realize,
-gradient, tensor, indexing, jit, nn, exercises.
+helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime, realize,
+gradient, tensor, indexing (opt sits with lower), then jit, nn and exercises on top.
 """
 from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
 from tinyteach.device import Device
