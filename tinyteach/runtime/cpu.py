@@ -116,6 +116,12 @@ class ClangStyleCompiler(Compiler):
         os.replace(temporary, target)  # atomic: readers see the old state or the whole file
         return target
 
+    def compile_many(self, sources: list[str]) -> list[Path]:
+        """Several kernels (with different function names) in one shared object: one compiler
+        process instead of one each. Each kernel's program loads the same library."""
+        library = self.compile("\n".join(sources))
+        return [library] * len(sources)
+
 
 class CPUProgram:
     """A compiled kernel: call it with Buffers, it passes their addresses to the C function."""
