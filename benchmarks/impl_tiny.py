@@ -13,19 +13,31 @@ from benchmarks.data import Data
 
 
 class TinyImpl:
-    """One of the tinygrad-like frameworks ("tinyteach" or "tinygrad"), on its CPU device."""
+    """One of the tinygrad-like frameworks ("tinyteach" or "tinygrad"), on its CPU device, or
+    tinyteach on another `device` (which run.py also selects with DEV=<device>). A device that
+    cannot run here raises NotImplementedError (the worker reports it as skipped, with why)."""
 
     has_jit = True
     counts_kernels = True
 
-    def __init__(self, package: str):
+    def __init__(self, package: str, device: str | None = None):
         self.name = package
         self.lib = importlib.import_module(package)
         self.Tensor = self.lib.Tensor
         self.nn = importlib.import_module(f"{package}.nn")
         self.optim = self._optim_module()
+        if device is not None:
+            try:
+                self.lib.Device[device]
+            except Exception as error:  # DeviceUnavailable, ImportError, a driver's own error
+                raise NotImplementedError(f"{device} unavailable: {error}"[:200]) from error
+            self.lib.Device.DEFAULT = device
         self.device = self.lib.Device[self.lib.Device.DEFAULT]
-        self.notes = [f"device {self.lib.Device.DEFAULT}"]
+        # the CPU-emulated GPUs (pocl, lavapipe) get fewer repetitions in a full run
+        self.emulated_device = device is not None
+        compiler = getattr(self.device, "compiler", None)
+        described = getattr(compiler, "cache_key", None) if device is not None else None
+        self.notes = [f"device {self.lib.Device.DEFAULT}"] + ([described] if described else [])
 
     def _optim_module(self) -> Any:
         """nn.optim (tinyteach's was written alongside this suite: fail loudly if it is gone)."""

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 PEERS = ("tinygrad", "torch", "numpy")
-FRAMEWORKS = ("tinyteach",) + PEERS
+# tinyteach on its other devices: extra columns, never part of the tt/peer ratios or the goals
+DEVICES = ("tinyteach-OPENCL", "tinyteach-WEBGPU")
+FRAMEWORKS = ("tinyteach",) + PEERS + DEVICES
 
 # results[(workload, run)][framework] -> the worker's dict; run is "steady", "cold" or "warm"
 Results = dict[tuple[str, str], dict[str, dict[str, Any]]]
@@ -90,16 +92,53 @@ def table_rows(results: Results) -> list[dict[str, Any]]:
     return rows
 
 
+def column(framework: str) -> str:
+    """A column's heading: "tinyteach-OPENCL" reads "tt OPENCL"."""
+    return framework.replace("tinyteach-", "tt ") if framework in DEVICES else framework
+
+
+def device_footnotes(results: Results) -> list[str]:
+    """Why a device column shows n/a or error: one line per (device, reason), naming the
+    workloads it concerns (a device that is not installed reads the same on every row)."""
+    reasons: dict[tuple[str, str], list[str]] = {}
+    for (workload, run), entries in results.items():
+        for framework in DEVICES:
+            entry = entries.get(framework, {})
+            why = entry.get("skipped") or entry.get("error")
+            if why:
+                kind = "n/a" if "skipped" in entry else "error"
+                name = workload if run == "steady" else f"{workload} ({run})"
+                reasons.setdefault((framework, f"{kind}: {why}"), []).append(name)
+    return [f"  {column(framework)} {why} [{', '.join(dict.fromkeys(names))}]"
+            for (framework, why), names in reasons.items()]
+
+
+def device_notes(results: Results) -> list[str]:
+    """One line per device column that ran: the device it ran on, as the worker saw it."""
+    lines = []
+    for framework in DEVICES:
+        for entries in results.values():
+            notes = entries.get(framework, {}).get("notes")
+            if notes:
+                notes = [note for note in notes if not note.startswith("device ")] or notes
+                lines.append(f"  {column(framework)}: {'; '.join(notes)}")
+                break
+    return lines
+
+
 def format_table(results: Results) -> str:
-    """A fixed-width text table: medians per framework, then tinyteach/peer ratios."""
-    header = (["workload (median)", "better"] + list(FRAMEWORKS)
+    """A fixed-width text table: medians per framework, then tinyteach/peer ratios (tinyteach
+    on CPU; the device columns come after the peers and take no part in the ratios)."""
+    frameworks = [fw for fw in FRAMEWORKS if fw not in DEVICES or any(
+        fw in entries for entries in results.values())]
+    header = (["workload (median)", "better"] + [column(fw) for fw in frameworks]
               + [f"tt/{peer}" for peer in PEERS])
     lines = []
     for row in ROWS:
         if (row.workload, row.run) not in results:
             continue
         ratios = [ratio(results, row, peer) for peer in PEERS]
-        lines.append([row.label, row.better] + [cell(results, row, fw) for fw in FRAMEWORKS]
+        lines.append([row.label, row.better] + [cell(results, row, fw) for fw in frameworks]
                      + ["-" if r is None else f"{r:.2f}x" for r in ratios])
     widths = [max(len(str(line[i])) for line in [header] + lines) for i in range(len(header))]
     render = lambda line: "  ".join(str(text).ljust(width) if i < 2 else str(text).rjust(width)

@@ -7,6 +7,8 @@ fixed numpy seed, written once to a temporary directory). Training workloads run
 fresh processes: first step with a cold compile cache (a new, empty cache directory), first step
 with that cache now warm, and the steady state (median ms/step after the warm-up steps). The
 table prints medians and tinyteach/peer ratios; the goals of the optimizer issue follow.
+tinyteach also runs on OPENCL and WEBGPU (columns "tt OPENCL", "tt WEBGPU": DEV=<device>, fewer
+repetitions, outside the ratios and goals; n/a with a footnote where a device cannot run).
 """
 from __future__ import annotations
 
@@ -27,7 +29,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import data, report  # noqa: E402
-from benchmarks.worker import FRAMEWORKS, RESULT_PREFIX, TRAIN_WORKLOADS, WORKLOADS  # noqa: E402
+from benchmarks.worker import (  # noqa: E402
+    DEVICE_FRAMEWORKS,
+    FRAMEWORKS,
+    RESULT_PREFIX,
+    TRAIN_WORKLOADS,
+    WORKLOADS,
+)
 
 
 def loadavg() -> str:
@@ -39,13 +47,15 @@ def loadavg() -> str:
 
 
 def worker_env(framework: str, cache_dir: Path) -> dict[str, str]:
-    """The environment of a worker: its own compile cache directory, tinygrad on DEV=CPU."""
+    """The environment of a worker: its own compile cache directory, tinygrad on DEV=CPU,
+    tinyteach on DEV=CPU unless it is one of the device columns (DEV=OPENCL, DEV=WEBGPU)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     for noisy in ("DEBUG", "BEAM", "NOOPT", "VIZ"):  # measure the defaults
         env.pop(noisy, None)
-    if framework == "tinyteach":
+    if framework == "tinyteach" or framework in DEVICE_FRAMEWORKS:
         env["TINYTEACH_CACHE"] = str(cache_dir)
+        env["DEV"] = DEVICE_FRAMEWORKS.get(framework, "CPU")
     elif framework == "tinygrad":
         env["DEV"] = "CPU"
         env["CACHEDB"] = str(cache_dir / "cache.db")
@@ -100,7 +110,7 @@ def measure(workloads: list[str], frameworks: list[str], quick: bool,
             if run == "cold":
                 shutil.rmtree(cache_dir, ignore_errors=True)
             cache_dir.mkdir(parents=True, exist_ok=True)
-            print(f"  {workload:<10} {run:<6} {framework:<9} ...", end=" ", file=sys.stderr,
+            print(f"  {workload:<10} {run:<6} {framework:<16} ...", end=" ", file=sys.stderr,
                   flush=True)
             result = run_worker(framework, workload, data_dir, cache_dir, quick,
                                 first=run != "steady", timeout=timeout)
@@ -143,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     print(report.format_table(results))
     print("\nratio tt/peer = tinyteach / peer: below 1 is better for 'lower' rows, above 1 for "
           "'higher' rows. n/a: not applicable (no JIT, no kernel counter, no autograd).")
+    notes, footnotes = report.device_notes(results), report.device_footnotes(results)
+    if notes or footnotes:
+        print("device columns: tinyteach itself, each in its own process with DEV=<device> "
+              "(fewer repetitions; not in the ratios or goals):")
+        print("\n".join(notes + footnotes))
     print(f"load average (1/5/15 min): before {load_before}, after {load_after}; "
           f"{os.cpu_count()} cores; {elapsed:.0f} s in all{' (--quick)' if args.quick else ''}")
     print("\ngoals (issue 7; JIT replay per kernel from issue 3):")

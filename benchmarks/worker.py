@@ -22,7 +22,9 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from benchmarks.data import FUSED_N, MATMUL_SIZES, NORM_SHAPE, Data  # noqa: E402
 from benchmarks.timing import time_batches, time_runs  # noqa: E402
 
-FRAMEWORKS = ("tinyteach", "tinygrad", "torch", "numpy")
+# tinyteach on its other devices: the same implementation, in its own process with DEV=<device>
+DEVICE_FRAMEWORKS = {"tinyteach-OPENCL": "OPENCL", "tinyteach-WEBGPU": "WEBGPU"}
+FRAMEWORKS = ("tinyteach", "tinygrad", "torch", "numpy") + tuple(DEVICE_FRAMEWORKS)
 TRAIN_WORKLOADS = ("mlp", "cnn")
 WORKLOADS = TRAIN_WORKLOADS + tuple(f"matmul{n}" for n in MATMUL_SIZES) + (
     "fused", "softmax", "layernorm", "tiny")
@@ -34,8 +36,19 @@ REPEATS = {"train_warmup": (3, 3), "train_steps": (30, 5), "matmul": (7, 3), "fu
            "tiny_eager_batch": (200, 50), "tiny_jit_batch": (500, 100)}
 
 
-def repeats(name: str, quick: bool) -> int:
-    return REPEATS[name][1 if quick else 0]
+# the CPU-emulated GPU devices (pocl, lavapipe) are slow: fewer repetitions in a full run
+DEVICE_REPEATS = {"train_steps": 15, "matmul": 5, "norm": 5, "tiny_eager_batch": 100,
+                  "tiny_jit_batch": 300}
+
+
+def repeats(name: str, quick: bool, device: bool = False) -> int:
+    count = REPEATS[name][1 if quick else 0]
+    return min(count, DEVICE_REPEATS.get(name, count)) if device else count
+
+
+def reps(impl: Any, name: str, quick: bool) -> int:
+    """The repetition count of `name` for this implementation (fewer on the emulated GPUs)."""
+    return repeats(name, quick, getattr(impl, "emulated_device", False))
 
 
 def load_impl(framework: str) -> Any:
@@ -43,6 +56,9 @@ def load_impl(framework: str) -> Any:
     if framework in ("tinyteach", "tinygrad"):
         from benchmarks.impl_tiny import TinyImpl
         return TinyImpl(framework)
+    if framework in DEVICE_FRAMEWORKS:
+        from benchmarks.impl_tiny import TinyImpl
+        return TinyImpl("tinyteach", device=DEVICE_FRAMEWORKS[framework])
     if framework == "torch":
         from benchmarks.impl_torch import TorchImpl
         return TorchImpl()
@@ -74,7 +90,7 @@ def train_first(impl: Any, kind: str, data: Data) -> dict[str, Any]:
 def train_steady(impl: Any, kind: str, data: Data, quick: bool) -> dict[str, Any]:
     """ms per step (median) after the warm-up steps, and kernels per replayed step."""
     step = impl.train_step(kind, data)
-    warmup, steps = repeats("train_warmup", quick), repeats("train_steps", quick)
+    warmup, steps = repeats("train_warmup", quick), reps(impl, "train_steps", quick)
     losses, warm_times, times = [], [], []
     for i in range(warmup):
         start = time.perf_counter()
@@ -109,7 +125,8 @@ def kernel_workload(impl: Any, fn: Callable[..., Any], arrays: list[Any], warmup
 
 def matmul(impl: Any, n: int, data: Data, quick: bool) -> dict[str, Any]:
     arrays = [data[f"mm{n}_a"], data[f"mm{n}_b"]]
-    timings, kernels = kernel_workload(impl, impl.matmul, arrays, 1, repeats("matmul", quick))
+    timings, kernels = kernel_workload(impl, impl.matmul, arrays, 1,
+                                       reps(impl, "matmul", quick))
     return {"metrics": {"gflops": 2 * n**3 / timings.median / 1e9, "ms": ms(timings.median),
                         "kernels": kernels},
             "extra": {"warmup_ms": [ms(t) for t in timings.warmup],
@@ -118,7 +135,7 @@ def matmul(impl: Any, n: int, data: Data, quick: bool) -> dict[str, Any]:
 
 def fused(impl: Any, data: Data, quick: bool) -> dict[str, Any]:
     arrays = [data[f"fused_{name}"] for name in "abc"]
-    timings, kernels = kernel_workload(impl, impl.fused, arrays, 1, repeats("fused", quick))
+    timings, kernels = kernel_workload(impl, impl.fused, arrays, 1, reps(impl, "fused", quick))
     moved = 3 * FUSED_N * FUSED_N * 4 + FUSED_N * 4  # read a, b, c; write the row sums
     return {"metrics": {"gbps": moved / timings.median / 1e9, "ms": ms(timings.median),
                         "kernels": kernels},
@@ -128,7 +145,7 @@ def fused(impl: Any, data: Data, quick: bool) -> dict[str, Any]:
 
 def norm(impl: Any, name: str, data: Data, quick: bool) -> dict[str, Any]:
     fn = impl.softmax if name == "softmax" else impl.layernorm
-    timings, kernels = kernel_workload(impl, fn, [data["norm_x"]], 1, repeats("norm", quick))
+    timings, kernels = kernel_workload(impl, fn, [data["norm_x"]], 1, reps(impl, "norm", quick))
     return {"metrics": {"ms": ms(timings.median), "kernels": kernels},
             "extra": {"shape": list(NORM_SHAPE), "warmup_ms": [ms(t) for t in timings.warmup],
                       "run_ms": [ms(t) for t in timings.runs]}}
@@ -140,8 +157,8 @@ def tiny(impl: Any, data: Data, quick: bool) -> dict[str, Any]:
     x = data["tiny_x"]
     pool = lambda size: (lambda: [impl.tensor(x) for _ in range(size)])
     impl.sync(impl.add_one(impl.tensor(x)))  # compile outside the clock
-    eager = time_batches(pool(repeats("tiny_eager_batch", quick)), impl.add_one, impl.sync,
-                         repeats("tiny_eager", quick))
+    eager = time_batches(pool(reps(impl, "tiny_eager_batch", quick)), impl.add_one, impl.sync,
+                         reps(impl, "tiny_eager", quick))
     metrics: dict[str, Any] = {"eager_us": statistics.median(eager) * 1e6,
                                "jit_us": None, "jit_kernels": None}
     extra: dict[str, Any] = {"eager_us_runs": [t * 1e6 for t in eager]}
@@ -149,8 +166,8 @@ def tiny(impl: Any, data: Data, quick: bool) -> dict[str, Any]:
         jitted = impl.jit_add_one()
         for _ in range(3):  # run, capture, first replay
             impl.sync(jitted(impl.tensor(x)))
-        replay = time_batches(pool(repeats("tiny_jit_batch", quick)), jitted, impl.sync,
-                              repeats("tiny_jit", quick))
+        replay = time_batches(pool(reps(impl, "tiny_jit_batch", quick)), jitted, impl.sync,
+                              reps(impl, "tiny_jit", quick))
         metrics["jit_us"] = statistics.median(replay) * 1e6
         extra["jit_us_runs"] = [t * 1e6 for t in replay]
         one = impl.tensor(x)
@@ -161,8 +178,8 @@ def tiny(impl: Any, data: Data, quick: bool) -> dict[str, Any]:
 def run_workload(framework: str, workload: str, data: Data, quick: bool,
                  first: bool) -> dict[str, Any]:
     """Measure one workload; a framework that cannot run it gets {"skipped": reason}."""
-    impl = load_impl(framework)
     try:
+        impl = load_impl(framework)
         if workload in TRAIN_WORKLOADS:
             result = (train_first(impl, workload, data) if first
                       else train_steady(impl, workload, data, quick))

@@ -64,3 +64,26 @@ def test_data_is_deterministic_per_workload() -> None:
     alone = data.generate(["tiny"])["tiny_x"]
     together = data.generate(["mlp", "tiny"])["tiny_x"]
     assert (alone == together).all() and alone.dtype.name == "float32"
+
+
+def test_device_columns_stay_out_of_the_ratios() -> None:
+    """The OPENCL/WEBGPU columns show their figures (or n/a, with the reason as a footnote)
+    and never change the tinyteach-CPU/peer ratios."""
+    results: report.Results = {
+        ("softmax", "steady"): {"tinyteach": {"metrics": {"ms": 10.0}},
+                                "tinygrad": {"metrics": {"ms": 20.0}},
+                                "tinyteach-OPENCL": {"metrics": {"ms": 40.0},
+                                                     "notes": ["device OPENCL", "pocl"]},
+                                "tinyteach-WEBGPU": {"skipped": "WEBGPU unavailable: no adapter"}},
+    }
+    row = next(r for r in report.ROWS if r.workload == "softmax" and r.metric == "ms")
+    assert report.ratio(results, row, "tinygrad") == pytest.approx(0.5)
+    assert report.cell(results, row, "tinyteach-OPENCL") == "40.00"
+    assert report.cell(results, row, "tinyteach-WEBGPU") == "n/a"
+    table = report.format_table(results)
+    assert "tt OPENCL" in table and "tt WEBGPU" in table and "0.50x" in table
+    (footnote,) = report.device_footnotes(results)
+    assert "tt WEBGPU" in footnote and "no adapter" in footnote and "softmax" in footnote
+    assert report.device_notes(results) == ["  tt OPENCL: pocl"]
+    cpu_only = {key: {"tinyteach": entries["tinyteach"]} for key, entries in results.items()}
+    assert "tt OPENCL" not in report.format_table(cpu_only)
