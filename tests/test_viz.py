@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from tinyteach import Tensor
+from tinyteach import Context, Tensor
 from tinyteach.rewrite import record_rewrites
 from tinyteach.schedule import create_schedule
 
@@ -131,7 +131,10 @@ def test_kernel_shows_every_stage_and_every_renderer() -> None:
     assert "DEFINE_GLOBAL" in figure.text and "SINK" in figure.text  # the AST
     assert "RANGE" in figure.text and "ACCUMULATE" in figure.text   # the linear program
     assert "launch sizes: global (4,)" in figure.text
-    assert "optimizations: none" in figure.text
+    # the sum over a contiguous row may be split into vector lanes (opt.py / lower.py)
+    assert "optimizations: vector lanes: the sum over ridx0" in figure.text
+    with Context(NOOPT=1):
+        assert "optimizations: none" in viz.kernel(seed_example()).text
     assert "void r_4_4(" in figure.text and "for (int gidx0 = 0; gidx0 < 4" in figure.text
     for found in find_renderers():
         assert f"{found.language} source" in figure.text
@@ -209,7 +212,7 @@ def test_fallback_in_the_widget(monkeypatch: pytest.MonkeyPatch, tmp_path: objec
 
 DETERMINISM_SCRIPT = """
 import hashlib, numpy as np, viz
-from tinyteach import Tensor
+from tinyteach import Context, Tensor
 rng = np.random.default_rng(0)
 a, b, c = (Tensor(rng.standard_normal((4, 4)).astype(np.float32), device="CPU") for _ in range(3))
 out = ((a + b) * c).relu().sum(1)

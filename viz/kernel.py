@@ -2,8 +2,8 @@
 
 What a student sees, top to bottom:
 - the kernel's name, device, why its result is stored and what it fused (chapter 6), its launch
-  sizes (one loop per output axis: `LinearProgram.global_sizes`) and the optimizations applied
-  to it (none yet: kernels run exactly as lowered; a later chapter adds an optimizer);
+  sizes (one loop per output axis: `LinearProgram.global_sizes`) and the optimizations opt.py
+  applied to it (upcast tiles, vector lanes, threads — chapter 7);
 - the AST: the kernel as the scheduler built it, SINK(STORE(DEFINE_GLOBAL 0, value));
 - the linear program: loops, loads, accumulators and index arithmetic in order (chapter 7);
 - the source every renderer in `tinyteach/render/` writes for it (chapter 8), highlighted with
@@ -32,8 +32,8 @@ from viz.plan import make_plan
 # module name in tinyteach/render/ -> (language shown, pygments lexer); others are C-like
 LANGUAGES = {"c": ("C", "c"), "opencl": ("OpenCL C", "c"), "cuda": ("CUDA C", "cuda"),
              "wgsl": ("WGSL", "wgsl"), "metal": ("Metal", "c")}
-NO_OPTIMIZER = ("none: the kernel runs exactly as lowered (the optimizer — upcast, unroll, "
-                "tiling — comes in a later chapter)")
+NO_OPTIMIZER = ("none: the kernel runs exactly as lowered (opt.py found nothing worth doing, "
+                "or NOOPT=1)")
 
 
 @dataclass
@@ -191,7 +191,7 @@ def summary_rows(info: KernelInfo, linear: LinearProgram | None) -> list[tuple[s
         sizes = linear.global_sizes
         rows.append(("launch sizes", f"global {sizes}: one loop per output axis"
                      if sizes else "global (): a single output element"))
-        applied = linear.options.describe()
+        applied = linear.applied_opts
         rows.append(("optimizations", "; ".join(applied) if applied else NO_OPTIMIZER))
     if info.seconds is not None:
         rows.append(("time", f"{info.seconds * 1e6:.1f} us"))
