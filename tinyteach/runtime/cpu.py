@@ -36,8 +36,10 @@ from tinyteach.device import (
 )
 from tinyteach.render.c import CRenderer
 
-# -march=native: use this machine's vector instructions (the cache key names the machine)
-C_FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno",
+# -march=native: use this machine's vector instructions (the cache key names the machine).
+# -O2, not -O3: gcc 12's -O3 with AVX-512 miscompiles a padded load (`cond ? a[i % 4] : 0`
+# loses half the rows; tests/test_runtime.py keeps the case), and -O2 vectorizes too.
+C_FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno",
            "-ffp-contract=off"]
 THREAD_FLAGS = ["-fopenmp"]  # `#pragma omp parallel for` on big kernels (opt.py decides)
 # idle OpenMP threads sleep instead of spinning, so they do not steal the other core
