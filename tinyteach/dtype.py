@@ -127,7 +127,7 @@ class dtypes:
 
 
 ALL_DTYPES: dict[str, DType] = {
-    d.name: d for d in vars(dtypes).values() if isinstance(d, DType) and d.name != "default"
+    d.name: d for d in vars(dtypes).values() if isinstance(d, DType)
 }
 
 # Each dtype promotes directly to these (tinygrad's lattice). The least upper bound of two

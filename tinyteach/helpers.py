@@ -97,12 +97,3 @@ def dedup(values: Iterable[T]) -> list[T]:
 
 def flatten(nested: Iterable[Iterable[T]]) -> list[T]:
     return [item for inner in nested for item in inner]
-
-
-def strides_for_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major (C order) strides, in elements, with 0 for dimensions of size 1."""
-    strides, running = [], 1
-    for size in reversed(shape):
-        strides.append(running if size != 1 else 0)
-        running *= size
-    return tuple(reversed(strides))

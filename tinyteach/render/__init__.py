@@ -56,6 +56,19 @@ def _logic(symbol_bool: str, symbol_int: str) -> Callable[[str, str, DType], str
     return code
 
 
+def typed_math_function(base: str, half_to_float: str,
+                        float_to_half: str) -> Callable[[str, DType], str]:
+    """C's math library is typed: `sinf` for float, `sin` for double; half goes through float.
+    `half_to_float` and `float_to_half` are format strings around one value, `{}`."""
+    def code(a: str, dtype: DType) -> str:
+        if dtype == dtypes.float64:
+            return f"{base}({a})"
+        if dtype == dtypes.float16:
+            return float_to_half.format(f"{base}f({half_to_float.format(a)})")
+        return f"{base}f({a})"
+    return code
+
+
 class CStyleRenderer:
     """Renders a LinearProgram in a C-like language. Subclasses change the details."""
 

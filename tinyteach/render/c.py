@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tinyteach.dtype import DType, dtypes
-from tinyteach.render import CStyleRenderer
+from tinyteach.render import CStyleRenderer, typed_math_function
 from tinyteach.uop import Ops, UOp
 
 C_PRELUDE = "#include <math.h>\n#include <stdbool.h>\n"
@@ -27,15 +27,7 @@ class CRenderer(CStyleRenderer):
     type_names = {**CStyleRenderer.type_names, dtypes.float16: "_Float16"}
 
     def _math_function(self, op: Ops) -> Callable[[str, DType], str]:
-        base = self.math_functions[op]
-
-        def code(a: str, dtype: DType) -> str:
-            if dtype == dtypes.float64:
-                return f"{base}({a})"
-            if dtype == dtypes.float16:
-                return f"((_Float16){base}f((float)({a})))"
-            return f"{base}f({a})"
-        return code
+        return typed_math_function(self.math_functions[op], "(float)({})", "((_Float16){})")
 
     def float_literal(self, value: float, dtype: DType) -> str:
         if dtype == dtypes.float16:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
+from tinyteach.render import typed_math_function
 from tinyteach.render.gpu import GPURenderer
 from tinyteach.uop import Ops, UOp
 
@@ -52,15 +53,8 @@ class CUDARenderer(GPURenderer):
         return f"(({self.type_name(dtype)})({a}))"
 
     def _math_function(self, op: Ops) -> Callable[[str, DType], str]:
-        base = self.math_functions[op]
-
-        def code(a: str, dtype: DType) -> str:
-            if dtype == dtypes.float64:
-                return f"{base}({a})"
-            if dtype == dtypes.float16:
-                return f"__float2half({base}f(__half2float({a})))"
-            return f"{base}f({a})"
-        return code
+        return typed_math_function(self.math_functions[op], "__half2float({})",
+                                   "__float2half({})")
 
     def alu(self, node: UOp, operands: list[str]) -> str:
         if node.op is Ops.CAST and node.src[0].dtype == dtypes.half:
