@@ -48,6 +48,7 @@ class ContextVar:
 
 DEBUG = ContextVar("DEBUG", 0)        # 1 launches, 2 timings, 3 ASTs, 4 source, 5 rewrites
 NOOPT = ContextVar("NOOPT", 0)        # 1: no kernel optimizations (later chapters)
+BEAM = ContextVar("BEAM", 0)          # n: search kernel optimizations, beam width n (search.py)
 TRAINING = ContextVar("TRAINING", 0)  # 1: dropout and batchnorm behave as in training
 
 

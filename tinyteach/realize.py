@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from tinyteach import search
 from tinyteach.device import Backend, Buffer, Device
 from tinyteach.helpers import DEBUG, GlobalCounters
 from tinyteach.lower import LinearProgram, lower
@@ -69,7 +70,7 @@ def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
     """Interpret (no renderer) or lower, render and compile one kernel for a device."""
     if backend.renderer is None:
         return Runner(name, backend.name, backend.program(ast), ast, ops_estimate=estimate_ops(ast))
-    linear = lower(ast)
+    linear = lower(ast, search.options_for(backend, name, ast))  # heuristic, or BEAM's choice
     if DEBUG >= 3:
         applied = linear.applied_opts or ["none"]
         print(f"    optimizations of {name}: {'; '.join(applied)}")
@@ -153,7 +154,7 @@ def precompile(items: list[ScheduleItem]) -> None:
 
 def _compile_together(backend: Backend, group: list[ScheduleItem]) -> None:
     names = _unique_names([item.name for item in group])  # one library: no two alike
-    linears = [lower(item.ast) for item in group]
+    linears = [lower(item.ast, search.options_for(backend, item.name, item.ast)) for item in group]
     sources = [backend.renderer.render(name, linear) for name, linear in zip(names, linears)]
     binaries = backend.compiler.compile_many(sources)  # type: ignore[union-attr]
     for item, name, linear, source, binary in zip(group, names, linears, sources, binaries):
