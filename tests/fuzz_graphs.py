@@ -11,6 +11,7 @@ integers and bools must be equal.
 
     python tests/fuzz_graphs.py --graphs 1000            # every available device
     python tests/fuzz_graphs.py --graphs 50 --devices OPENCL --seed 7 --verbose
+    python tests/fuzz_graphs.py --graphs 500 --devices CPU --vector-width 2   # vector tiles
 
 tests/test_backends.py runs a fixed-seed slice of it.
 """
@@ -338,8 +339,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--devices", nargs="*", default=None)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--vector-width", type=int, default=None,
+                        help="CPU vector lanes (the fuzzer's shapes are small: 2 or 4 makes "
+                             "the vector tiles and packing-free vector code run)")
     args = parser.parse_args()
     devices = args.devices or available_devices()
+    if args.vector_width is not None:
+        Device["CPU"].renderer.vector_width = args.vector_width
     start = time.perf_counter()
     report = fuzz(args.graphs, devices, args.seed, args.verbose)
     for failure in report.failures[:20]:

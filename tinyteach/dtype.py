@@ -29,12 +29,26 @@ Kind = Literal["bool", "int", "uint", "float"]
 
 @dataclass(frozen=True, order=True)
 class DType:
-    """A scalar type: `priority` orders the lattice, `itemsize` is in bytes."""
+    """A scalar type: `priority` orders the lattice, `itemsize` is in bytes. `count` > 1 makes
+    it a vector of that many lanes (only the kernel optimizer makes those: `float32.vec(16)`)."""
 
     priority: int
     itemsize: int
     name: str
     kind: Kind
+    count: int = 1
+
+    def vec(self, count: int) -> DType:
+        """A vector of `count` lanes of this scalar type (one SIMD register's worth)."""
+        return DType(self.priority, self.itemsize * count, f"{self.name}x{count}", self.kind, count)
+
+    @property
+    def scalar(self) -> DType:
+        """The type of one lane."""
+        if self.count == 1:
+            return self
+        return DType(self.priority, self.itemsize // self.count, self.name.split("x")[0],
+                     self.kind)
 
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"
@@ -42,7 +56,7 @@ class DType:
     @property
     def np(self) -> np.dtype:
         """The matching numpy dtype (numpy is the reference and the host format)."""
-        return np.dtype("bool" if self.kind == "bool" else self.name)
+        return np.dtype("bool" if self.kind == "bool" else self.scalar.name)
 
     @property
     def min(self) -> float | int | bool:

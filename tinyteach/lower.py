@@ -38,7 +38,7 @@ Builds on: uop.py, view.py, rewrite.py. Used by: render/, realize.py.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import NOOPT
@@ -133,8 +133,11 @@ def _reads_buffer_directly(node: UOp) -> bool:
 def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index]:
     """The output index of every element one loop iteration computes. Without upcasts that is
     one index, (gidx0, gidx1, ...); an axis upcast by 4 loops over size/4 and contributes
-    gidx*4 + 0, ..., gidx*4 + 3, so the iteration computes a whole tile."""
+    gidx*4 + 0, ..., gidx*4 + 3, so the iteration computes a whole tile. With vectors of 16
+    lanes, an axis upcast by 32 contributes gidx*32 + lane and gidx*32 + 16 + lane: `lane`
+    stands for all 16 lanes at once (`vectorize` below)."""
     factors = dict(options.upcasts)
+    vector_axis = options.upcasts[-1][0] if options.vector_width else None
     per_axis: list[list[UOp]] = []
     for axis, size in enumerate(shape):
         factor = factors.get(axis, 1)
@@ -142,6 +145,11 @@ def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index
             per_axis.append([index_const(0)])
         elif factor == 1:
             per_axis.append([make_range("g", axis, size)])
+        elif axis == vector_axis:
+            base = make_range("g", axis, size // factor) * factor
+            lane = make_range("v", axis, options.vector_width)
+            per_axis.append([base + offset + lane
+                             for offset in range(0, factor, options.vector_width)])
         else:
             base = make_range("g", axis, size // factor) * factor
             per_axis.append([base + offset for offset in range(factor)])
@@ -161,6 +169,76 @@ def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
         position = linear_index(index, value.shape)
         stores.append(UOp(Ops.STORE, value.dtype, (output, position, lowered)))
     return graph_rewrite(UOp(Ops.SINK, dtypes.bool, tuple(stores)), symbolic)
+
+
+# ---- vectorize: the lane loop becomes vector values ----
+
+VECTOR_ALU = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.MAX, Ops.RECIPROCAL, Ops.WHERE,
+              Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT}
+
+
+def vectorize(lowered: UOp) -> UOp | None:
+    """Replace the lane index (a RANGE of kind 'v') by vectors: a load at `base + lane` becomes
+    one vector load at `base`, float math on it becomes vector math, a sum of vectors keeps a
+    vector accumulator, and the store writes the whole vector. Returns None (and the kernel
+    stays scalar) when something depends on the lane in another way: a lane-dependent padding
+    guard, a gather, or an int or bool value computed per lane."""
+    lanes = [n for n in lowered.toposort if n.op is Ops.RANGE and n.arg[0] == "v"]
+    if not lanes:
+        return lowered
+    lane, memo = lanes[0], dict[UOp, frozenset[UOp]]()
+    done: dict[UOp, UOp] = {}
+    for node in lowered.toposort:
+        if lane not in ranges_of(node, memo) or node is lane:
+            done[node] = node  # the same for every lane (or an index, handled by its load)
+            continue
+        sources = [done[s] for s in node.src]
+        if node.op in (Ops.LOAD, Ops.STORE):
+            base = _base_of_lane_index(node.src[1], lane)
+            guard_per_lane = len(node.src) == 3 and node.op is Ops.LOAD and \
+                lane in ranges_of(node.src[2], memo)
+            scalar_store = node.op is Ops.STORE and sources[2].dtype.count == 1
+            if base is None or guard_per_lane or scalar_store or not dtypes.is_float(node.dtype):
+                return None
+            dtype = node.dtype.vec(lane.arg[2]) if node.op is Ops.LOAD else node.dtype
+            done[node] = UOp(node.op, dtype, (sources[0], base, *sources[2:]), node.arg)
+        elif node.op in VECTOR_ALU | {Ops.REDUCE} and dtypes.is_float(node.dtype):
+            per_lane = [s for s, new in zip(node.src, sources)
+                        if lane in ranges_of(s, memo) and new.dtype.count == 1]
+            if per_lane:
+                return None  # e.g. an index turned into a float: it would need int vectors
+            done[node] = UOp(node.op, node.dtype.vec(lane.arg[2]), tuple(sources), node.arg)
+        elif node.op is Ops.SINK:
+            done[node] = UOp(Ops.SINK, node.dtype, tuple(sources))
+        elif dtypes.is_int(node.dtype):
+            done[node] = node  # index arithmetic: only a load's or store's position uses it
+        else:
+            return None
+    result = done[lowered]
+    if lane in ranges_of(result, {}):
+        return None  # a lane-dependent index reached something that is not a load or store
+    return result
+
+
+def _base_of_lane_index(index: UOp, lane: UOp) -> UOp | None:
+    """`base + lane` -> base, when `lane` is one term of the sum and appears nowhere else:
+    then the lanes read consecutive elements, and one vector load at `base` reads them all."""
+    terms = _sum_terms(index)
+    if terms.count(lane) != 1:
+        return None
+    rest = [t for t in terms if t is not lane]
+    if any(lane in t.toposort for t in rest):
+        return None
+    base = index_const(0)
+    for term in rest:
+        base = base + term
+    return graph_rewrite(base, symbolic)
+
+
+def _sum_terms(node: UOp) -> list[UOp]:
+    if node.op is Ops.ADD:
+        return _sum_terms(node.src[0]) + _sum_terms(node.src[1])
+    return [node]
 
 
 # ---- linearize: a graph with loops -> a straight-line program ----
@@ -283,7 +361,8 @@ def _sums_over_contiguous_memory(group: list[UOp], loop: UOp) -> bool:
     """Can the innermost loop's float sums be split into vector lanes? Only when every load in
     it walks memory one element at a time (or stays put), without padding guards. Reordering a
     float sum changes rounding, as it does in tinygrad; never for max, never for ints."""
-    if not all(r.arg is Ops.ADD and r.dtype.kind == "float" for r in group):
+    if not all(r.arg is Ops.ADD and r.dtype.kind == "float" and r.dtype.count == 1
+               for r in group):
         return False
     loads = {n for r in group for n in r.src[0].toposort if n.op is Ops.LOAD}
     inside = [n for n in loads if loop in n.src[1].toposort or len(n.src) == 3]
@@ -332,11 +411,21 @@ def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgra
                          linearizer.simd_loops)
 
 
-def lower(ast: UOp, options: KernelOptions | None = None) -> LinearProgram:
+def lower(ast: UOp, options: KernelOptions | None = None,
+          vector_width: int = 0) -> LinearProgram:
     """The whole chapter: choose optimizations (opt.py, unless given), lower the AST,
-    simplify its index math, and linearize it."""
-    chosen = choose_options(ast) if options is None else options
-    program = linearize(lower_ast(ast, chosen), chosen)
+    simplify its index math, and linearize it. `vector_width`: the device's vector lanes
+    (renderer.vector_width), used when the options are chosen here."""
+    chosen = choose_options(ast, vector_width) if options is None else options
+    lowered = lower_ast(ast, chosen)
+    if chosen.vector_width:
+        vectored = vectorize(lowered)
+        if vectored is None:  # this kernel cannot use vectors: the same tile in scalars
+            chosen = replace(chosen, vector_width=0)
+            lowered = lower_ast(ast, chosen)
+        else:
+            lowered = vectored
+    program = linearize(lowered, chosen)
     # every buffer stays a parameter, even one the simplifier made unused (where(False, ...)):
     # the engine passes all of them, and OpenCL and WebGPU check the count
     present = {u for u in program.uops if u.op is Ops.DEFINE_GLOBAL}

@@ -25,7 +25,7 @@ Builds on: uop.py. Used by: lower.py (applies the options), render/ (the paralle
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import NOOPT, prod
@@ -43,13 +43,19 @@ PARALLEL_MIN_WORK = 1 << 21  # operations below which waking threads costs more 
 
 @dataclass(frozen=True)
 class KernelOptions:
-    """What to do to one kernel. `upcasts`: (output axis, factor) pairs."""
+    """What to do to one kernel. `upcasts`: (output axis, factor) pairs. `vector_width` > 0:
+    the last upcast axis's tile is computed in vectors of that many lanes (lower.py)."""
 
     upcasts: tuple[tuple[int, int], ...] = ()
     parallel: bool = False
+    vector_width: int = 0
 
     def describe(self) -> list[str]:
         steps = [f"upcast axis {axis} by {factor}" for axis, factor in self.upcasts]
+        if self.vector_width:
+            axis, factor = self.upcasts[-1]
+            steps.append(f"vectors: axis {axis}'s {factor} values as {factor // self.vector_width}"
+                         f" vector(s) of {self.vector_width} lanes")
         if self.parallel:
             steps.append("threads: split the outer loop across cores")
         return steps
@@ -63,13 +69,19 @@ def kernel_value(ast: UOp) -> UOp:
     return ast.src[0].src[1]
 
 
-def choose_options(ast: UOp) -> KernelOptions:
-    """The hand-written heuristic: tile reductions, thread big kernels."""
+def choose_options(ast: UOp, vector_width: int = 0) -> KernelOptions:
+    """The hand-written heuristic: tile reductions, thread big kernels. `vector_width`: how
+    many floats the device's vector registers hold (0: it has no vector types)."""
     if NOOPT:
         return NO_OPTIONS
     value = kernel_value(ast)
     shape = value.shape
     reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
+    if reduces and vector_width and len(value.toposort) <= MAX_UPCAST_GRAPH \
+            and not reads_contiguously_along_reduction(reduces[0]):
+        vectored = _vector_tile(shape, vector_width)
+        if vectored is not None:
+            return _with_threads(vectored, shape, reduces)
     upcasts: list[tuple[int, int]] = []
     if reduces and len(value.toposort) <= MAX_UPCAST_GRAPH:
         # tile the output axes (innermost last): each loaded value serves several accumulators.
@@ -85,10 +97,34 @@ def choose_options(ast: UOp) -> KernelOptions:
                     and shape[axis] >= 2 * factor:
                 upcasts.append((axis, factor))
     upcasts.sort()
+    return _with_threads(KernelOptions(tuple(upcasts)), shape, reduces)
+
+
+def _with_threads(options: KernelOptions, shape: tuple[int, ...],
+                  reduces: list[UOp]) -> KernelOptions:
+    """Split the outer loop across cores when the kernel does enough work to pay for it."""
     reduce_work = prod(reduces[0].src[0].shape) // max(prod(shape), 1) if reduces else 1
-    outer = _outer_loop_size(shape, dict(upcasts))
+    outer = _outer_loop_size(shape, dict(options.upcasts))
     parallel = prod(shape) * reduce_work >= PARALLEL_MIN_WORK and outer >= 2
-    return KernelOptions(tuple(upcasts), parallel)
+    return replace(options, parallel=parallel)
+
+
+def _vector_tile(shape: tuple[int, ...], width: int) -> KernelOptions | None:
+    """A matmul-like tile in vector registers: the innermost output axis in one or two vectors
+    of `width` lanes, the next axis by 8 (or 4) rows: 8 x 2 vectors = 16 accumulators, plus the
+    two vectors loaded each step. Each loaded vector serves 8 rows; each row's one loaded
+    number serves 32 outputs."""
+    axes = [axis for axis, size in enumerate(shape) if size > 1]
+    if not axes or shape[axes[-1]] % width:
+        return None
+    inner = axes[-1]
+    lanes = 2 * width if shape[inner] % (2 * width) == 0 else width
+    upcasts = [(inner, lanes)]
+    if len(axes) >= 2:
+        rows = next((f for f in (8, 4) if shape[axes[-2]] % f == 0), None)
+        if rows is not None:
+            upcasts.insert(0, (axes[-2], rows))
+    return KernelOptions(tuple(upcasts), vector_width=width)
 
 
 def reads_contiguously_along_reduction(reduce: UOp) -> bool:

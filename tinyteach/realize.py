@@ -24,6 +24,7 @@ from tinyteach import search
 from tinyteach.device import Backend, Buffer, Device
 from tinyteach.helpers import DEBUG, GlobalCounters
 from tinyteach.lower import LinearProgram, lower
+from tinyteach.pack import pack_operands
 from tinyteach.schedule import ScheduleItem, create_schedule, estimate_ops
 from tinyteach.uop import Ops, UOp, pretty
 
@@ -129,6 +130,7 @@ def _count(item: ScheduleItem, runner: Runner | None, seconds: float) -> None:
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
+    items = pack_operands(items)  # big matmul operands: copied into panels first (pack.py)
     precompile(items)
     for item in items:
         run_item(item)

@@ -108,9 +108,37 @@ class CStyleRenderer:
     # ---- the pieces a language changes ----
 
     def type_name(self, dtype: DType) -> str:
+        if dtype.count > 1:
+            return self.vector_type_name(dtype)
         return self.type_names[dtype]
 
+    # vectors (DType.vec; made by lower.vectorize when `vector_width` > 0). OpenCL's words are
+    # the defaults: float16 is a built-in type there; C (c.py) declares its own.
+    vector_width = 0  # lanes of float32 per vector register; 0: no vector types
+
+    def vector_type_name(self, dtype: DType) -> str:
+        return f"{self.type_names[dtype.scalar]}{dtype.count}"
+
+    def vector_declarations(self, vector_dtypes: list[DType]) -> list[str]:
+        """Lines a kernel needs before it may use these vector types."""
+        return []
+
+    def vector_literal(self, dtype: DType, lanes: list[str]) -> str:
+        return f"({self.type_name(dtype)})({', '.join(lanes)})"
+
+    def lane(self, vector: str, number: int) -> str:
+        return f"{vector}.s{number:x}"
+
+    def load_vector(self, buffer: str, index: str, dtype: DType) -> str:
+        return f"vload{dtype.count}(0, {buffer}+{index})"
+
+    def store_vector(self, buffer: str, index: str, value: str, dtype: DType) -> str:
+        return f"vstore{dtype.count}({value}, 0, {buffer}+{index});"
+
     def render_const(self, value: float | int | bool, dtype: DType) -> str:
+        if dtype.count > 1:  # the same value in every lane
+            lane = self.render_const(value, dtype.scalar)
+            return self.vector_literal(dtype, [lane] * dtype.count)
         if dtypes.is_float(dtype):
             if math.isnan(value):
                 return self.nan
@@ -162,6 +190,8 @@ class CStyleRenderer:
         return f"{buffer}[{index}] = {value};"
 
     def alu(self, node: UOp, operands: list[str]) -> str:
+        if node.dtype.count > 1:
+            return self.vector_alu(node, operands)
         if node.op in (Ops.IDIV, Ops.MOD):
             code = _idiv_code if node.op is Ops.IDIV else _mod_code
             expression = code(operands[0], operands[1], node.dtype, node.src[1])
@@ -177,6 +207,19 @@ class CStyleRenderer:
             return self.code_for_op[Ops.CAST](expression, node.dtype)
         return expression
 
+    def vector_alu(self, node: UOp, operands: list[str]) -> str:
+        """+, * and - work on whole vectors (a scalar operand counts for every lane); other ops
+        are written once per lane and packed back into a vector."""
+        scalar = node.dtype.scalar
+        if node.op in NATIVE_VECTOR_OPS:
+            return self.code_for_op[node.op](*operands, scalar)
+        lanes = []
+        for number in range(node.dtype.count):
+            lane_operands = [self.lane(o, number) if s.dtype.count > 1 else o
+                             for o, s in zip(operands, node.src)]
+            lanes.append(self.code_for_op[node.op](*lane_operands, node.src[-1].dtype.scalar))
+        return self.vector_literal(node.dtype, lanes)
+
     # ---- the walk over the program: one small function per op ----
 
     def render(self, name: str, program: LinearProgram) -> str:
@@ -189,7 +232,13 @@ class CStyleRenderer:
             if line is not None:
                 writer.emit(line)
         params = [self.param(g, g.arg[0] == 0) for g in program.globals]
-        return self.render_kernel(name, params, writer.body)
+        vector_dtypes = sorted({u.dtype for u in program.uops if u.dtype.count > 1})
+        declarations = ["  " + line for line in self.vector_declarations(vector_dtypes)]
+        return self.render_kernel(name, params, declarations + writer.body)
+
+
+# ops that C and OpenCL apply to whole vectors; the others are written lane by lane
+NATIVE_VECTOR_OPS = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIPROCAL)
 
 
 # ops whose C result can leave a narrow type's range (int8 127+1 is int 128 in C)
@@ -255,7 +304,10 @@ def _render_end_range(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
 
 def _render_load(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
     renderer = writer.renderer
-    value = renderer.load(operands[0], operands[1])
+    if u.dtype.count > 1:  # `count` consecutive elements from the index on, in one load
+        value = renderer.load_vector(operands[0], operands[1], u.dtype)
+    else:
+        value = renderer.load(operands[0], operands[1])
     if len(u.src) == 3:  # guarded: padding outside the buffer reads 0
         value = renderer.where(operands[2], value, renderer.render_const(0, u.dtype))
     writer.names[u] = writer.new_name("val")
@@ -271,6 +323,8 @@ def _render_accumulate(writer: KernelWriter, u: UOp, operands: list[str]) -> str
     acc, value = operands
     if u.arg is Ops.ADD:
         combined = f"({acc}+{value})"
+    elif u.dtype.count > 1:
+        combined = writer.renderer.vector_alu(UOp(Ops.MAX, u.dtype, u.src), operands)
     else:
         combined = writer.renderer.code_for_op[Ops.MAX](acc, value, u.dtype)
     return f"{acc} = {combined};"
@@ -282,12 +336,15 @@ def _render_reduce(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
 
 
 def _render_store(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
+    if u.src[2].dtype.count > 1:
+        return writer.renderer.store_vector(operands[0], operands[1], operands[2],
+                                            u.src[2].dtype)
     return writer.renderer.store(operands[0], operands[1], operands[2])
 
 
 def _render_alu(writer: KernelWriter, u: UOp, operands: list[str]) -> str | None:
     expression = writer.renderer.alu(u, operands)
-    if writer.uses[u] <= 1:
+    if writer.uses[u] <= 1 and u.dtype.count == 1:  # (vectors get a name: lanes index it)
         writer.names[u] = expression  # used once: written inline where it is used
         return None
     writer.names[u] = writer.new_name("alu")

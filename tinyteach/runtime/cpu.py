@@ -63,6 +63,23 @@ def supports_flags(compiler: str, flags: list[str]) -> bool:
     return result.returncode == 0
 
 
+def native_macros(compiler: str) -> str:
+    """What the compiler predefines with -march=native (`#define __AVX512F__ 1`, ...)."""
+    result = subprocess.run([compiler, "-march=native", "-dM", "-E", "-x", "c", "-"],
+                            input="", capture_output=True, text=True)
+    return result.stdout if result.returncode == 0 else ""
+
+
+def native_vector_width(macros: str) -> int:
+    """How many float32 lanes this CPU's vector registers hold, as the compiler sees it with
+    -march=native: 16 with AVX-512, 8 with AVX, 4 with SSE2 or NEON, else 0 (no vectors)."""
+    for macro, width in (("__AVX512F__", 16), ("__AVX__", 8), ("__SSE2__", 4),
+                         ("__ARM_NEON", 4)):
+        if f"#define {macro} " in macros:
+            return width
+    return 0
+
+
 def find_c_compiler() -> str:
     wanted = os.environ.get("CC")
     candidates = [wanted] if wanted else ["cc", "gcc", "clang"]
@@ -177,6 +194,9 @@ class CPUGraph:
 
 def make_backend() -> Backend:
     compiler = ClangStyleCompiler(find_c_compiler())
-    backend = Backend("CPU", HostAllocator(), CRenderer(), compiler, CPUProgram)
+    macros = native_macros(compiler.compiler)
+    is_gcc = "#define __GNUC__ " in macros and "__clang__" not in macros
+    renderer = CRenderer(vector_width=native_vector_width(macros), fused_multiply_add=is_gcc)
+    backend = Backend("CPU", HostAllocator(), renderer, compiler, CPUProgram)
     backend.graph = CPUGraph
     return backend

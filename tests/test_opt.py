@@ -1,0 +1,178 @@
+"""Chapter 7: the kernel optimizer — upcasts, vectors, threads and packing change how a kernel
+runs, never what it computes. Each optimization is checked against numpy, on and off."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinyteach import Context, Tensor
+from tinyteach.device import Device
+from tinyteach.lower import lower
+from tinyteach.opt import KernelOptions, choose_options
+from tinyteach.pack import plan_packing
+from tinyteach.render.c import CRenderer
+from tinyteach.schedule import create_schedule
+
+
+def data(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+def kernel_asts(tensor: Tensor) -> list:
+    items, _ = create_schedule([tensor.uop], "CPU")
+    return [item.ast for item in items if item.kind == "kernel"]
+
+
+@pytest.fixture(params=[16, 8, 4])
+def vector_width(request, monkeypatch):
+    """Run the CPU device as if its vector registers held 16, 8 or 4 floats."""
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", request.param)
+    return request.param
+
+
+# ---- the heuristic's choices ----
+
+def test_matmul_gets_a_vector_tile():
+    a, b = Tensor(data(64, 64)), Tensor(data(64, 64, seed=1))
+    (ast,) = kernel_asts(a @ b)
+    options = choose_options(ast, 16)
+    assert options.upcasts == ((0, 8), (1, 32)) and options.vector_width == 16
+    assert "vectors: axis 1's 32 values as 2 vector(s) of 16 lanes" in options.describe()
+
+
+def test_without_vector_types_the_tile_is_scalar():
+    a, b = Tensor(data(64, 64)), Tensor(data(64, 64, seed=1))
+    (ast,) = kernel_asts(a @ b)
+    options = choose_options(ast, 0)
+    assert options.vector_width == 0 and options.upcasts == ((0, 4), (1, 8))
+
+
+def test_noopt_turns_everything_off():
+    a, b = Tensor(data(64, 64)), Tensor(data(64, 64, seed=1))
+    (ast,) = kernel_asts(a @ b)
+    with Context(NOOPT=1):
+        assert choose_options(ast, 16) == KernelOptions()
+        assert "float_vec" not in CRenderer(16).render("k", lower(ast, vector_width=16))
+
+
+def test_vector_source_uses_vector_loads_and_accumulators():
+    a, b = Tensor(data(32, 64)), Tensor(data(64, 48, seed=1))
+    (ast,) = kernel_asts(a @ b)
+    program = lower(ast, vector_width=16)
+    source = CRenderer(16, fused_multiply_add=True).render("mm", program)
+    assert "typedef float float_vec16 __attribute__((vector_size(64), aligned(4)));" in source
+    assert "*(const float_vec16*)(data2+" in source      # one load for 16 columns of b
+    assert "float_vec16 acc0" in source and "*(float_vec16*)(data0+" in source
+    assert 'optimize("fp-contract=fast")' in source       # multiply-add fused, vector sums only
+    assert program.options.vector_width == 16
+
+
+def test_a_lane_dependent_guard_falls_back_to_scalars():
+    # padding along the vector axis: each lane has its own guard, so the tile stays scalar
+    x = Tensor(data(8, 30)).pad(((0, 0), (1, 1)))
+    (ast,) = kernel_asts(x.expand(4, 8, 32).sum(axis=1))
+    program = lower(ast, choose_options(ast, 16))
+    assert program.options.vector_width == 0
+    assert "float_vec" not in CRenderer(16).render("k", program)
+
+
+# ---- results: vectors on, off, and at every width ----
+
+CASES = {
+    "matmul": (lambda a, b: a @ b, lambda a, b: a @ b),
+    "matmul + bias, relu": (lambda a, b: (a @ b + 1).relu(), lambda a, b: np.maximum(a @ b + 1, 0)),
+    "matmul, exp": (lambda a, b: (a @ b * 0.1).exp(), lambda a, b: np.exp(a @ b * 0.1)),
+    "max over rows": (lambda a, b: (a @ b).max(axis=0), lambda a, b: (a @ b).max(axis=0)),
+    "column sums": (lambda a, b: (a.T * 2).sum(axis=0), lambda a, b: (a.T * 2).sum(axis=0)),
+    "column max": (lambda a, b: a.max(axis=0), lambda a, b: a.max(axis=0)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("shape", [(32, 48, 64), (16, 16, 16), (24, 40, 96), (8, 33, 32)])
+def test_vectorized_kernels_match_numpy(case, shape, vector_width):
+    m, k, n = shape
+    ours, theirs = CASES[case]
+    a, b = data(m, k), data(k, n, seed=1)
+    if case in ("column sums", "column max"):
+        a = data(k, n)
+    result = ours(Tensor(a), Tensor(b)).numpy()
+    np.testing.assert_allclose(result, theirs(a, b), rtol=1e-4, atol=1e-4)
+
+
+def test_batched_matmul_with_vectors(vector_width):
+    a, b = data(3, 16, 24), data(3, 24, 32, seed=1)
+    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_vector_results_equal_noopt_results():
+    a, b = data(48, 64), data(64, 64, seed=1)
+    fast = (Tensor(a) @ Tensor(b)).relu().numpy()
+    with Context(NOOPT=1):
+        plain = (Tensor(a) @ Tensor(b)).relu().numpy()
+    np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_nan_survives_a_vector_max():
+    x = data(16, 32)
+    x[3, 5] = np.nan
+    result = Tensor(x).max(axis=0).numpy()
+    assert np.isnan(result[5]) and not np.isnan(np.delete(result, 5)).any()
+
+
+# ---- packing ----
+
+def test_big_matmul_operand_is_packed():
+    a, b = Tensor(data(512, 512)), Tensor(data(512, 512, seed=1))
+    (ast,) = kernel_asts(a @ b)
+    plan = plan_packing(ast, 16)
+    assert plan is not None and plan.input_index == 2 and plan.panel == 32
+    assert plan.packed_size == 512 * 512
+
+
+def test_small_operands_are_not_packed():
+    a, b = Tensor(data(128, 784)), Tensor(data(784, 128, seed=1))  # an MLP layer
+    (ast,) = kernel_asts(a @ b)
+    assert plan_packing(ast, 16) is None
+    assert plan_packing(ast, 0) is None
+
+
+def test_packed_matmul_matches_numpy(monkeypatch):
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+    a, b = data(64, 512), data(512, 512, seed=1)
+    from tinyteach.realize import record_launches
+    with record_launches() as launches:
+        result = (Tensor(a) @ Tensor(b)).relu().numpy()
+    names = [launch.item.name for launch in launches]
+    assert any(name.startswith("pack_") for name in names)
+    np.testing.assert_allclose(result, np.maximum(a @ b, 0), rtol=1e-4, atol=1e-3)
+
+
+def test_packed_batched_matmul_matches_numpy(monkeypatch):
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+    a, b = data(2, 32, 512), data(2, 512, 512, seed=1)
+    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_packed_broadcast_operand_matches_numpy(monkeypatch):
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+    a, b = data(2, 32, 512), data(512, 512, seed=1)  # one b for both batches
+    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_noopt_does_not_pack(monkeypatch):
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+    from tinyteach.realize import record_launches
+    a, b = Tensor(data(64, 512)).realize(), Tensor(data(512, 512, seed=1)).realize()
+    with Context(NOOPT=1), record_launches() as launches:
+        (a @ b).realize()
+    assert [launch.item.name for launch in launches] == ["r_64_512_512"]
+
+
+def test_gradients_through_a_packed_matmul(monkeypatch):
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+    a, b = data(32, 512), data(512, 512, seed=1)
+    ta, tb = Tensor(a, requires_grad=True), Tensor(b, requires_grad=True)
+    (ta @ tb).sum().backward()
+    np.testing.assert_allclose(ta.grad.numpy(), np.ones((32, 512)) @ b.T, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(tb.grad.numpy(), a.T @ np.ones((32, 512)), rtol=1e-4, atol=1e-3)
