@@ -13,10 +13,10 @@ import tinyteach
 PACKAGE = Path(tinyteach.__file__).parent
 
 # bottom to top, as tinyteach/__init__.py states it; opt.py is chapter 7's optimizer (with lower),
-# search.py its timed search (with realize, which calls it; it compiles and runs candidates)
+# search.py its timed search and pack.py its packing copies (with realize, which calls both)
 CORE = ["helpers", "dtype", "uop", "view", "rewrite", "device", "schedule", "lower", "render",
         "runtime", "realize", "gradient", "tensor", "indexing"]
-SAME_LAYER = {"opt": "lower", "search": "realize"}
+SAME_LAYER = {"opt": "lower", "search": "realize", "pack": "realize"}
 TOP = ["jit", "nn", "exercises"]  # may import anything below them
 LAYERS = CORE + TOP
 FORBIDDEN = {"viz", "IPython", "ipywidgets", "graphviz", "ipykernel", "notebook", "jupyter"}

@@ -12,7 +12,8 @@ module (or small package) that opens with what it teaches, and one notebook in c
 | 4  | Shapes without copies: views                         | view.py                           |
 | 5  | Rewriting graphs: the pattern matcher                | rewrite.py                        |
 | 6  | Scheduling: kernel fusion                            | schedule.py                       |
-| 7  | Lowering: loops, indices, optimizations              | lower.py, opt.py                  |
+| 7  | Lowering: loops, indices, optimizations              | lower.py, opt.py, pack.py,        |
+|    |                                                      | search.py                         |
 | 8  | Code generation: C, OpenCL, CUDA, WGSL               | render/                           |
 | 9  | Devices and runtimes                                 | device.py, realize.py, runtime/   |
 | 10 | The JIT and graph execution                          | jit.py                            |
@@ -25,7 +26,8 @@ and runs it. Set DEBUG=1..5 (or `with Context(DEBUG=4):`) to watch every stage.
 
 Layering: a module imports only from modules *below* it in this order (a test checks it):
 helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime, realize,
-gradient, tensor, indexing (opt sits with lower), then jit, nn and exercises on top.
+gradient, tensor, indexing (opt sits with lower; pack and search, which compile and run
+kernels, with realize), then jit, nn and exercises on top.
 """
 from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
 from tinyteach.device import Device

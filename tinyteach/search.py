@@ -81,8 +81,7 @@ SEARCH_VERSION = "1"       # bump when a cached choice should no longer be trust
 
 def heuristic_options(backend: Backend, ast: UOp) -> KernelOptions:
     """What the hand-written heuristic (opt.py) would choose: the search's starting point."""
-    width = getattr(backend.renderer, "vector_width", 0)  # floats per vector register (or 0)
-    return choose_options(ast, width) if width else choose_options(ast)
+    return choose_options(ast, backend.renderer.vector_width)  # floats per vector register
 
 
 def neighbours(options: KernelOptions, shape: tuple[int, ...], body_nodes: int = 1) \
@@ -116,20 +115,15 @@ def _threads_switched(options: KernelOptions) -> KernelOptions:
 
 def _vectors_off(options: KernelOptions) -> KernelOptions | None:
     """The same tile in scalars, when the tile was computed in vector registers."""
-    if not vector_width_of(options):
+    if not options.vector_width:
         return None
     return dataclasses.replace(options, vector_width=0)
-
-
-def vector_width_of(options: KernelOptions) -> int:
-    """The lanes of a vector tile (opt.py sets them where the renderer has vectors), or 0."""
-    return getattr(options, "vector_width", 0)
 
 
 def _is_valid(options: KernelOptions, shape: tuple[int, ...]) -> bool:
     """Threads need an outer loop of at least 2 iterations to split; a vector tile (on the last
     upcast axis) a whole number of vectors."""
-    width = vector_width_of(options)
+    width = options.vector_width
     if width and (not options.upcasts or options.upcasts[-1][1] % width):
         return False
     return not options.parallel or outer_loop_size(shape, dict(options.upcasts)) >= 2

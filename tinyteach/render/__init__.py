@@ -126,6 +126,10 @@ class CStyleRenderer:
     def vector_literal(self, dtype: DType, lanes: list[str]) -> str:
         return f"({self.type_name(dtype)})({', '.join(lanes)})"
 
+    def broadcast(self, scalar: str, dtype: DType) -> str:
+        """A vector with `scalar` in every lane."""
+        return f"({self.type_name(dtype)})({scalar})"
+
     def lane(self, vector: str, number: int) -> str:
         return f"{vector}.s{number:x}"
 
@@ -137,8 +141,7 @@ class CStyleRenderer:
 
     def render_const(self, value: float | int | bool, dtype: DType) -> str:
         if dtype.count > 1:  # the same value in every lane
-            lane = self.render_const(value, dtype.scalar)
-            return self.vector_literal(dtype, [lane] * dtype.count)
+            return self.broadcast(self.render_const(value, dtype.scalar), dtype)
         if dtypes.is_float(dtype):
             if math.isnan(value):
                 return self.nan

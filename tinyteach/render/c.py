@@ -65,6 +65,9 @@ class CRenderer(CStyleRenderer):
     def vector_literal(self, dtype: DType, lanes: list[str]) -> str:
         return f"({self.type_name(dtype)}){{{', '.join(lanes)}}}"
 
+    def broadcast(self, scalar: str, dtype: DType) -> str:
+        return self.vector_literal(dtype, [scalar] * dtype.count)
+
     def lane(self, vector: str, number: int) -> str:
         return f"{vector}[{number}]"
 

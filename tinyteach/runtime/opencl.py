@@ -129,7 +129,11 @@ class OpenCLBackend(Backend):
         self.context = cl.Context([self.cl_device])
         self.queue = cl.CommandQueue(self.context, self.cl_device)
         compiler = OpenCLCompiler(self.context, self.cl_device)
-        super().__init__("OPENCL", OpenCLAllocator(self.context, self.queue), OpenCLRenderer(),
+        renderer = OpenCLRenderer()
+        # float16, float8, ...: OpenCL's own vector types, as wide as the device prefers
+        renderer.vector_width = self.cl_device.preferred_vector_width_float \
+            if self.cl_device.preferred_vector_width_float in (2, 4, 8, 16) else 0
+        super().__init__("OPENCL", OpenCLAllocator(self.context, self.queue), renderer,
                          compiler, self._make_program)
         self.graph = OpenCLGraph
         self.unsupported_dtypes = {dtype: f"the OpenCL device lacks {extension}"
