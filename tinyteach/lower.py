@@ -411,6 +411,14 @@ def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgra
                          linearizer.simd_loops)
 
 
+def _scalar_options(ast: UOp, vectored: KernelOptions) -> KernelOptions:
+    """The heuristic's vector tile (8 x 32) is too big in scalars: take its scalar choice then;
+    options chosen by hand or by a search keep their tile."""
+    if vectored == choose_options(ast, vectored.vector_width):
+        return choose_options(ast)
+    return replace(vectored, vector_width=0)
+
+
 def lower(ast: UOp, options: KernelOptions | None = None,
           vector_width: int = 0) -> LinearProgram:
     """The whole chapter: choose optimizations (opt.py, unless given), lower the AST,
@@ -420,8 +428,8 @@ def lower(ast: UOp, options: KernelOptions | None = None,
     lowered = lower_ast(ast, chosen)
     if chosen.vector_width:
         vectored = vectorize(lowered)
-        if vectored is None:  # this kernel cannot use vectors: the same tile in scalars
-            chosen = replace(chosen, vector_width=0)
+        if vectored is None:  # this kernel cannot use vectors: the same kernel in scalars
+            chosen = _scalar_options(ast, chosen)
             lowered = lower_ast(ast, chosen)
         else:
             lowered = vectored
