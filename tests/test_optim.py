@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from helpers import ALWAYS
 
-from tinyteach import Device, Tensor, nn
+from tinyteach import Device, GlobalCounters, Tensor, TinyJit, nn
 
 torch = pytest.importorskip("torch")
 
@@ -175,3 +175,58 @@ def test_state_lives_in_tensors_updated_with_the_parameters() -> None:
     assert any(t is param for t in scheduled) and any(t is optimizer.b[0] for t in scheduled)
     Tensor.realize(*scheduled)
     np.testing.assert_allclose(optimizer.b[0].numpy(), [1.0, 1.0])
+
+
+def test_adam_step_is_three_kernels_per_parameter_plus_one(device: str) -> None:
+    """Each parameter's m, v and new value is one kernel each; b1^t and b2^t share one buffer,
+    so one more kernel updates both (the bias corrections read them inside the update kernels).
+    The first step also fills m and v with zeros, so the second step is counted."""
+    params = [Tensor(v, device=device) for v in initial_values()]
+    optimizer = nn.optim.Adam(params, lr=0.01, b1=0.8, b2=0.99)
+    with Tensor.train():
+        for step in range(2):
+            for param, grad in zip(params, gradients(step)):
+                param.grad = Tensor(grad, device=device).realize()
+            GlobalCounters.reset()
+            optimizer.step()
+    assert GlobalCounters.kernel_count == 3 * len(params) + 1
+    np.testing.assert_allclose(optimizer.beta_powers.numpy(), [0.8 ** 2, 0.99 ** 2], rtol=1e-6)
+    np.testing.assert_allclose([optimizer.b1_t.item(), optimizer.b2_t.item()],
+                               [0.8 ** 2, 0.99 ** 2], rtol=1e-6)
+
+
+def test_jitted_training_step_kernel_count() -> None:
+    """An MLP step under TinyJit (loss and Adam step in one realize, as the benchmarks do):
+    forward, the loss, backward, and 3 kernels per parameter plus one for the beta powers.
+    The loss agrees with PyTorch's, step after step."""
+    rng = np.random.default_rng(0)
+    weights = [rng.uniform(-0.3, 0.3, shape).astype(np.float32)
+               for shape in [(32, 16), (32,), (10, 32), (10,)]]
+    batches = [(rng.random((8, 16), dtype=np.float32), rng.integers(0, 10, 8).astype(np.int32))
+               for _ in range(3)]
+    ours = [Tensor(w).realize() for w in weights]
+    optimizer = nn.optim.Adam(ours, lr=0.01)
+
+    @TinyJit
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        optimizer.zero_grad()
+        hidden = (x @ ours[0].T + ours[1]).relu()
+        loss = (hidden @ ours[2].T + ours[3]).sparse_categorical_crossentropy(y).backward()
+        Tensor.realize(loss, *optimizer.schedule_step())
+        return loss
+
+    theirs = [torch.tensor(w, requires_grad=True) for w in weights]
+    torch_optimizer = torch.optim.Adam(theirs, lr=0.01)
+    with Tensor.train():
+        for k in range(6):
+            x, y = batches[k % len(batches)]
+            GlobalCounters.reset()
+            loss = step(Tensor(x), Tensor(y)).item()
+            torch_optimizer.zero_grad()
+            hidden = (torch.tensor(x) @ theirs[0].T + theirs[1]).relu()
+            expected = torch.nn.functional.cross_entropy(hidden @ theirs[2].T + theirs[3],
+                                                         torch.tensor(y, dtype=torch.int64))
+            expected.backward()
+            torch_optimizer.step()
+            assert np.isclose(loss, expected.item(), rtol=1e-5), f"step {k}"
+    assert GlobalCounters.kernel_count == 27  # a replayed step

@@ -70,6 +70,51 @@ def test_layernorm_is_at_most_three_kernels(dev):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
 
 
+def numpy_log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def test_log_softmax_gradient_skips_the_max(dev):
+    """The result does not depend on the max subtracted for stability, so its gradient is not
+    computed (two reductions saved): max, sum of exp, sum of the incoming gradient, result."""
+    (x, xn), (seed, seed_n) = realized(4, 6, device=dev), realized(4, 6, device=dev)
+    x.requires_grad = True
+    (x.log_softmax(1) * seed).sum().backward()
+    assert x.grad is not None
+    count, grad = kernels_to_compute(lambda: x.grad, device=dev)
+    assert count == 4
+    softmax = np.exp(numpy_log_softmax(xn))
+    expected = seed_n - softmax * seed_n.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_cross_entropy_and_its_gradient_are_seven_kernels(dev):
+    """max, sum of exp, arange (a running sum), the count of labelled items, the loss, the
+    gradient's sum over classes, the gradient. The mean loss is one sum over items and classes
+    together: no reduction feeds another."""
+    logits, logits_n = realized(8, 5, device=dev)
+    logits.requires_grad = True
+    labels_n = np.array([0, 3, 2, -1, 1, 4, 4, 0], dtype=np.int32)  # -1 is ignored
+    labels = Tensor(labels_n, device=dev).realize()
+    loss = logits.sparse_categorical_crossentropy(labels, ignore_index=-1)
+    loss.backward()
+    assert logits.grad is not None
+    items, _ = create_schedule([loss.uop, logits.grad.uop], dev)
+    assert len(items) == 7
+    assert not any("another reduction" in item.boundary_reason for item in items)
+    GlobalCounters.reset()
+    Tensor.realize(loss, logits.grad)
+    assert GlobalCounters.kernel_count == 7
+    counted = labels_n != -1
+    targets = np.eye(5, dtype=np.float32)[np.where(counted, labels_n, 0)] * counted[:, None]
+    expected_loss = -(numpy_log_softmax(logits_n) * targets).sum() / counted.sum()
+    expected_grad = (np.exp(numpy_log_softmax(logits_n)) * counted[:, None] - targets) \
+        / counted.sum()
+    np.testing.assert_allclose(loss.numpy(), expected_loss, rtol=1e-5)
+    np.testing.assert_allclose(logits.grad.numpy(), expected_grad, rtol=1e-4, atol=1e-6)
+
+
 def test_elementwise_chain_is_one_kernel():
     (a, an), (b, bn) = realized(3, 4), realized(3, 4)
     count, out = kernels_to_compute(lambda: ((a * 2 + b).exp() - a).relu() * b)

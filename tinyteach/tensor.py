@@ -1089,16 +1089,23 @@ class Tensor(metaclass=_TensorType):
         return self._order_reversed().argmax(axis, keepdim)
 
     def softmax(self, axis: int = -1) -> Tensor:
-        shifted = self._to_float() - self._to_float().max(axis, keepdim=True)
+        shifted = self._to_float() - self._shift(axis)
         e = shifted.exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self, axis: int = -1) -> Tensor:
-        shifted = self._to_float() - self._to_float().max(axis, keepdim=True)
+        shifted = self._to_float() - self._shift(axis)
         return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
+    def _shift(self, axis: Any) -> Tensor:
+        """The max along `axis`, subtracted before exp() so it cannot overflow. Detached: the
+        result does not depend on the shift (its gradient is exactly zero), and backward would
+        otherwise spend two reductions (and two kernels) computing that zero. (tinygrad
+        detaches it too.)"""
+        return self._to_float().max(axis, keepdim=True).detach()
+
     def logsumexp(self, axis: Any = None, keepdim: bool = False) -> Tensor:
-        peak = self._to_float().max(axis, keepdim=True)
+        peak = self._shift(axis)
         peak = (peak.abs() == math.inf).where(0.0, peak)  # all -inf: the answer is -inf, not nan
         total = (self - peak).exp().sum(axis, keepdim=True).log() + peak
         return total if keepdim else total.reshape(
@@ -1230,10 +1237,19 @@ class Tensor(metaclass=_TensorType):
         log_probs = self.log_softmax(-1)
         counted = Y != ignore_index
         picked = (Y.unsqueeze(-1) == Tensor.arange(self.shape[-1], device=self.device))
-        targets = (picked & counted.unsqueeze(-1)).cast(log_probs.dtype)
-        smoothing = label_smoothing * (log_probs.mean(-1) * counted)
-        per_item = -((1 - label_smoothing) * (log_probs * targets).sum(-1) + smoothing)
-        return _reduce_loss(per_item, reduction, counted)
+        # each log-probability's weight: 1 on the target class, 0 elsewhere and on ignored items;
+        # label smoothing moves `label_smoothing` of it evenly over all the classes
+        kept = counted.unsqueeze(-1)
+        weights = (picked & kept).cast(log_probs.dtype)
+        if label_smoothing:
+            spread = kept.cast(log_probs.dtype) * (label_smoothing / self.shape[-1])
+            weights = weights * (1 - label_smoothing) + spread
+        per_class = -(log_probs * weights)
+        if reduction == "none":
+            return per_class.sum(-1)
+        # one sum over items and classes at once: a sum of per-item sums would be two kernels
+        # (a reduction that feeds another reduction is stored)
+        return _reduce_loss(per_class, reduction, counted)
 
     def cross_entropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
         return self.sparse_categorical_crossentropy(Y, reduction=reduction)

@@ -6,7 +6,9 @@ What this teaches:
   parameters *and* the new state together. So the whole step is a handful of kernels, and a JIT
   (chapter 10) can capture it like any other function;
 - the state — momentum buffers, Adam's moments m and v, the bias-correction powers beta^t that
-  count the steps — is Tensors too, updated with `assign`, never Python numbers that change;
+  count the steps — is Tensors too, updated with `assign`, never Python numbers that change.
+  Each state tensor updated is one kernel, so Adam keeps b1^t and b2^t in one two-element
+  buffer: a step is 3 kernels per parameter (m, v, the parameter) and one for the powers;
 - the update rules (PyTorch's, which tinygrad's match):
   SGD      g = grad + wd*p;  b = mu*b + g;  g = g + mu*b (nesterov) or b;      p -= lr*g
   Adam     m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
@@ -98,9 +100,16 @@ def _state(initial: Tensor) -> Tensor:
 def _scalar_state(value: float, device: str) -> Tensor:
     """A float32 scalar held in a buffer (not a constant), so it can change between steps
     (`optimizer.lr.assign(...)`) and a JIT replays the new value."""
-    scalar = Tensor([value], device=device, dtype=dtypes.float32).reshape(())
+    scalar = _vector_state([value], device).reshape(())
     scalar.requires_grad = False
     return scalar
+
+
+def _vector_state(values: list[float], device: str) -> Tensor:
+    """float32 values held in a buffer, already realized (no kernel copies them in)."""
+    vector = Tensor(values, device=device, dtype=dtypes.float32)
+    vector.requires_grad = False
+    return vector
 
 
 class SGD(Optimizer):
@@ -134,25 +143,35 @@ class LAMB(Optimizer):
                  adam: bool = False):
         super().__init__(params, lr)
         self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
-        self.b1_t = _scalar_state(1.0, self.device)  # b1^t: counts the steps taken
-        self.b2_t = _scalar_state(1.0, self.device)
+        # [b1^t, b2^t] in one buffer: they count the steps taken, and one kernel updates both
+        self.beta_powers = _vector_state([1.0, 1.0], self.device)
+        self.betas = _vector_state([b1, b2], self.device)
         self.m = self._zeros_like_params()
         self.v = self._zeros_like_params()
 
     def _update(self, indices: list[int]) -> list[Tensor]:
-        self.b1_t.assign(self.b1_t * self.b1)
-        self.b2_t.assign(self.b2_t * self.b2)
+        self.beta_powers.assign(self.beta_powers * self.betas)
+        b1_t, b2_t = self.b1_t, self.b2_t
         for i in indices:
             g, param = self._gradient(i), self.params[i].detach()
             self.m[i].assign(self.b1 * self.m[i] + (1 - self.b1) * g)
             self.v[i].assign(self.b2 * self.v[i] + (1 - self.b2) * (g * g))
-            m_hat = self.m[i] / (1 - self.b1_t)
-            v_hat = self.v[i] / (1 - self.b2_t)
+            m_hat = self.m[i] / (1 - b1_t)
+            v_hat = self.v[i] / (1 - b2_t)
             update = m_hat / (v_hat.sqrt() + self.eps) + self.wd * param
             if not self.adam:
                 update = update * _trust_ratio(param, update)
             self._apply_update(i, update)
-        return [self.b1_t, self.b2_t] + [self.m[i] for i in indices] + [self.v[i] for i in indices]
+        return [self.beta_powers] + [self.m[i] for i in indices] + [self.v[i] for i in indices]
+
+    @property
+    def b1_t(self) -> Tensor:
+        """b1^t after t steps (a view of `beta_powers`: read inside the update kernels)."""
+        return self.beta_powers[0]
+
+    @property
+    def b2_t(self) -> Tensor:
+        return self.beta_powers[1]
 
 
 def _trust_ratio(param: Tensor, update: Tensor) -> Tensor:
