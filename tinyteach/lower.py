@@ -8,7 +8,10 @@ What this teaches:
   from `index_into_buffer`, guarded by a condition when padding may make it invalid;
 - the symbolic rewrite rules (chapter 5) then tidy the index arithmetic;
 - `linearize` orders the graph into a straight-line program: open loops, compute, accumulate,
-  close loops. Work that does not depend on an inner loop is placed outside it.
+  close loops. Work that does not depend on an inner loop is placed outside it;
+- with a vector tile (opt.py), one output axis is indexed by a *lane* that stands for 16
+  columns at once; `vectorize` turns what depends on it into vector values (DType.vec): a load
+  at `base + lane` becomes one vector load at `base`, and float math on it vector math.
 
 The result, a `LinearProgram`, is what every renderer (chapter 8) turns into source code.
 

@@ -5,14 +5,18 @@ What this teaches:
   small tile (e.g. 4x4) of them. The tile's values share loads: for a matmul, one row of `a`
   and one column of `b` serve 16 accumulators, so each load is used 4 times instead of once,
   and the compiler can keep the tile in vector registers;
+- **vectors**: where the device has vector types (`vector_width` floats per register: 16 with
+  AVX-512), a matmul-like tile is 8 rows x 2 vectors: one load of 16 consecutive floats of `b`
+  and one float of `a` feed 16 multiply-adds at once (lower.py's `vectorize` does the rewriting;
+  a kernel it cannot vectorize falls back to the scalar tile);
 - **threads**: the outermost loop is split across the machine's cores (an OpenMP pragma in C);
   only worth it when there is enough work to pay for waking the threads;
 - optimizations never change results beyond float rounding (a tile still sums in order), every
   one is optional (`NOOPT=1` turns them all off) and visible (`DEBUG=3` lists them, viz shows
   them), so you can compare a kernel before and after.
 
-The choice is a hand-written heuristic (`choose_options`); tinygrad also offers a search (BEAM)
-that times candidates — see the optimizer issue.
+The choice is a hand-written heuristic (`choose_options`); `BEAM=n` replaces it by a timed
+search (search.py), and pack.py copies big matmul operands into the order the tile reads them.
 
 Builds on: uop.py. Used by: lower.py (applies the options), render/ (the parallel pragma).
 

@@ -15,13 +15,16 @@ def build() -> Book:
       rules of chapter 5 then simplify;
     - `linearize` orders everything: open loops, load, compute, accumulate, close loops — and puts
       work that does not depend on an inner loop outside it;
-    - **optimizations** lay the same kernel out to run faster: *upcast* (compute a 4×4 tile of
-      outputs per iteration, so each load serves several accumulators) and *threads* (split the
-      outer loop across cores). `NOOPT=1` turns them off, `DEBUG=3` lists them.
+    - **optimizations** lay the same kernel out to run faster: *upcast* (compute a tile of
+      outputs per iteration, so each load serves several accumulators), *vectors* (16 floats in one
+      register), *threads* (split the outer loop across cores), *packing* (copy an operand into
+      the order it is read) and an optional *search* (BEAM) that times variants. `NOOPT=1` turns
+      them off, `DEBUG=3` lists them.
 
-    Modules: [`tinyteach/lower.py`](../tinyteach/lower.py) (`lower_ast`, `linearize`, `lower`,
-    `LinearProgram`) and [`tinyteach/opt.py`](../tinyteach/opt.py) (`choose_options`,
-    `KernelOptions`).
+    Modules: [`tinyteach/lower.py`](../tinyteach/lower.py) (`lower_ast`, `vectorize`,
+    `linearize`, `lower`, `LinearProgram`), [`tinyteach/opt.py`](../tinyteach/opt.py)
+    (`choose_options`, `KernelOptions`), [`tinyteach/pack.py`](../tinyteach/pack.py) (packing)
+    and [`tinyteach/search.py`](../tinyteach/search.py) (BEAM).
     """)
     b.setup('''
     from collections import Counter
@@ -113,80 +116,170 @@ def build() -> Book:
     b.md("""
     ## Optimizations: the same matmul, laid out differently
 
-    A 256×256 matmul is one kernel (chapter 6). The heuristic in `choose_options` picks two upcasts
-    (a 4×8 tile of outputs per iteration: 8 floats fill one vector register) and threads (the
-    outer loop split across cores):
+    A 256×256 matmul is one kernel (chapter 6). `choose_options(ast, vector_width)` decides how
+    to lay it out, from the kernel and from the device: `vector_width` is how many floats the
+    device's vector registers hold (`Device["CPU"].renderer.vector_width`: 16 with AVX-512, 8 with
+    AVX2, 0 for a language without vector types). Without vectors it picks a 4×8 tile of outputs
+    per iteration (an *upcast* of both output axes) and threads (the outer loop split across
+    cores); with 16-float vectors an 8×32 tile, the 32 columns held in two vectors:
     """)
     b.code('''
     m1 = Tensor(rng.standard_normal((256, 256)).astype(np.float32)).realize()
     m2 = Tensor(rng.standard_normal((256, 256)).astype(np.float32)).realize()
     matmul = kernel_of(m1 @ m2)
-    chosen = choose_options(matmul.ast)
-    print(matmul.name, chosen.describe())
+    scalar_tile, vector_tile = choose_options(matmul.ast), choose_options(matmul.ast, 16)
+    print("no vector types:", scalar_tile.describe())
+    print("16-float vectors:", vector_tile.describe())
     with Context(NOOPT=1):
-        print("with NOOPT=1:", choose_options(matmul.ast).describe())
-    assert chosen.upcasts == ((0, 4), (1, 8)) and chosen.parallel
+        print("with NOOPT=1:", choose_options(matmul.ast, 16).describe())
+    assert scalar_tile.upcasts == ((0, 4), (1, 8)) and scalar_tile.parallel
+    assert vector_tile.upcasts == ((0, 8), (1, 32)) and vector_tile.vector_width == 16
     ''')
     b.md("""
-    Compile the kernel twice — once under `NOOPT=1`, once with the defaults — with the engine's own
-    `compile_kernel` (lower → render → compile). First the plain version: one accumulator, one
-    output element per iteration.
+    Build all three — lower with the options, render, compile with the CPU's compiler — and look
+    at each. First the plain version: one accumulator, one output element per iteration.
     """)
     b.code('''
     backend = Device["CPU"]
-    with Context(NOOPT=1):
-        plain = compile_kernel(backend, matmul.name, matmul.ast)
-    tiled = compile_kernel(backend, matmul.name, matmul.ast)
-    print(plain.source)
+
+
+    def build(options):
+        """Lower, render (as for a CPU with 16-float vectors) and compile the matmul kernel."""
+        source = CRenderer(vector_width=16, fused_multiply_add=True).render(
+            matmul.name, lower(matmul.ast, options))
+        return source, backend.program(matmul.name, backend.compiler.compile(source))
+
+
+    plain, tiled, vectored = build(NO_OPTIONS), build(scalar_tile), build(vector_tile)
+    print(plain[0])
     ''')
     b.md("""
-    The optimized one: the output loops now run 64 and 32 times (256 / 4, 256 / 8), there are 32
+    The scalar tile: the output loops now run 64 and 32 times (256 / 4, 256 / 8), there are 32
     accumulators, and each value loaded from `a` is multiplied with eight values of `b` (and each
-    value of `b` with four of `a`). The
-    OpenMP pragma hands the outer loop to several threads. Only its beginning is shown:
+    value of `b` with four of `a`). The OpenMP pragma hands the outer loop to several threads.
+    Only its beginning is shown:
     """)
     b.code('''
-    lines = tiled.source.splitlines()
+    lines = tiled[0].splitlines()
     print("\\n".join(lines[:34]))
-    print(f"... {len(lines)} lines in all (the plain kernel has {len(plain.source.splitlines())})")
-    assert "#pragma omp parallel for" in tiled.source and "acc31" in tiled.source
-    assert "acc1 " not in plain.source
+    print(f"... {len(lines)} lines in all (the plain kernel has {len(plain[0].splitlines())})")
+    assert "#pragma omp parallel for" in tiled[0] and "acc31" in tiled[0]
+    assert "acc1 " not in plain[0]
     ''')
     b.md("""
-    Both compute the same numbers (a tile still sums in the same order):
+    ### Vectors
+
+    The vector tile is lowered with a *lane* index standing for 16 columns at once
+    (`gidx1*32 + lane` and `gidx1*32 + 16 + lane`); `vectorize` in lower.py then turns every value
+    that depends on the lane into a vector. A load at `base + lane` becomes one vector load at
+    `base`, `val0*val1` multiplies one float of `a` with 16 floats of `b`, each of the 16
+    accumulators holds 16 sums, and a store writes 16 outputs. C has no vector types of its own:
+    the kernel declares one with GCC's vector extension (`typedef float float_vec16
+    __attribute__((vector_size(64)))`), and `fp-contract=fast` lets the compiler fuse each
+    multiply and add into one FMA instruction. Ops with no vector form (max, where, exp2, ...) are
+    written lane by lane, and a kernel whose lanes would need different guards or a gather stays
+    scalar (the fallback is automatic).
+    """)
+    b.code('''
+    lines = vectored[0].splitlines()
+    print("\\n".join(line for line in lines[:46] if "acc" not in line or "acc0" in line))
+    print(f"... {len(lines)} lines in all")
+    assert "float_vec16 val1 = *(const float_vec16*)(data2+" in vectored[0]
+    ''')
+    b.md("""
+    All three compute the same numbers (a tile still sums in order; only the FMA's single
+    rounding differs in the last bits):
     """)
     b.code('''
     from tinyteach.device import Buffer
 
-    def run(runner):
+
+    def run(program):
         output = Buffer("CPU", 256 * 256, m1.dtype)
-        runner.program(output, *matmul.buffers[1:])
+        program(output, *matmul.buffers[1:])
         return output.numpy().reshape(256, 256)
 
-    np.testing.assert_allclose(run(plain), run(tiled), rtol=1e-6)
-    np.testing.assert_allclose(run(tiled), m1.numpy() @ m2.numpy(), rtol=1e-4, atol=1e-4)
+
+    expected = m1.numpy() @ m2.numpy()
+    for label, (_, program) in (("plain", plain), ("tiled", tiled), ("vectors", vectored)):
+        np.testing.assert_allclose(run(program), expected, rtol=1e-4, atol=1e-4)
     print("same result: yes")
     ''')
     b.md("""
     Is it faster? Measure, don't guess. Timings vary from run to run and machine to machine (in
-    the stored notebook they read `TIME us`). On some machines `gcc -O3` already vectorizes the
-    plain loop so well that the hand-made tile does not win at this size, and waking threads costs
-    more than a small kernel takes: a heuristic is a guess, which is why tinygrad also has a search
-    (BEAM) that times candidates. Run the cell on your machine and compare.
+    the stored notebook they read `TIME us`); run the cell on your machine and compare. On the
+    course's machines (2 cores with AVX-512) the vector tile is several times faster than the
+    plain loop: see `benchmarks/` for the figures against tinygrad and numpy.
     """)
     b.code('''
     import time
 
-    def best_time(runner, repeats=20):
+
+    def best_time(program, repeats=10):
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            runner.program(*matmul.buffers)
+            program(*matmul.buffers)
             times.append(time.perf_counter() - start)
         return min(times)
 
-    for label, runner in (("NOOPT=1", plain), ("default", tiled)):
-        print(f"{label:8} {best_time(runner) * 1e6:.1f} us")
+
+    for label, (_, program) in (("NOOPT=1", plain), ("4x8 tile", tiled), ("vectors", vectored)):
+        print(f"{label:9} {best_time(program) * 1e6:.1f} us")
+    ''')
+    b.md("""
+    ### Packing: copying an operand into the order it is read
+
+    At each step of its sum, the vector tile reads 32 consecutive floats of a row of `b`, then
+    jumps a whole row ahead. For a big `b` those rows are kilobytes apart, land in the same few
+    cache sets and evict each other. `pack.py` adds one kernel before such a matmul: a copy of `b`
+    into *panels* of 32 columns, each panel's rows one after the other, so the tile walks
+    consecutive memory. The copy is generated like any kernel (a reshape and a permute made
+    contiguous); the matmul reads the panels back through index arithmetic. Small operands (an
+    MLP's weights) stay in cache without it, and are left alone.
+    """)
+    b.code('''
+    from tinyteach.pack import plan_packing
+
+    big1 = Tensor(rng.standard_normal((512, 512)).astype(np.float32)).realize()
+    big2 = Tensor(rng.standard_normal((512, 512)).astype(np.float32)).realize()
+    plan = plan_packing(kernel_of(big1 @ big2).ast, 16)
+    print(f"input {plan.input_index} is packed into panels of {plan.panel} columns")
+    print(CRenderer().render("pack_32_262144", lower(plan.copy_ast, NO_OPTIONS)))
+    assert plan_packing(matmul.ast, 16) is None  # 256x256 stays in cache: no packing
+    ''')
+    b.md("""
+    The copy reads `b` row by row and writes panel after panel. The matmul's load of `b` becomes
+    `data2[gidx1*16384 + ridx0*32 + lane]`: the panel number, then 32 floats per row. In the
+    engine this happens on its own (on a CPU with vector registers):
+    """)
+    b.code('''
+    from tinyteach.realize import record_launches
+
+    with record_launches() as launches:
+        product = (big1 @ big2).numpy()
+    print([launch.item.name for launch in launches])
+    print(launches[0].item.boundary_reason)
+    np.testing.assert_allclose(product, big1.numpy() @ big2.numpy(), rtol=1e-4, atol=1e-3)
+    ''')
+    b.md("""
+    ### Search: BEAM
+
+    The heuristic is a guess. tinygrad can instead *search*: compile variants of each kernel
+    (other upcast factors, threads on or off, vectors or scalars), time them on scratch buffers,
+    check that each computes the same numbers, and keep the fastest. tinyteach does the same with
+    `BEAM=n` (the beam width; `search.py`); the choice is cached on disk, so each kernel is searched
+    once per machine. With `DEBUG=2` each search prints a line. Its result depends on the machine's
+    timings, so the output of this cell is not checked when the notebook is validated:
+    """)
+    b.code('''
+    # NBVAL_IGNORE_OUTPUT
+    # (timings decide the search's winner, so the output differs from run to run)
+    small1 = Tensor(rng.standard_normal((128, 128)).astype(np.float32)).realize()
+    small2 = Tensor(rng.standard_normal((128, 128)).astype(np.float32)).realize()
+    with Context(BEAM=2, DEBUG=2):
+        searched = (small1 @ small2).numpy()
+    np.testing.assert_allclose(searched, small1.numpy() @ small2.numpy(), rtol=1e-4, atol=1e-4)
     ''')
     b.md("""
     `DEBUG=3` lists the optimizations the engine applied to each kernel it compiles (along with the

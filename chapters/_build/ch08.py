@@ -128,7 +128,8 @@ def build() -> Book:
     machine without a GPU, asking for the device says so clearly instead of pretending:
     """)
     b.code('''
-    # NBVAL_IGNORE_OUTPUT: the output depends on whether this machine has an NVIDIA GPU
+    # NBVAL_IGNORE_OUTPUT
+    # (the output depends on whether this machine has an NVIDIA GPU)
     from tinyteach.device import DeviceUnavailable
 
     try:
