@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tinyteach.device import (
@@ -41,6 +42,8 @@ from tinyteach.render.c import CRenderer
 # loses half the rows; tests/test_runtime.py keeps the case), and -O2 vectorizes too.
 C_FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno",
            "-ffp-contract=off"]
+KERNELS_PER_PROCESS = 8   # compile_many starts another compiler per this many kernels (up to
+                          # one per core)
 THREAD_FLAGS = ["-fopenmp"]  # `#pragma omp parallel for` on big kernels (opt.py decides)
 # idle OpenMP threads sleep instead of spinning, so they do not steal the other core
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -136,10 +139,15 @@ class ClangStyleCompiler(Compiler):
         return target
 
     def compile_many(self, sources: list[str]) -> list[Path]:
-        """Several kernels (with different function names) in one shared object: one compiler
-        process instead of one each. Each kernel's program loads the same library."""
-        library = self.compile("\n".join(sources))
-        return [library] * len(sources)
+        """Several kernels (with different function names) in a few shared objects: one
+        compiler process per core instead of one per kernel (starting gcc costs ~50 ms), all
+        running at once. Each kernel's program loads its group's library."""
+        groups = min(os.cpu_count() or 1, max(1, len(sources) // KERNELS_PER_PROCESS))
+        size = -(-len(sources) // groups)
+        chunks = [sources[start:start + size] for start in range(0, len(sources), size)]
+        with ThreadPoolExecutor(len(chunks)) as pool:  # the threads only wait for gcc
+            libraries = list(pool.map(lambda chunk: self.compile("\n".join(chunk)), chunks))
+        return [library for library, chunk in zip(libraries, chunks) for _ in chunk]
 
 
 class CPUProgram:
