@@ -37,6 +37,7 @@ def test_matmul_gets_a_vector_tile():
     (ast,) = kernel_asts(a @ b)
     options = choose_options(ast, 16)
     assert options.upcasts == ((0, 8), (1, 32)) and options.vector_width == 16
+    assert options.loop_order == (1, 0)  # a panel of columns outside, every row inside
     assert "vectors: axis 1's 32 values as 2 vector(s) of 16 lanes" in options.describe()
 
 

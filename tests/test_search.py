@@ -9,7 +9,7 @@ from tinyteach import Context, Tensor, search
 from tinyteach import realize as realize_module
 from tinyteach.device import Device
 from tinyteach.dtype import dtypes
-from tinyteach.opt import KernelOptions, kernel_value
+from tinyteach.opt import KernelOptions, kernel_value, outer_loop_size
 from tinyteach.schedule import create_schedule
 from tinyteach.uop import UOp
 
@@ -208,7 +208,7 @@ def test_threads_need_an_outer_loop_to_split():
     assert KernelOptions(parallel=True) in search.neighbours(KernelOptions(), (2, 1))
     with_tile = search.neighbours(KernelOptions(upcasts=((1, 2),)), (1, 4))
     assert KernelOptions(upcasts=((1, 2),), parallel=True) in with_tile  # 2 iterations left
-    assert search.outer_loop_size((1, 8, 4), {1: 8}) == 1
+    assert outer_loop_size((1, 8, 4), KernelOptions(upcasts=((1, 8),))) == 1
 
 
 def test_scratch_buffers_match_the_kernel_and_ints_are_zero():

@@ -56,15 +56,35 @@ class Allocator:
 
 
 class HostMemory:
-    """Host RAM as a numpy byte array, with its address kept (asking numpy for it is slow)."""
+    """Host RAM as a numpy byte array, with its address kept (asking numpy for it is slow).
+
+    Freed memory is kept for the next allocation of the same size (up to POOL_LIMIT bytes in
+    all), as tinygrad's LRU allocator does: fresh memory from the operating system costs a page
+    fault on the first touch of every 4 KB page, which for a 16 MB buffer takes longer than
+    the kernel that fills it. Reused memory is not cleared: kernels write all of their output."""
 
     __slots__ = ("array", "address")
+    POOL_LIMIT = 256 << 20
+    pool: dict[int, list[np.ndarray]] = {}
+    pooled_bytes = 0
 
     def __init__(self, nbytes: int):
-        self.array = np.zeros(max(nbytes, 1) + 63, dtype=np.uint8)
-        misalignment = -self.array.ctypes.data % 64  # 64-byte aligned, for vector loads
-        self.array = self.array[misalignment: misalignment + max(nbytes, 1)]
+        size = max(nbytes, 1)
+        free = HostMemory.pool.get(size)
+        if free:
+            self.array = free.pop()
+            HostMemory.pooled_bytes -= size
+        else:
+            self.array = np.zeros(size + 63, dtype=np.uint8)
+            misalignment = -self.array.ctypes.data % 64  # 64-byte aligned, for vector loads
+            self.array = self.array[misalignment: misalignment + size]
         self.address: int = self.array.ctypes.data
+
+    def __del__(self) -> None:
+        size = self.array.nbytes
+        if HostMemory.pooled_bytes + size <= HostMemory.POOL_LIMIT:
+            HostMemory.pool.setdefault(size, []).append(self.array)
+            HostMemory.pooled_bytes += size
 
     def view(self, dtype: np.dtype, size: int) -> np.ndarray:
         return self.array[: size * dtype.itemsize].view(dtype)

@@ -396,8 +396,9 @@ def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgra
     """Order a lowered kernel: parameters, output loops, body, closing braces."""
     nodes = lowered.toposort
     defines = sorted((n for n in nodes if n.op is Ops.DEFINE_GLOBAL), key=lambda n: n.arg[0])
+    order = options.loop_order or tuple(sorted({n.arg[1] for n in nodes if n.op is Ops.RANGE}))
     global_loops = sorted((n for n in nodes if n.op is Ops.RANGE and n.arg[0] == "g"),
-                          key=lambda n: n.arg[1])
+                          key=lambda n: order.index(n.arg[1]) if n.arg[1] in order else n.arg[1])
     linearizer = _Linearizer(vectorize=not NOOPT)
     for node in nodes:
         if node.op is Ops.REDUCE:

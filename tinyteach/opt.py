@@ -42,7 +42,7 @@ WIDE_UPCAST = 8            # for the innermost axis: one AVX register of float32
 MAX_UPCAST_GRAPH = 120     # bigger kernels (convolutions, fused backward passes) stay untiled:
                            # a tile copies the kernel's whole body 16 times
 MAX_UPCAST_AXES = 2        # 4x4 = 16 accumulators fit in registers
-PARALLEL_MIN_WORK = 1 << 21  # operations below which waking threads costs more than it saves
+PARALLEL_MIN_WORK = 1 << 20  # operations below which waking threads costs more than it saves
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class KernelOptions:
     upcasts: tuple[tuple[int, int], ...] = ()
     parallel: bool = False
     vector_width: int = 0
+    loop_order: tuple[int, ...] = ()  # output axes, outermost loop first (empty: axis order)
 
     def describe(self) -> list[str]:
         steps = [f"upcast axis {axis} by {factor}" for axis, factor in self.upcasts]
@@ -60,6 +61,9 @@ class KernelOptions:
             axis, factor = self.upcasts[-1]
             steps.append(f"vectors: axis {axis}'s {factor} values as {factor // self.vector_width}"
                          f" vector(s) of {self.vector_width} lanes")
+        if self.loop_order:
+            steps.append(f"loop order: axes {', '.join(map(str, self.loop_order))} from the "
+                         "outside in")
         if self.parallel:
             steps.append("threads: split the outer loop across cores")
         return steps
@@ -108,7 +112,7 @@ def _with_threads(options: KernelOptions, shape: tuple[int, ...],
                   reduces: list[UOp]) -> KernelOptions:
     """Split the outer loop across cores when the kernel does enough work to pay for it."""
     reduce_work = prod(reduces[0].src[0].shape) // max(prod(shape), 1) if reduces else 1
-    outer = _outer_loop_size(shape, dict(options.upcasts))
+    outer = outer_loop_size(shape, options)
     parallel = prod(shape) * reduce_work >= PARALLEL_MIN_WORK and outer >= 2
     return replace(options, parallel=parallel)
 
@@ -117,18 +121,24 @@ def _vector_tile(shape: tuple[int, ...], width: int) -> KernelOptions | None:
     """A matmul-like tile in vector registers: the innermost output axis in one or two vectors
     of `width` lanes, the next axis by 8 (or 4) rows: 8 x 2 vectors = 16 accumulators, plus the
     two vectors loaded each step. Each loaded vector serves 8 rows; each row's one loaded
-    number serves 32 outputs."""
+    number serves 32 outputs.
+
+    The loops are interchanged: the column loop goes outside the row loop, so one panel of
+    columns of `b` (all its rows, 32 columns wide) stays in cache while every row of `a` passes
+    by, instead of all of `b` streaming through the cache once per row block."""
     axes = [axis for axis, size in enumerate(shape) if size > 1]
     if not axes or shape[axes[-1]] % width:
         return None
     inner = axes[-1]
     lanes = 2 * width if shape[inner] % (2 * width) == 0 else width
     upcasts = [(inner, lanes)]
+    order: tuple[int, ...] = ()
     if len(axes) >= 2:
         rows = next((f for f in (8, 4) if shape[axes[-2]] % f == 0), None)
         if rows is not None:
             upcasts.insert(0, (axes[-2], rows))
-    return KernelOptions(tuple(upcasts), vector_width=width)
+        order = (*axes[:-2], inner, axes[-2])
+    return KernelOptions(tuple(upcasts), vector_width=width, loop_order=order)
 
 
 def reads_contiguously_along_reduction(reduce: UOp) -> bool:
@@ -190,8 +200,10 @@ def _substitute(root: UOp, replacements: dict[UOp, UOp]) -> UOp:
     return done[root]
 
 
-def _outer_loop_size(shape: tuple[int, ...], upcasts: dict[int, int]) -> int:
-    for axis, size in enumerate(shape):
-        if size != 1:
-            return size // upcasts.get(axis, 1)
+def outer_loop_size(shape: tuple[int, ...], options: KernelOptions) -> int:
+    """Iterations of the outermost loop (the one threads split; axes of size 1 have no loop)."""
+    upcasts = dict(options.upcasts)
+    for axis in options.loop_order or range(len(shape)):
+        if shape[axis] != 1:
+            return shape[axis] // upcasts.get(axis, 1)
     return 1

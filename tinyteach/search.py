@@ -63,7 +63,7 @@ from tinyteach.device import Backend, Buffer, CompileError
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import BEAM, DEBUG, NOOPT, dedup, prod
 from tinyteach.lower import lower
-from tinyteach.opt import KernelOptions, choose_options, kernel_value
+from tinyteach.opt import KernelOptions, choose_options, kernel_value, outer_loop_size
 from tinyteach.runtime.cpu import cache_dir, machine_identity
 from tinyteach.uop import Ops, UOp
 
@@ -126,15 +126,7 @@ def _is_valid(options: KernelOptions, shape: tuple[int, ...]) -> bool:
     width = options.vector_width
     if width and (not options.upcasts or options.upcasts[-1][1] % width):
         return False
-    return not options.parallel or outer_loop_size(shape, dict(options.upcasts)) >= 2
-
-
-def outer_loop_size(shape: tuple[int, ...], upcasts: dict[int, int]) -> int:
-    """Iterations of the outermost loop (axes of size 1 have no loop)."""
-    for axis, size in enumerate(shape):
-        if size != 1:
-            return size // upcasts.get(axis, 1)
-    return 1
+    return not options.parallel or outer_loop_size(shape, options) >= 2
 
 
 # ---- running a candidate ----

@@ -330,7 +330,8 @@ class Tensor(metaclass=_TensorType):
     @staticmethod
     def empty(*shape: Any, device: str | None = None, dtype: DType | str | None = None,
               **kwargs: Any) -> Tensor:
-        """Memory that is allocated but not set (tinyteach's allocators hand out zeros)."""
+        """Memory that is allocated but not set: its contents are undefined (fresh memory is
+        zero, reused memory keeps what its last owner wrote; see device.HostMemory)."""
         dims = _shape_from(shape)
         wanted = dtypes.default_float if dtype is None else dtypes.as_dtype(dtype)
         name = Device.canonicalize(device)
