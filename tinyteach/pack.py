@@ -79,7 +79,7 @@ def _vector_width(item: ScheduleItem) -> int:
     if item.kind != "kernel":
         return 0
     renderer = Device[item.device].renderer
-    return getattr(renderer, "vector_width", 0) if renderer is not None else 0
+    return renderer.vector_width if renderer is not None else 0
 
 
 def plan_packing(ast: UOp, vector_width: int) -> PackPlan | None:
