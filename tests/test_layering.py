@@ -13,14 +13,17 @@ import tinyteach
 PACKAGE = Path(tinyteach.__file__).parent
 
 # bottom to top, as tinyteach/__init__.py states it; opt.py is chapter 7's optimizer (with lower),
-# search.py its timed search and pack.py its packing copies (with realize, which calls both)
+# search.py its timed search and pack.py its packing copies (with realize, which calls both);
+# tensor_create, tensor_movement, tensor_math and tensor_nn are the parts of Tensor that tensor.py
+# inherits (with tensor)
 CORE = ["helpers", "dtype", "uop", "view", "rewrite", "device", "schedule", "lower", "render",
         "runtime", "realize", "gradient", "tensor", "indexing"]
-SAME_LAYER = {"opt": "lower", "search": "realize", "pack": "realize"}
+SAME_LAYER = {"opt": "lower", "search": "realize", "pack": "realize", "tensor_create": "tensor",
+              "tensor_movement": "tensor", "tensor_math": "tensor", "tensor_nn": "tensor"}
 TOP = ["jit", "nn", "exercises"]  # may import anything below them
 LAYERS = CORE + TOP
 FORBIDDEN = {"viz", "IPython", "ipywidgets", "graphviz", "ipykernel", "notebook", "jupyter"}
-# tensor.py and indexing.py are one chapter split in two files: each calls the other lazily
+# the tensor layer and indexing.py are one chapter split in files: each calls the other lazily
 # (inside a function) at run time, which is allowed
 LAZY_PAIRS = {("tensor", "indexing"), ("indexing", "tensor")}
 

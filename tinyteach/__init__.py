@@ -6,7 +6,10 @@ module (or small package) that opens with what it teaches, and one notebook in c
 | #  | chapter                                              | module(s)                         |
 |----|------------------------------------------------------|-----------------------------------|
 | 0  | A tour: the whole stack from the top                 | (chapters/00_tour.ipynb)          |
-| 1  | Tensors: a PyTorch-like API from 28 primitive ops    | tensor.py, dtype.py, indexing.py  |
+| 1  | Tensors: a PyTorch-like API from 28 primitive ops    | tensor.py, dtype.py, indexing.py, |
+|    |                                                      | tensor_create.py,                 |
+|    |                                                      | tensor_movement.py,               |
+|    |                                                      | tensor_math.py, tensor_nn.py      |
 | 2  | Autograd: reverse mode on the graph                  | gradient.py                       |
 | 3  | The IR: UOps and the primitive op set                | uop.py                            |
 | 4  | Shapes without copies: views                         | view.py                           |
@@ -27,7 +30,8 @@ and runs it. Set DEBUG=1..5 (or `with Context(DEBUG=4):`) to watch every stage.
 Layering: a module imports only from modules *below* it in this order (a test checks it):
 helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime, realize,
 gradient, tensor, indexing (opt sits with lower; pack and search, which compile and run
-kernels, with realize), then jit, nn and exercises on top.
+kernels, with realize; tensor_create, tensor_movement, tensor_math and tensor_nn, the parts
+Tensor inherits, with tensor), then jit, nn and exercises on top.
 """
 from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
 from tinyteach.device import Device

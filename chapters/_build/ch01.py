@@ -18,9 +18,15 @@ def chapter_01(setup: str) -> Book:
     - broadcasting and dtype promotion happen once, in the Tensor layer, before the graph is built;
     - indexing is made of movement ops, and random numbers come from an integer hash.
 
-    **Where it lives:** [`tinyteach/tensor.py`](../tinyteach/tensor.py) (the API),
+    **Where it lives:** [`tinyteach/tensor.py`](../tinyteach/tensor.py) (the core: the lazy
+    graph, the primitive elementwise and movement ops, `backward`),
     [`tinyteach/dtype.py`](../tinyteach/dtype.py) (dtypes and promotion),
-    [`tinyteach/indexing.py`](../tinyteach/indexing.py) (`t[...]`).
+    [`tinyteach/indexing.py`](../tinyteach/indexing.py) (`t[...]`), and the rest of the API,
+    composed from the core, in the classes `Tensor` inherits:
+    [`tensor_create.py`](../tinyteach/tensor_create.py) (`ones`, `arange`, random numbers),
+    [`tensor_movement.py`](../tinyteach/tensor_movement.py) (`transpose`, `cat`, `split`),
+    [`tensor_math.py`](../tinyteach/tensor_math.py) (`exp`, `relu`, `sum`, `mean`) and
+    [`tensor_nn.py`](../tinyteach/tensor_nn.py) (matmul, `conv2d`, `softmax`, losses).
     """)
     b.code(setup)
     b.md("""
@@ -193,7 +199,8 @@ def chapter_01(setup: str) -> Book:
     b.md("""
     ## Random numbers from an integer hash
 
-    There is no random-number op either. `Tensor.rand` hashes a counter: element `i` gets
+    There is no random-number op either. `Tensor.rand`
+    ([`tensor_create.py`](../tinyteach/tensor_create.py)) hashes a counter: element `i` gets
     `hash((i ^ key) * 0x9E3779B9)`, where `hash` is *lowbias32* (two rounds of xor-shift and
     multiply) and the key comes from the seed. It is plain integer arithmetic — `XOR`, `MUL`, and
     `IDIV` by a power of two as a right shift — so every device produces exactly the same bits,

@@ -1,0 +1,324 @@
+"""Chapter 1 (part 4): making tensors — constants, ranges and random numbers, on the device.
+
+What this teaches:
+- `full`, `zeros` and `ones` are one scalar constant, reshaped and expanded: no memory is filled
+  until a kernel reads it; `empty` is a buffer that nothing has written;
+- `arange` needs no host data: a running sum of ones gives 0, 1, 2, ...; `linspace` and `eye`
+  follow from it;
+- random numbers are a hash of (counter, seed): integer xor, multiply and shift, computed by the
+  kernels themselves, so a seed gives the same numbers on every device. Uniform floats keep the
+  top 24 bits of the hash; normal ones come from two uniforms (Box-Muller).
+
+Each part of chapter 1 after tensor.py is a class that Tensor inherits (a "mixin"): the methods
+live here, and `Tensor.zeros(2, 3)` finds them. This part is the first of the chain
+TensorCreation -> TensorMovement -> TensorMath -> TensorNN -> Tensor; the methods that make a
+tensor from nothing are classmethods, so `cls` is Tensor.
+
+Builds on: tensor.py (its core, as the TensorCore protocol below describes it). Used by:
+tensor_movement.py and everything that makes a tensor.
+
+>>> from tinyteach import Tensor
+>>> Tensor.arange(5).tolist()
+[0, 1, 2, 3, 4]
+>>> Tensor.eye(2).tolist()
+[[1.0, 0.0], [0.0, 1.0]]
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+
+from tinyteach.device import Buffer, Device
+from tinyteach.dtype import DType, dtypes
+from tinyteach.helpers import prod
+from tinyteach.uop import Ops, UOp
+
+if TYPE_CHECKING:
+    from tinyteach.tensor import Scalar, ShapeArg, Tensor
+
+
+class TensorCore(Protocol):
+    """What the parts of chapter 1 use of tensor.py's Tensor on `self`, for the type checker:
+    the parts are plain classes, and Tensor, which inherits them, supplies all of this at run
+    time. (What they call on other tensors, the type checker finds on Tensor itself.)"""
+
+    training: ClassVar[bool]
+    device: str
+
+    def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
+                 requires_grad: bool | None = None) -> None: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> DType: ...
+    @property
+    def ndim(self) -> int: ...
+    def to(self, device: str) -> Tensor: ...
+    def _axis(self, axis: int, ndim: int | None = None) -> int: ...
+    def _axes(self, axis: int | Sequence[int] | None) -> tuple[int, ...]: ...
+    def _broadcasted(self, other: Any, reverse: bool = False,
+                     float_result: bool = False) -> tuple[Tensor, Tensor]: ...
+    def _binary(self, op: Ops, other: Any, reverse: bool = False) -> Tensor: ...
+    def _reduce(self, op: Ops, axis: Any, keepdim: bool) -> Tensor: ...
+    def _to_float(self) -> Tensor: ...
+    def cast(self, dtype: DType | str) -> Tensor: ...
+    def reshape(self, *shape: Any) -> Tensor: ...
+    def permute(self, *order: Any) -> Tensor: ...
+    def pad(self, padding: Sequence[Any], value: Scalar = 0) -> Tensor: ...
+    def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Tensor: ...
+    def maximum(self, other: Any) -> Tensor: ...
+    def logical_not(self) -> Tensor: ...
+    def __neg__(self) -> Tensor: ...
+    def __invert__(self) -> Tensor: ...
+    def __add__(self, other: Any) -> Tensor: ...
+    def __sub__(self, other: Any) -> Tensor: ...
+    def __rsub__(self, other: Any) -> Tensor: ...
+    def __mul__(self, other: Any) -> Tensor: ...
+    def __rmul__(self, other: Any) -> Tensor: ...
+    def __truediv__(self, other: Any) -> Tensor: ...
+    def __lt__(self, other: Any) -> Tensor: ...
+    def __gt__(self, other: Any) -> Tensor: ...
+    def __ne__(self, other: Any) -> Tensor: ...  # type: ignore[override]
+    def __eq__(self, other: Any) -> Tensor: ...  # type: ignore[override]
+
+
+# the type checker sees the core's methods on `self`; at run time the chain starts from object
+if TYPE_CHECKING:
+    _Core = TensorCore
+else:
+    _Core = object
+
+
+def as_tensor(part: TensorCore) -> Tensor:
+    """`self` in a part of chapter 1 is always a Tensor (the parts exist only as Tensor's bases):
+    this tells the type checker so, and returns `part` itself, unchanged."""
+    return cast("Tensor", part)
+
+
+def _shape_from(args: tuple[Any, ...]) -> tuple[int, ...]:
+    """Accept both `f(2, 3)` and `f((2, 3))`."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        args = tuple(args[0])
+    shape = tuple(int(s) for s in args)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"negative size in shape {shape}")
+    return shape
+
+
+class TensorCreation(_Core):
+    """full, zeros, ones, empty, arange, linspace, eye and random numbers (part 4)."""
+
+    # the random number generator's state, shared by every tensor
+    _seed: ClassVar[int] = 0
+    _rng_counter: ClassVar[int] = 0
+
+    # ---- constants and ranges ----
+
+    @classmethod
+    def full(cls, shape: ShapeArg, fill_value: Scalar, **kwargs: Any) -> Tensor:
+        dims = _shape_from((shape,))
+        dtype = dtypes.as_dtype(kwargs.pop("dtype")) if kwargs.get("dtype") else None
+        requires_grad = kwargs.pop("requires_grad", None)
+        scalar = cls(fill_value, dtype=dtype, **kwargs)
+        result = scalar.reshape((1,) * len(dims)).expand(dims)
+        result.requires_grad = requires_grad
+        return result
+
+    @classmethod
+    def zeros(cls, *shape: Any, **kwargs: Any) -> Tensor:
+        return cls.full(_shape_from(shape), 0.0, **_float_default(kwargs))
+
+    @classmethod
+    def ones(cls, *shape: Any, **kwargs: Any) -> Tensor:
+        return cls.full(_shape_from(shape), 1.0, **_float_default(kwargs))
+
+    @classmethod
+    def empty(cls, *shape: Any, device: str | None = None, dtype: DType | str | None = None,
+              **kwargs: Any) -> Tensor:
+        """Memory that is allocated but not set: its contents are undefined (fresh memory is
+        zero, reused memory keeps what its last owner wrote; see device.HostMemory)."""
+        dims = _shape_from(shape)
+        wanted = dtypes.default_float if dtype is None else dtypes.as_dtype(dtype)
+        name = Device.canonicalize(device)
+        buffer = UOp(Ops.BUFFER, wanted, (), Buffer(name, prod(dims), wanted))
+        return as_tensor(cls(buffer.reshape(dims), name, **kwargs))
+
+    def full_like(self, fill_value: Scalar, **kwargs: Any) -> Tensor:
+        kwargs.setdefault("dtype", self.dtype)
+        kwargs.setdefault("device", self.device)
+        return type(self).full(self.shape, fill_value, **kwargs)
+
+    def zeros_like(self, **kwargs: Any) -> Tensor:
+        return self.full_like(0, **kwargs)
+
+    def ones_like(self, **kwargs: Any) -> Tensor:
+        return self.full_like(1, **kwargs)
+
+    def rand_like(self, **kwargs: Any) -> Tensor:
+        kwargs.setdefault("dtype", self.dtype)
+        kwargs.setdefault("device", self.device)
+        return type(self).rand(*self.shape, **kwargs)
+
+    def randn_like(self, **kwargs: Any) -> Tensor:
+        kwargs.setdefault("dtype", self.dtype)
+        kwargs.setdefault("device", self.device)
+        return type(self).randn(*self.shape, **kwargs)
+
+    @classmethod
+    def arange(cls, start: int | float, stop: int | float | None = None, step: int | float = 1,
+               **kwargs: Any) -> Tensor:
+        """start, start+step, ... < stop — built from ones and a running sum, not numpy."""
+        if stop is None:
+            start, stop = 0, start
+        if step == 0:
+            raise ValueError("arange step must not be zero")
+        count = max(0, math.ceil((stop - start) / step))
+        is_int = all(isinstance(v, int) for v in (start, stop, step))
+        dtype = kwargs.pop("dtype", None) or (dtypes.default_int if is_int else
+                                              dtypes.default_float)
+        index = cls._arange_int(count, Device.canonicalize(kwargs.get("device")))
+        result = (index * step + start) if (step, start) != (1, 0) else index
+        return result.cast(dtypes.as_dtype(dtype))._with(**kwargs)
+
+    @classmethod
+    def linspace(cls, start: float, stop: float, steps: int, **kwargs: Any) -> Tensor:
+        if steps < 0:
+            raise ValueError(f"linspace needs steps >= 0, got {steps}")
+        dtype = dtypes.as_dtype(kwargs.pop("dtype", dtypes.default_float))
+        requires_grad = kwargs.pop("requires_grad", None)  # set on the result, not the arange
+        if steps == 1:
+            return cls.full((1,), start, dtype=dtype, requires_grad=requires_grad, **kwargs)
+        index = cls.arange(steps, **kwargs).cast(dtypes.float64 if dtype == dtypes.float64
+                                                    else dtypes.default_float)
+        result = (index * ((stop - start) / (steps - 1)) + start).cast(dtype)
+        return result._with(requires_grad=requires_grad)
+
+    @classmethod
+    def eye(cls, n: int, m: int | None = None, **kwargs: Any) -> Tensor:
+        dtype = dtypes.as_dtype(kwargs.pop("dtype", dtypes.default_float))
+        requires_grad = kwargs.pop("requires_grad", None)  # set on the result, not the aranges
+        rows = cls.arange(n, **kwargs).reshape(n, 1)
+        cols = cls.arange(n if m is None else m, **kwargs).reshape(1, -1)
+        return (rows == cols).cast(dtype)._with(requires_grad=requires_grad)
+
+    def _with(self, device: str | None = None, requires_grad: bool | None = None) -> Tensor:
+        result = as_tensor(self) if device is None else self.to(device)
+        if requires_grad is not None:
+            result = type(result)(result.uop, result.device, requires_grad=requires_grad)
+        return result
+
+    # ---- random numbers: a counter-based hash, computed on the device itself ----
+
+    @classmethod
+    def manual_seed(cls, seed: int = 0) -> None:
+        """Make random numbers reproducible: the same seed gives the same numbers on every
+        device, because they come from integer arithmetic that every device does exactly."""
+        TensorCreation._seed, TensorCreation._rng_counter = int(seed), 0
+
+    @classmethod
+    def _random_bits(cls, count: int, device: str | None) -> Tensor:
+        """`count` pseudo-random uint32s: hash(counter, seed), lowbias32 by Chris Wellons."""
+        start = TensorCreation._rng_counter
+        TensorCreation._rng_counter += count
+        counter = cls._arange_int(count, Device.canonicalize(device)).cast(dtypes.uint32)
+        # 0x6A09E667 (from sqrt(2)) moves seed 0 off the hash's fixed point hash(0) == 0
+        key = _hash32_int(_hash32_int(TensorCreation._seed ^ 0x6A09E667) ^ (start & 0xFFFFFFFF))
+        return _hash32((counter ^ key) * 0x9E3779B9 + (start >> 32))
+
+    @classmethod
+    def rand(cls, *shape: Any, device: str | None = None, dtype: DType | str | None = None,
+             requires_grad: bool | None = None) -> Tensor:
+        """Uniform in [0, 1)."""
+        dims = _shape_from(shape)
+        wanted = dtypes.default_float if dtype is None else dtypes.as_dtype(dtype)
+        bits = cls._random_bits(prod(dims), device)
+        # the top 24 bits, scaled to [0, 1): exactly representable in float32
+        uniform = (bits // 256).cast(dtypes.float32) * (1.0 / (1 << 24))
+        result = uniform.cast(wanted).reshape(dims)
+        result.requires_grad = requires_grad
+        return result
+
+    @classmethod
+    def randn(cls, *shape: Any, dtype: DType | str | None = None, requires_grad: bool | None = None,
+              **kwargs: Any) -> Tensor:
+        """Standard normal, by the Box-Muller transform of two uniforms."""
+        dims = _shape_from(shape)
+        wanted = dtypes.default_float if dtype is None else dtypes.as_dtype(dtype)
+        u = cls.rand(2, *dims, **kwargs)
+        radius = ((1 - u[0]).log() * -2).sqrt()
+        result = (radius * (u[1] * (2 * math.pi)).cos()).cast(wanted)
+        result.requires_grad = requires_grad
+        return result
+
+    @classmethod
+    def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: DType | str = dtypes.int32,
+                **kwargs: Any) -> Tensor:
+        if high <= low:
+            raise ValueError(f"randint needs low < high, got low={low}, high={high}")
+        uniform = cls.rand(*shape, dtype=dtypes.float64 if high - low > 1 << 23 else None,
+                              **kwargs)
+        return (uniform * (high - low)).floor().cast(dtypes.as_dtype(dtype)) + low
+
+    @classmethod
+    def uniform(cls, *shape: Any, low: float = 0.0, high: float = 1.0, **kwargs: Any) -> Tensor:
+        requires_grad = kwargs.pop("requires_grad", None)
+        result = cls.rand(*shape, **kwargs) * (high - low) + low
+        result.requires_grad = requires_grad
+        return result
+
+    @classmethod
+    def normal(cls, *shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Tensor:
+        requires_grad = kwargs.pop("requires_grad", None)
+        result = cls.randn(*shape, **kwargs) * std + mean
+        result.requires_grad = requires_grad
+        return result
+
+    @classmethod
+    def kaiming_uniform(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+        dims = _shape_from(shape)
+        bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(dims[1:]))
+        return cls.uniform(*dims, low=-bound, high=bound, **kwargs)
+
+    @classmethod
+    def glorot_uniform(cls, *shape: Any, **kwargs: Any) -> Tensor:
+        dims = _shape_from(shape)
+        bound = math.sqrt(6 / (dims[0] + prod(dims[1:])))
+        return cls.uniform(*dims, low=-bound, high=bound, **kwargs)
+
+    @classmethod
+    def _arange_int(cls, count: int, device: str) -> Tensor:
+        """0, 1, ..., count-1 as int32, from primitive ops only.
+        Small: a running sum of ones (cumsum). Large: i*b + j from two smaller aranges."""
+        if count <= 32:
+            ones = cls.ones(count, dtype=dtypes.int32, device=device)
+            return ones.cumsum() - 1 if count else ones
+        columns = math.isqrt(count - 1) + 1
+        rows = -(-count // columns)
+        grid = (cls._arange_int(rows, device) * columns).reshape(rows, 1) + \
+            cls._arange_int(columns, device).reshape(1, columns)
+        return grid.reshape(-1).shrink([(0, count)])
+
+
+def _float_default(kwargs: dict[str, Any]) -> dict[str, Any]:
+    kwargs.setdefault("dtype", dtypes.default_float)
+    return kwargs
+
+
+def _hash32_int(x: int) -> int:
+    """lowbias32 on a Python int (for the key, computed once on the host)."""
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def _hash32(x: Tensor) -> Tensor:
+    """lowbias32 on a uint32 tensor: xor, multiply and shift (a shift is a division by 2^k)."""
+    x = x ^ (x // (1 << 16))
+    x = x * 0x7FEB352D
+    x = x ^ (x // (1 << 15))
+    x = x * 0x846CA68B
+    return x ^ (x // (1 << 16))

@@ -1,0 +1,161 @@
+"""Chapter 1 (part 5): movement, composed — transpose, squeeze, cat, split, repeat, gather.
+
+What this teaches:
+- tensor.py has six primitive movement ops (reshape, permute, expand, pad, shrink, flip); every
+  other change of shape is one or two of them: transpose is a permute, flatten/squeeze/unsqueeze
+  are reshapes, split and chunk are shrinks, repeat is reshape + expand + reshape;
+- joining needs no new op either: `cat` pads each piece to the full length, zeros elsewhere, and
+  adds them up (the scheduler fuses it into one kernel), `stack` is unsqueeze + cat;
+- `gather` selects with a comparison, as indexing.py does: `index == arange(n)` is a one-hot
+  mask, and a sum over the axis picks the element.
+
+Builds on: tensor_create.py (part 4; `arange` for gather). Used by: tensor_math.py and
+everything above.
+
+>>> from tinyteach import Tensor
+>>> a, b = Tensor([[1, 2]]), Tensor([[3, 4]])
+>>> a.cat(b).tolist(), Tensor.stack(a, b).shape
+([[1, 2], [3, 4]], (2, 1, 2))
+>>> Tensor.arange(6).split(4)[1].tolist()
+[4, 5]
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tinyteach.dtype import least_upper_dtype
+from tinyteach.tensor_create import TensorCreation, _shape_from, as_tensor
+
+if TYPE_CHECKING:
+    from tinyteach.tensor import Tensor
+
+
+class TensorMovement(TensorCreation):
+    """Movement ops composed from the six primitive ones, and joining and splitting (part 5)."""
+
+    def view(self, *shape: Any) -> Tensor:
+        return self.reshape(*shape)
+
+    def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+        order = list(range(self.ndim))
+        a, b = self._axis(dim0), self._axis(dim1)
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    @property
+    def T(self) -> Tensor:
+        return self.permute(tuple(reversed(range(self.ndim))))
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        if self.ndim == 0:
+            return self.reshape(1)
+        start, end = self._axis(start_dim), self._axis(end_dim)
+        return self.reshape(*self.shape[:start], -1, *self.shape[end + 1:])
+
+    def unflatten(self, dim: int, sizes: Sequence[int]) -> Tensor:
+        axis = self._axis(dim)
+        return self.reshape(*self.shape[:axis], *sizes, *self.shape[axis + 1:])
+
+    def squeeze(self, dim: int | None = None) -> Tensor:
+        if dim is None:
+            return self.reshape(tuple(s for s in self.shape if s != 1))
+        axis = self._axis(dim)
+        if self.shape and self.shape[axis] != 1:
+            return as_tensor(self)
+        return self.reshape(self.shape[:axis] + self.shape[axis + 1:])
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        axis = self._axis(dim, self.ndim + 1)
+        return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
+
+    # ---- selecting, joining and splitting ----
+
+    def gather(self, dim: int, index: Tensor) -> Tensor:
+        """out[i][j] = self[i][index[i][j]] for dim=1 (PyTorch's gather)."""
+        axis = self._axis(dim)
+        if index.ndim != self.ndim:
+            raise ValueError(f"gather: index has {index.ndim} dims, tensor has {self.ndim}")
+        from tinyteach.indexing import check_index_range
+        check_index_range(index, self.shape[axis], axis)
+        index = (index < 0).where(index + self.shape[axis], index)  # -1 is the last, as numpy
+        bounds = [(0, i) if a != axis else None for a, i in enumerate(index.shape)]
+        source = self.shrink(bounds).transpose(axis, -1)  # (..., n)
+        picked = index.transpose(axis, -1).unsqueeze(-1)   # (..., k, 1)
+        n = self.shape[axis]
+        one_hot = picked == type(self).arange(n, device=self.device)
+        return one_hot.where(source.unsqueeze(-2), 0).sum(-1, dtype=self.dtype).transpose(axis, -1)
+
+    def cat(*tensors: Any, dim: int = 0) -> Tensor:
+        """Join along `dim`: `a.cat(b, c)`, `Tensor.cat(a, b, c)` or `Tensor.cat([a, b, c])`
+        (no @staticmethod, so that `a.cat(b)` passes `a` too, as in tinygrad)."""
+        items: list[Tensor] = list(tensors[0]) if len(tensors) == 1 and isinstance(
+            tensors[0], (list, tuple)) else list(tensors)
+        return items[0].cat_with(*items[1:], dim=dim)
+
+    def cat_with(self, *others: Tensor, dim: int = 0) -> Tensor:
+        axis = self._axis(dim)
+        for other in others:
+            if other.ndim != self.ndim or any(a != b for i, (a, b) in
+                                              enumerate(zip(self.shape, other.shape)) if i != axis):
+                raise ValueError(f"cat: shapes {self.shape} and {other.shape} differ outside "
+                                 f"dim {axis}")
+        tensors = [self, *others]
+        dtype = least_upper_dtype(*(t.dtype for t in tensors))
+        total = sum(t.shape[axis] for t in tensors)
+        result, offset = None, 0
+        for t in tensors:
+            pairs = [(0, 0)] * self.ndim
+            pairs[axis] = (offset, total - offset - t.shape[axis])
+            piece = t.cast(dtype).pad(pairs)
+            result = piece if result is None else result + piece
+            offset += t.shape[axis]
+        assert result is not None
+        return result
+
+    def stack(*tensors: Any, dim: int = 0) -> Tensor:
+        """Join along a new axis `dim`: `a.stack(b)`, `Tensor.stack(a, b)` or a list."""
+        items: list[Tensor] = list(tensors[0]) if len(tensors) == 1 and isinstance(
+            tensors[0], (list, tuple)) else list(tensors)
+        for item in items[1:]:
+            if item.shape != items[0].shape:
+                raise ValueError(f"stack needs tensors of one shape, got {items[0].shape} and "
+                                 f"{item.shape}")
+        axis = items[0]._axis(dim, items[0].ndim + 1)
+        first, *rest = [t.unsqueeze(axis) for t in items]
+        return first.cat(*rest, dim=axis)
+
+    def split(self, sizes: int | Sequence[int], dim: int = 0) -> list[Tensor]:
+        axis = self._axis(dim)
+        length = self.shape[axis]
+        if isinstance(sizes, int):
+            if sizes <= 0:
+                raise ValueError(f"split size must be positive, got {sizes}")
+            sizes = [min(sizes, length - start) for start in range(0, length, sizes)] or [0]
+        if sum(sizes) != length:
+            raise ValueError(f"split sizes {list(sizes)} do not add up to {length} (dim {axis})")
+        pieces, start = [], 0
+        for size in sizes:
+            bounds: list[tuple[int, int] | None] = [None] * self.ndim
+            bounds[axis] = (start, start + size)
+            pieces.append(self.shrink(bounds))
+            start += size
+        return pieces
+
+    def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
+        if chunks <= 0:
+            raise ValueError(f"chunk needs a positive number of chunks, got {chunks}")
+        length = self.shape[self._axis(dim)]
+        return self.split(max(1, math.ceil(length / chunks)), dim)
+
+    def repeat(self, *repeats: Any) -> Tensor:
+        counts = _shape_from(repeats)
+        if len(counts) < self.ndim:
+            raise ValueError(f"repeat needs at least {self.ndim} counts, got {counts}")
+        base = self.reshape((1,) * (len(counts) - self.ndim) + self.shape)
+        interleaved = [d for s in base.shape for d in (1, s)]
+        expanded = [d for c, s in zip(counts, base.shape) for d in (c, s)]
+        return base.reshape(interleaved).expand(expanded).reshape(
+            tuple(c * s for c, s in zip(counts, base.shape)))
+
