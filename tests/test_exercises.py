@@ -165,7 +165,7 @@ def test_nbgrader_generates_the_same_student_version(tmp_path):
 
 
 def test_command_line_grades_a_module_and_a_student_notebook(tmp_path):
-    command = [sys.executable, "-m", "tinyteach.exercises.grade"]
+    command = [sys.executable, "-m", "tinyteach.exercises"]
     passing = subprocess.run([*command, "tinyteach.exercises.reference"], capture_output=True,
                              text=True, cwd=ROOT, timeout=120)
     assert passing.returncode == 0, passing.stdout + passing.stderr
@@ -174,6 +174,20 @@ def test_command_line_grades_a_module_and_a_student_notebook(tmp_path):
     failing = subprocess.run([*command, str(student)], capture_output=True, text=True,
                              cwd=ROOT, timeout=120)
     assert failing.returncode == 1 and "26 not implemented" in failing.stdout
+
+
+def test_no_submodule_shadows_an_exported_name():
+    # importing a submodule sets it as an attribute of the package: a submodule named `grade`
+    # (the command line used to be one) would replace the function `grade` once imported
+    import importlib
+    import pkgutil
+
+    import tinyteach.exercises as package
+    submodules = [info.name for info in pkgutil.iter_modules(package.__path__)]
+    assert set(submodules).isdisjoint(package.__all__)
+    for name in submodules:
+        importlib.import_module(f"{package.__name__}.{name}")
+    assert callable(package.grade) and package.grade.__module__.endswith("autograder")
 
 
 def test_console_script_is_declared():

@@ -13,7 +13,7 @@ What this teaches:
   model on the student's device.
 
 Builds on: everything (tensor, realize, render, runtime, nn). Used by:
-chapters/12_exercise_backend.ipynb and `python -m tinyteach.exercises.grade`.
+chapters/12_exercise_backend.ipynb and `python -m tinyteach.exercises` (__main__.py).
 
 >>> from tinyteach.exercises import InterpreterBackend, grade
 >>> from tinyteach.runtime.numpy import NUMPY_OPS

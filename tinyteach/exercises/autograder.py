@@ -12,8 +12,8 @@ What this teaches:
   matmul, a TinyJit replay, and with `train=True` a digits classifier (an MLP trained with Adam)
   that must reach the reference accuracy within one percentage point.
 
-Everything runs offline. From a terminal: `python -m tinyteach.exercises.grade <module or file>`
-(a module name, a .py file or an .ipynb notebook; grade.py is that command line, and
+Everything runs offline. From a terminal: `python -m tinyteach.exercises <module or file>`
+(a module name, a .py file or an .ipynb notebook; __main__.py is that command line, and
 `tinyteach-grade` the same as a console script) grades every backend the file defines.
 
 Builds on: exercises/cases.py, interpreter.py, codegen.py, report.py; tensor, jit, nn.
@@ -446,7 +446,7 @@ def grade_whole_backend(backend: StudentBackend, ops_pass: bool, train: bool,
     return rows
 
 
-# ---- the command line: python -m tinyteach.exercises.grade <module or file> ----
+# ---- the command line: python -m tinyteach.exercises <module or file> ----
 
 def notebook_namespace(path: Path) -> dict[str, Any]:
     """Run a notebook's code cells (not those tagged skip-when-grading, no IPython magics)."""

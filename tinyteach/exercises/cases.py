@@ -10,7 +10,7 @@ What this teaches:
   Python's floors, x/0 must not crash, NaN must propagate through MAX, a reduction keeps its
   reduced axes (size 1), EXPAND broadcasts, PAD fills a bool mask with False.
 
-Builds on: uop.py, dtype.py. Used by: grade.py.
+Builds on: uop.py, dtype.py. Used by: autograder.py.
 
 >>> len(CASES[Ops.IDIV]) >= 2 and all(case.node.op is Ops.IDIV for case in CASES[Ops.IDIV])
 True

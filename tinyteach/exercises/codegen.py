@@ -15,7 +15,7 @@ every op, except CAST, which gets the dtype to convert to.
 
 The solution is `render/c.py`'s table (see reference.py).
 
-Builds on: render/c.py, runtime/cpu.py, device.py. Used by: grade.py.
+Builds on: render/c.py, runtime/cpu.py, device.py. Used by: autograder.py.
 
 >>> from tinyteach.exercises.reference import reference_codegen
 >>> len(CODEGEN_OPS), reference_codegen().missing()

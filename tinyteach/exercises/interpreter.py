@@ -12,7 +12,7 @@ What this teaches:
 
 The solution is `runtime/numpy.py`'s `NUMPY_OPS`.
 
-Builds on: uop.py, device.py, runtime/numpy.py, realize.py. Used by: grade.py.
+Builds on: uop.py, device.py, runtime/numpy.py, realize.py. Used by: autograder.py.
 
 >>> from tinyteach.runtime.numpy import NUMPY_OPS
 >>> len(INTERPRETER_OPS), InterpreterBackend(NUMPY_OPS).missing()

@@ -4,7 +4,7 @@
 - Exercise B: `render/c.py`'s code_for_op table, plus IDIV and MOD written for any divisor
   (CRenderer renders those two itself, with a shortcut for constant divisors).
 
-`python -m tinyteach.exercises.grade tinyteach.exercises.reference` grades both: all pass.
+`python -m tinyteach.exercises tinyteach.exercises.reference` grades both: all pass.
 
 Builds on: runtime/numpy.py, render/c.py, exercises/interpreter.py and codegen.py.
 

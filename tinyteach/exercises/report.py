@@ -7,7 +7,7 @@ What this teaches:
   `GradeReport` prints as text in a terminal and as a table in a notebook, without importing
   IPython (nothing under tinyteach/ does).
 
-Builds on: nothing but numpy. Used by: grade.py.
+Builds on: nothing but numpy. Used by: autograder.py.
 
 >>> report = GradeReport("demo", [Row("ADD", PASS), Row("MUL", NOT_IMPLEMENTED)])
 >>> report.passed, report.summary()
