@@ -154,7 +154,7 @@ def chapter_00() -> Book:
     | 4 | Shapes without copies: views | [04_views](04_views.ipynb) | [`view.py`](../tinyteach/view.py) |
     | 5 | Rewriting graphs: the pattern matcher | [05_rewrite](05_rewrite.ipynb) | [`rewrite.py`](../tinyteach/rewrite.py) |
     | 6 | Scheduling: kernel fusion | [06_scheduling](06_scheduling.ipynb) | [`schedule.py`](../tinyteach/schedule.py) |
-    | 7 | Lowering: loops, indices, optimizations | [07_lowering](07_lowering.ipynb) | [`lower.py`](../tinyteach/lower.py), [`opt.py`](../tinyteach/opt.py) |
+    | 7 | Lowering: loops, indices, optimizations | [07_lowering](07_lowering.ipynb) | [`lower.py`](../tinyteach/lower.py), [`opt.py`](../tinyteach/opt.py), [`pack.py`](../tinyteach/pack.py), [`search.py`](../tinyteach/search.py) |
     | 8 | Code generation: C, OpenCL, CUDA, WGSL | [08_codegen](08_codegen.ipynb) | [`render/`](../tinyteach/render/) |
     | 9 | Devices and runtimes | [09_devices](09_devices.ipynb) | [`device.py`](../tinyteach/device.py), [`realize.py`](../tinyteach/realize.py), [`runtime/`](../tinyteach/runtime/) |
     | 10 | The JIT and graph execution | [10_jit](10_jit.ipynb) | [`jit.py`](../tinyteach/jit.py) |
