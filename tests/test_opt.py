@@ -124,11 +124,11 @@ def test_nan_survives_a_vector_max():
 # ---- packing ----
 
 def test_big_matmul_operand_is_packed():
-    a, b = Tensor(data(512, 512)), Tensor(data(512, 512, seed=1))
+    a, b = Tensor(data(1024, 1024)), Tensor(data(1024, 1024, seed=1))
     (ast,) = kernel_asts(a @ b)
     plan = plan_packing(ast, 16)
     assert plan is not None and plan.input_index == 2 and plan.panel == 32
-    assert plan.packed_size == 512 * 512
+    assert plan.packed_size == 1024 * 1024
 
 
 def test_small_operands_are_not_packed():
@@ -138,8 +138,16 @@ def test_small_operands_are_not_packed():
     assert plan_packing(ast, 0) is None
 
 
-def test_packed_matmul_matches_numpy(monkeypatch):
+@pytest.fixture
+def pack_512(monkeypatch):
+    """Pack from 512 x 512 operands on (the default starts at 1024 x 1024), with 16 lanes."""
+    import tinyteach.pack
+    monkeypatch.setattr(tinyteach.pack, "PACK_MIN_ELEMENTS", 512 * 512)
+    monkeypatch.setattr(tinyteach.pack, "_plans", {})
     monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+
+
+def test_packed_matmul_matches_numpy(pack_512):
     a, b = data(64, 512), data(512, 512, seed=1)
     from tinyteach.realize import record_launches
     with record_launches() as launches:
@@ -149,20 +157,17 @@ def test_packed_matmul_matches_numpy(monkeypatch):
     np.testing.assert_allclose(result, np.maximum(a @ b, 0), rtol=1e-4, atol=1e-3)
 
 
-def test_packed_batched_matmul_matches_numpy(monkeypatch):
-    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+def test_packed_batched_matmul_matches_numpy(pack_512):
     a, b = data(2, 32, 512), data(2, 512, 512, seed=1)
     np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-3)
 
 
-def test_packed_broadcast_operand_matches_numpy(monkeypatch):
-    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+def test_packed_broadcast_operand_matches_numpy(pack_512):
     a, b = data(2, 32, 512), data(512, 512, seed=1)  # one b for both batches
     np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-3)
 
 
-def test_noopt_does_not_pack(monkeypatch):
-    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+def test_noopt_does_not_pack(pack_512):
     from tinyteach.realize import record_launches
     a, b = Tensor(data(64, 512)).realize(), Tensor(data(512, 512, seed=1)).realize()
     with Context(NOOPT=1), record_launches() as launches:
@@ -170,8 +175,7 @@ def test_noopt_does_not_pack(monkeypatch):
     assert [launch.item.name for launch in launches] == ["r_64_512_512"]
 
 
-def test_gradients_through_a_packed_matmul(monkeypatch):
-    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+def test_gradients_through_a_packed_matmul(pack_512):
     a, b = data(32, 512), data(512, 512, seed=1)
     ta, tb = Tensor(a, requires_grad=True), Tensor(b, requires_grad=True)
     (ta @ tb).sum().backward()

@@ -29,7 +29,7 @@ from tinyteach.opt import _buffer_reads, _step_along, choose_options, kernel_val
 from tinyteach.schedule import ScheduleItem
 from tinyteach.uop import MOVEMENT, Ops, UOp
 
-PACK_MIN_ELEMENTS = 1 << 18   # 1 MB of float32: smaller operands stay in cache unpacked
+PACK_MIN_ELEMENTS = 1 << 20   # 4 MB of float32: smaller operands stay in cache unpacked
 PACK_MIN_ROW_BYTES = 1024     # a row step this long strides across cache sets
 
 

@@ -241,16 +241,16 @@ def build() -> Book:
     b.code('''
     from tinyteach.pack import plan_packing
 
-    big1 = Tensor(rng.standard_normal((512, 512)).astype(np.float32)).realize()
-    big2 = Tensor(rng.standard_normal((512, 512)).astype(np.float32)).realize()
+    big1 = Tensor(rng.standard_normal((1024, 1024)).astype(np.float32)).realize()
+    big2 = Tensor(rng.standard_normal((1024, 1024)).astype(np.float32)).realize()
     plan = plan_packing(kernel_of(big1 @ big2).ast, 16)
     print(f"input {plan.input_index} is packed into panels of {plan.panel} columns")
-    print(CRenderer().render("pack_32_262144", lower(plan.copy_ast, NO_OPTIONS)))
+    print(CRenderer().render("pack_32_1048576", lower(plan.copy_ast, NO_OPTIONS)))
     assert plan_packing(matmul.ast, 16) is None  # 256x256 stays in cache: no packing
     ''')
     b.md("""
     The copy reads `b` row by row and writes panel after panel. The matmul's load of `b` becomes
-    `data2[gidx1*16384 + ridx0*32 + lane]`: the panel number, then 32 floats per row. In the
+    `data2[gidx1*32768 + ridx0*32 + lane]`: the panel number, then 32 floats per row. In the
     engine this happens on its own (on a CPU with vector registers):
     """)
     b.code('''
