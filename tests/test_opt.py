@@ -206,3 +206,27 @@ def test_opencl_source_uses_its_own_vector_types():
     source = renderer.render("mm", lower(ast, vector_width=16))
     assert "float16 val1 = vload16(0, data2+" in source and "vstore16(acc0, 0, data0+" in source
     assert "float16 acc0 = (float16)(0.0f);" in source
+
+
+# ---- the differential fuzzer (tests/fuzz_graphs.py), with optimizations off and with small
+# vectors: its shapes (1 to 6 per axis) only meet vector tiles when a vector has 2 or 4 lanes
+
+def _fuzz(graphs: int, seed: int):
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from fuzz_graphs import fuzz
+    report = fuzz(graphs, ["CPU"], seed=seed)
+    assert report.graphs == graphs
+    assert report.ok(), "\n\n".join(report.failures[:5])
+
+
+def test_fuzz_slice_without_optimizations():
+    with Context(NOOPT=1):
+        _fuzz(30, seed=2027)
+
+
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_fuzz_slice_with_small_vectors(lanes, monkeypatch):
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", lanes)
+    _fuzz(40, seed=2028 + lanes)
