@@ -171,7 +171,11 @@ def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
         lowered = lowerer.lower(value, index, None)
         position = linear_index(index, value.shape)
         stores.append(UOp(Ops.STORE, value.dtype, (output, position, lowered)))
-    return graph_rewrite(UOp(Ops.SINK, dtypes.bool, tuple(stores)), symbolic)
+    return graph_rewrite(UOp(Ops.SINK, dtypes.bool, tuple(stores)), symbolic,
+                         memo=_symbolic_memo)
+
+
+_symbolic_memo: dict[UOp, UOp] = {}  # shared by every kernel's index simplification
 
 
 # ---- vectorize: the lane loop becomes vector values ----

@@ -79,9 +79,22 @@ def kernel_value(ast: UOp) -> UOp:
 
 def choose_options(ast: UOp, vector_width: int = 0) -> KernelOptions:
     """The hand-written heuristic: tile reductions, thread big kernels. `vector_width`: how
-    many floats the device's vector registers hold (0: it has no vector types)."""
+    many floats the device's vector registers hold (0: it has no vector types). Remembered per
+    kernel: the engine, pack.py and search.py all ask."""
     if NOOPT:
         return NO_OPTIONS
+    key = (ast, vector_width)
+    if key not in _chosen:
+        if len(_chosen) > 10_000:
+            _chosen.clear()
+        _chosen[key] = _choose(ast, vector_width)
+    return _chosen[key]
+
+
+_chosen: dict[tuple[UOp, int], KernelOptions] = {}
+
+
+def _choose(ast: UOp, vector_width: int) -> KernelOptions:
     value = kernel_value(ast)
     shape = value.shape
     reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]

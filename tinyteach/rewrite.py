@@ -160,10 +160,23 @@ def _note(pass_name: str, rule: str, before: UOp, after: UOp) -> None:
 
 # ---- the engine ----
 
-def graph_rewrite(root: UOp, matcher: PatternMatcher, max_steps: int = 1_000_000) -> UOp:
+def graph_rewrite(root: UOp, matcher: PatternMatcher, max_steps: int = 1_000_000,
+                  memo: dict[UOp, UOp] | None = None) -> UOp:
     """Rewrite bottom-up: rebuild each node from rewritten sources, then apply rules to it
-    until none matches. Returns the new root (the old graph is untouched: UOps are immutable)."""
+    until none matches. Returns the new root (the old graph is untouched: UOps are immutable).
+
+    `memo` carries what earlier passes with the same matcher found: UOps are immutable and
+    rules are pure functions of a node, so a node rewritten once is rewritten the same way
+    again (kernels share much of their index arithmetic). It is skipped while rewrites are
+    being recorded, which must see every step."""
+    if memo is not None and not _active_logs and DEBUG.value < 5:
+        if len(memo) > MAX_MEMO:
+            memo.clear()
+        return _Rewriter(matcher, max_steps, memo).rewrite(root)
     return _Rewriter(matcher, max_steps).rewrite(root)
+
+
+MAX_MEMO = 200_000  # nodes a shared memo keeps (and keeps alive) before starting over
 
 
 @dataclass
