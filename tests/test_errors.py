@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tinyteach import Device, Tensor, dtypes
+from tinyteach import Device, Tensor, dtypes, nn
 from tinyteach.device import CompileError
 from tinyteach.uop import Ops
 
@@ -220,6 +220,35 @@ def test_conv2d_mismatches(device):
         x.conv2d(ones(2, 3, 7, 7, device=device))
     with pytest.raises(ValueError, match="window of 7.*size 5"):
         x.max_pool2d(7)
+
+
+def test_conv_transpose2d_mismatches(device):
+    x = ones(1, 4, 3, 3, device=device)
+    with pytest.raises(ValueError, match=r"\(N, C_in, H, W\).*\(4, 2, 3\)"):
+        x.conv_transpose2d(ones(4, 2, 3, device=device))
+    with pytest.raises(ValueError, match=r"input has 4 channels.*\(2, 4, 3, 3\).*expects 2"):
+        x.conv_transpose2d(ones(2, 4, 3, 3, device=device))
+    with pytest.raises(ValueError, match=r"6 input channels.*groups=4"):
+        ones(1, 6, 3, 3, device=device).conv_transpose2d(ones(6, 1, 3, 3, device=device),
+                                                         groups=4)
+    with pytest.raises(ValueError, match=r"output_padding \(2, 2\).*stride \(2, 2\).*"
+                                         r"dilation \(1, 1\)"):
+        x.conv_transpose2d(ones(4, 2, 3, 3, device=device), stride=2, output_padding=2)
+    with pytest.raises(ValueError, match=r"bias of shape \(3,\).*2 output channels"):
+        x.conv_transpose2d(ones(4, 2, 3, 3, device=device), ones(3, device=device))
+    with pytest.raises(ValueError, match=r"empty output \(-1, -1\)"):
+        x.conv_transpose2d(ones(4, 2, 1, 1, device=device), padding=2)
+    with pytest.raises(ValueError, match=r"pair of ints, got \(1, 2, 3\)"):
+        x.conv_transpose2d(ones(4, 2, 3, 3, device=device), stride=(1, 2, 3))
+    with pytest.raises(ValueError, match=r"\(N, C_in, L\).*\(1, 4, 3, 3\)"):
+        nn.conv_transpose1d(x, ones(4, 2, 3, device=device))
+
+
+def test_integer_pow_negative_constant(device):
+    with pytest.raises(ValueError, match=r"negative integer powers.*int32 \*\* -2"):
+        Tensor([1, 2], device=device) ** -2
+    with pytest.raises(TypeError, match="bool"):
+        Tensor([True], device=device) ** Tensor([True], device=device)
 
 
 def test_cross_entropy_label_mismatch(device):

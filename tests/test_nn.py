@@ -152,6 +152,32 @@ def test_conv_transpose2d(device: str, options: dict[str, Any]) -> None:
     run_both(ours, theirs, random_input(2, 4, 5, 4), device, names)
 
 
+@pytest.mark.parametrize("options", [dict(kernel_size=3, stride=2, output_padding=1),
+                                     dict(kernel_size=2, stride=3, padding=1, dilation=2,
+                                          groups=2, bias=False)], ids=str)
+def test_conv_transpose1d(device: str, options: dict[str, Any]) -> None:
+    theirs = torch.nn.ConvTranspose1d(4, 6, **options)
+    ours = nn.ConvTranspose1d(4, 6, **options)
+    assert ours.weight.shape == tuple(theirs.weight.shape)
+    names = ["weight", "bias"] if options.get("bias", True) else ["weight"]
+    copy_parameters(ours, theirs, names, device)
+    run_both(ours, theirs, random_input(2, 4, 5), device, names)
+
+
+def test_conv_transpose_parameters() -> None:
+    """Shapes as PyTorch's (weight (in, out/groups, kH, kW)), values within tinygrad's bound
+    1/sqrt(in * kH * kW), the same scale nn.Conv2d uses."""
+    layer = nn.ConvTranspose2d(4, 6, (3, 2), groups=2)
+    theirs = torch.nn.ConvTranspose2d(4, 6, (3, 2), groups=2)
+    assert layer.weight.shape == tuple(theirs.weight.shape) == (4, 3, 3, 2)
+    assert layer.bias is not None and layer.bias.shape == tuple(theirs.bias.shape) == (6,)
+    assert np.all(np.abs(layer.weight.numpy()) <= 1 / np.sqrt(4 * 3 * 2))
+    assert nn.ConvTranspose2d(4, 6, 3, bias=False).bias is None
+    assert nn.ConvTranspose1d(4, 6, 3).weight.shape == (4, 6, 3)
+    with pytest.raises(ValueError, match="groups=4"):
+        nn.ConvTranspose2d(4, 6, 3, groups=4)
+
+
 def test_conv_initialization_bound() -> None:
     layer = nn.Conv2d(3, 8, 5)
     bound = 1 / np.sqrt(3 * 5 * 5)

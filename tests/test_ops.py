@@ -145,6 +145,43 @@ def test_pow_integers(device):
             np.array([1.0, 2.0, 32.0], dtype=np.float32), 1e-5, 1e-6)
 
 
+INT_POW_DTYPES = [np.int32, np.int8, np.uint8]
+
+
+@pytest.mark.parametrize("np_dtype", INT_POW_DTYPES, ids=lambda d: d.__name__)
+def test_pow_integer_tensor_exponent(device, np_dtype):
+    """Integer ** integer tensor, exactly as numpy: 0 ** 0 is 1, negative bases keep the
+    parity's sign, and large results wrap around modulo 2^bits."""
+    skip_unless_supported(device, np_dtype)
+    info = np.iinfo(np_dtype)
+    bases = np.array([0, 0, 1, 2, 2, 3, 7, info.min, info.max, 5, 3], dtype=np_dtype)
+    powers = np.array([0, 5, 100, 7, 40, 20, 11, 2, 3, 0, info.max], dtype=np_dtype)
+    if info.min < 0:
+        bases[:3] = [-2, -3, -1]
+        powers[:3] = [3, 4, 101]
+    random_bases = rng.integers(max(info.min, -50), min(info.max, 50), 24).astype(np_dtype)
+    random_powers = rng.integers(0, info.max, 24, endpoint=True).astype(np_dtype)
+    a, b = np.concatenate([bases, random_bases]), np.concatenate([powers, random_powers])
+    x, y = Tensor(a, device=device), Tensor(b, device=device)
+    with np.errstate(over="ignore"):
+        compare(x ** y, a ** b, 0, 0)
+        compare(3 ** y, np_dtype(3) ** b, 0, 0)  # a Python int base
+        # a constant exponent wider than the dtype: wrap in int64, then narrow (same bits)
+        compare(x ** 1001, (a.astype(np.int64) ** 1001).astype(np_dtype), 0, 0)
+    assert (x ** y).dtype == dtypes.as_dtype(np_dtype)
+
+
+def test_pow_integer_negative_exponent(device):
+    """numpy refuses integers to negative integer powers. A constant is refused too; a tensor
+    exponent's values are not known in advance, so it gets C's truncated 1 / base^|n|."""
+    x = Tensor(np.array([2, -3, 1, -1, -1, 0, 5], dtype=np.int32), device=device)
+    with pytest.raises(ValueError, match="integers to negative integer powers"):
+        x ** -1
+    exponents = Tensor(np.array([-1, -2, -5, -3, -4, -1, -(2 ** 31)], dtype=np.int32),
+                       device=device)
+    assert (x ** exponents).tolist() == [0, 0, 1, -1, 1, 0, 0]
+
+
 # ---- comparisons and where ----
 
 COMPARISONS = {
@@ -475,6 +512,37 @@ def test_conv2d(device, name):
 def test_conv2d_without_bias(device):
     check(lambda x, w: x.conv2d(w), lambda x, w: F.conv2d(x, w),
           [(1, 1, 4, 4), (2, 1, 2, 2)], device, atol=1e-5)
+
+
+# (input, weight (C_in, C_out/groups, kH, kW), keyword arguments): a grid over stride,
+# padding, output_padding, dilation and groups, few cases but each knob in several of them
+CONV_TRANSPOSE_CASES = {
+    "plain": ((2, 3, 4, 5), (3, 2, 3, 3), {}),
+    "stride2_pad1_out1": ((1, 2, 4, 3), (2, 3, 3, 3), {"stride": 2, "padding": 1,
+                                                       "output_padding": 1}),
+    "per_axis": ((1, 4, 3, 4), (4, 1, 2, 3), {"stride": (2, 3), "padding": (0, 1),
+                                              "output_padding": (1, 2), "groups": 2}),
+    "dilation_crop": ((1, 2, 4, 4), (2, 2, 2, 3), {"padding": 2, "dilation": 2}),
+    "out_pad_below_dilation": ((1, 2, 3, 3), (2, 1, 2, 2), {"output_padding": 1,
+                                                            "dilation": 2}),
+    "all": ((2, 6, 3, 4), (6, 1, 3, 2), {"stride": 3, "padding": 1, "output_padding": 1,
+                                         "dilation": (2, 1), "groups": 3}),
+}
+
+
+@pytest.mark.parametrize("name", list(CONV_TRANSPOSE_CASES))
+def test_conv_transpose2d(device, name):
+    x_shape, w_shape, kwargs = CONV_TRANSPOSE_CASES[name]
+    out_channels = w_shape[1] * kwargs.get("groups", 1)
+    check(lambda x, w, b: x.conv_transpose2d(w, b, **kwargs),
+          lambda x, w, b: F.conv_transpose2d(x, w, b, **kwargs),
+          [x_shape, w_shape, (out_channels,)], device, atol=1e-4, rtol=1e-4)
+
+
+def test_conv_transpose2d_without_bias(device):
+    check(lambda x, w: x.conv_transpose2d(w, stride=2),
+          lambda x, w: F.conv_transpose2d(x, w, stride=2),
+          [(1, 1, 3, 3), (1, 2, 2, 2)], device, atol=1e-5)
 
 
 POOL_CASES = {

@@ -181,20 +181,30 @@ class TensorMath(TensorMovement):
         return wrong_sign.where(remainder + y, remainder)
 
     def pow(self, exponent: Any, reverse: bool = False) -> Tensor:
+        """x ** y. A whole-number constant exponent: repeated squaring (exact, and integers
+        stay integers). Integer ** integer tensor: square and multiply over the exponent's bits
+        (`_integer_tensor_power`). Anything else: 2^(y * log2|x|), with the sign fixed up."""
         if reverse:
             from tinyteach.tensor import _scalar_dtype  # (tensor.py imports this module)
             base = type(self)(exponent, self.device, dtype=_scalar_dtype(self.dtype, exponent))
             return base.pow(self)
-        if isinstance(exponent, int) and not isinstance(exponent, bool) and abs(exponent) <= 64:
-            return self._integer_power(exponent)
+        if isinstance(exponent, int) and not isinstance(exponent, bool):
+            if not dtypes.is_float(self.dtype):
+                if exponent < 0:  # numpy's rule: the answer would be a fraction
+                    raise ValueError(f"integers to negative integer powers are not allowed "
+                                     f"({self.dtype.name} ** {exponent}); cast to float first")
+                return self._integer_power(exponent)
+            if abs(exponent) <= 64:
+                return self._integer_power(exponent)
         if isinstance(exponent, float) and exponent == 0.5:
             return self.sqrt()
         base, power = self._broadcasted(exponent, float_result=not (
             isinstance(exponent, type(self)) and not dtypes.is_float(self.dtype)
             and not dtypes.is_float(exponent.dtype)))
+        if base.dtype == dtypes.bool:
+            raise TypeError("pow of bool tensors is not supported; cast to int or float first")
         if not dtypes.is_float(base.dtype):
-            raise TypeError(f"pow of integer tensors with a tensor exponent is not supported "
-                            f"({base.dtype}); cast to float first")
+            return _integer_tensor_power(base, power)
         magnitude = (base.abs().log2() * power).exp2()
         odd = (power.abs() % 2) == 1
         is_whole = power.trunc() == power
@@ -306,6 +316,35 @@ def _sum_dtype(dtype: DType) -> DType:
     if dtype.kind == "uint" and dtype.itemsize < 4:
         return dtypes.uint32
     return dtype
+
+
+def _integer_tensor_power(base: Tensor, power: Tensor) -> Tensor:
+    """base ** power for integer tensors of one dtype, exactly: square and multiply.
+
+    Write the exponent in binary, power = sum of b_i * 2^i; then base ** power is the product
+    of base^(2^i) over the bits b_i that are set. base^(2^i) is base squared i times, and one
+    `where` per bit multiplies it in or not, so the loop runs once per bit of the dtype
+    (31 for int32), whatever the values. Every multiply wraps modulo 2^bits, as numpy's
+    integers do, and wrapping does not depend on the order of the multiplies, so the result
+    is numpy's exactly (0 ** 0 is 1).
+
+    A negative exponent has no integer answer. numpy raises, but a tensor's values are not
+    known until it runs, so we give what C's integer division gives for 1 / base^|n|:
+    1 for base 1, +-1 for base -1 (by the parity of n), and 0 for every other base, 0 too
+    (tinyteach's x // 0 is 0). tinygrad 0.14 computes integer pow through floats instead.
+    """
+    signed = base.dtype.kind == "int"
+    bits = 8 * base.dtype.itemsize - (1 if signed else 0)  # the sign bit is not a power bit
+    magnitude = power.abs()  # abs(INT_MIN) wraps, but then only the parity (bit 0) matters
+    result, square = base.ones_like(), base
+    for bit in range(bits):
+        is_set = (magnitude & (1 << bit)) != 0
+        result = is_set.where(result * square, result)
+        if bit < bits - 1:
+            square = square * square
+    if not signed:
+        return result
+    return ((power < 0) & (base.abs() != 1)).where(0, result)
 
 
 def pool(x: Tensor, kernel: Sequence[int], stride: Sequence[int] | None = None,

@@ -6,6 +6,8 @@ What this teaches:
 - a convolution is the same idea over sliding windows: `pool` (tensor_math.py) makes the windows
   with movement ops only, one multiply and one sum over (channels, kh, kw) do the rest;
   average and max pooling reduce the same windows with mean and max;
+- a transposed convolution is a convolution too: spread the input with zeros, pad it, and
+  convolve with the kernel flipped and its channel axes swapped;
 - softmax, log_softmax and logsumexp subtract the max first, so that exp cannot overflow; the
   max is detached, because the result does not depend on it;
 - layernorm, batchnorm, dropout and the losses (cross-entropy with label smoothing, binary
@@ -89,6 +91,44 @@ class TensorNN(TensorMath):
         w = weight.reshape(1, groups, per_group, group_channels, 1, 1, kh, kw)
         out = (x * w).sum((3, 6, 7)).reshape(batch, out_channels, oh, ow)
         return out if bias is None else out + bias.reshape(1, -1, 1, 1)
+
+    def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
+                         stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
+                         padding: int | Sequence[int] = 0,
+                         output_padding: int | Sequence[int] = 0) -> Tensor:
+        """The transposed convolution (PyTorch's conv_transpose2d), built from conv2d.
+
+        x is (N, C_in, H, W) and weight (C_in, C_out/groups, kH, kW), as in PyTorch. Where
+        conv2d gathers a window of input pixels into one output pixel, its transpose
+        scatters each input pixel, times the kernel, onto a window of the output (it is the
+        gradient of conv2d with respect to its input). A scatter is turned into a gather:
+
+        1. spread the input: put stride-1 zeros between neighbouring pixels, so that one step
+           in the input is `stride` steps in the output (`_spread`: reshape, pad, shrink);
+        2. pad each side with d*(k-1) - padding zeros, and output_padding more at the end, so
+           a window that only just touches the input still produces an output pixel; when
+           padding is larger than d*(k-1) the amount is negative and the edge is cropped;
+        3. flip the kernel in space (scattering with tap i is gathering with tap k-1-i) and,
+           within each group, swap its two channel axes: (C_in, C_out/groups) becomes the
+           (C_out, C_in/groups) that conv2d expects;
+        4. run conv2d with stride 1 and the same dilation.
+
+        Each output axis has (H-1)*stride - 2*padding + dilation*(k-1) + output_padding + 1
+        pixels. Every step is a movement op or conv2d, so autograd needs nothing new.
+        (tinygrad builds it the same way.)"""
+        x = as_tensor(self)
+        strides, dilations = _pair(stride), _pair(dilation)
+        paddings, extras = _pair(padding), _pair(output_padding)
+        _check_conv_transpose(x, weight, bias, groups)
+        _check_conv_transpose_sizes(x.shape[2:], weight.shape[2:], strides, dilations,
+                                    paddings, extras)
+        in_channels, per_group, kh, kw = weight.shape
+        pairs = [(d * (k - 1) - p, d * (k - 1) - p + extra)
+                 for k, d, p, extra in zip((kh, kw), dilations, paddings, extras)]
+        x = _spread(x, strides).pad([(0, 0), (0, 0), *pairs])  # negative pads crop
+        w = weight.reshape(groups, in_channels // groups, per_group, kh, kw).transpose(1, 2)
+        w = w.flip((3, 4)).reshape(groups * per_group, in_channels // groups, kh, kw)
+        return x.conv2d(w, bias, groups, stride=1, dilation=dilations)
 
     def avg_pool2d(self, kernel_size: int | Sequence[int] = 2,
                    stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
@@ -222,9 +262,61 @@ def _reduce_loss(loss: Tensor, reduction: str, counted: Tensor | None = None) ->
 
 
 def _pair(value: int | Sequence[int] | None) -> tuple[int, int]:
-    if value is None:
-        raise ValueError("expected an int or a pair of ints")
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+    if isinstance(value, int):
+        return (value, value)
+    if value is None or len(value) != 2:
+        raise ValueError(f"expected an int or a pair of ints, got {value}")
+    return (int(value[0]), int(value[1]))
+
+
+def _check_conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, groups: int) -> None:
+    """The shapes conv_transpose2d needs, each mistake with a message that names it."""
+    if x.ndim != 4 or weight.ndim != 4:
+        raise ValueError(f"conv_transpose2d needs (N, C_in, H, W) input and (C_in, "
+                         f"C_out/groups, kH, kW) weight, got {x.shape} and {weight.shape}")
+    in_channels, per_group = weight.shape[:2]
+    if groups < 1 or in_channels % groups:
+        raise ValueError(f"conv_transpose2d: weight {weight.shape} has {in_channels} input "
+                         f"channels, which do not split into groups={groups}")
+    if x.shape[1] != in_channels:
+        raise ValueError(f"conv_transpose2d: input has {x.shape[1]} channels, weight "
+                         f"{weight.shape} (C_in, C_out/groups, kH, kW) expects {in_channels}")
+    if bias is not None and bias.shape != (per_group * groups,):
+        raise ValueError(f"conv_transpose2d: bias of shape {bias.shape} does not match the "
+                         f"{per_group * groups} output channels")
+
+
+def _check_conv_transpose_sizes(image: Sequence[int], kernel: Sequence[int],
+                                strides: Sequence[int], dilations: Sequence[int],
+                                paddings: Sequence[int], extras: Sequence[int]) -> None:
+    """PyTorch's rules: output_padding is smaller than stride or dilation (else it would add
+    pixels no input reaches), and the output is at least one pixel."""
+    if min(*strides, *dilations) < 1 or min(*paddings, *extras) < 0:
+        raise ValueError(f"conv_transpose2d: stride {tuple(strides)} and dilation "
+                         f"{tuple(dilations)} must be >= 1, padding {tuple(paddings)} and "
+                         f"output_padding {tuple(extras)} >= 0")
+    if any(e >= s and e >= d for e, s, d in zip(extras, strides, dilations)):
+        raise ValueError(f"conv_transpose2d: output_padding {tuple(extras)} must be smaller "
+                         f"than stride {tuple(strides)} or dilation {tuple(dilations)}")
+    sizes = [(n - 1) * s - 2 * p + d * (k - 1) + e + 1
+             for n, k, s, d, p, e in zip(image, kernel, strides, dilations, paddings, extras)]
+    if min(sizes) < 1:
+        raise ValueError(f"conv_transpose2d: input {tuple(image)} with padding "
+                         f"{tuple(paddings)} gives an empty output {tuple(sizes)}")
+
+
+def _spread(x: Tensor, strides: Sequence[int]) -> Tensor:
+    """Insert s-1 zeros between neighbours on the last two axes: (H, W) -> ((H-1)s+1, ...).
+    Each pixel gets s-1 zeros after it (reshape to (H, 1), pad to (H, s), reshape to H*s),
+    then the zeros after the last pixel are cut off."""
+    if all(s == 1 for s in strides):
+        return x
+    n, c, h, w = x.shape
+    sh, sw = strides
+    x = x.reshape(n, c, h, 1, w, 1).pad([(0, 0), (0, 0), (0, 0), (0, sh - 1), (0, 0),
+                                         (0, sw - 1)])
+    x = x.reshape(n, c, h * sh, w * sw)
+    return x.shrink([None, None, (0, (h - 1) * sh + 1), (0, (w - 1) * sw + 1)])
 
 
 def _conv_padding(padding: int | Sequence[int], dims: int) -> list[tuple[int, int]]:

@@ -5,8 +5,9 @@ What this teaches:
   Module base class. `nn.state.get_parameters(model)` finds the parameters by walking the
   attributes, so any object that holds Tensors is a model (tinygrad's design);
 - each layer here is a few lines over Tensor ops that chapter 1 already built (`linear`,
-  `conv2d`, `layernorm`, `batchnorm`); the ones Tensor lacks — `conv1d`, `conv_transpose2d` — are
-  written below from those same ops, so autograd and every backend work for them unchanged;
+  `conv2d`, `conv_transpose2d`, `layernorm`, `batchnorm`); the ones Tensor lacks — `conv1d`,
+  `conv_transpose1d` — are written below from those same ops (a 2-d one of height 1), so
+  autograd and every backend work for them unchanged;
 - initializations follow tinygrad (which follows PyTorch): a weight with fan-in `n` is drawn
   uniformly from [-1/sqrt(n), 1/sqrt(n)], norms start at weight 1 and bias 0;
 - BatchNorm keeps running statistics as Tensors that it updates with `assign` while
@@ -34,10 +35,10 @@ from tinyteach.tensor import Tensor
 
 IntOrPair = int | Sequence[int]
 
-__all__ = ["Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm",
+__all__ = ["Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm",
            "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm",
-           "InstanceNorm", "RMSNorm", "Embedding", "conv1d", "conv_transpose2d", "optim",
-           "state", "datasets"]
+           "InstanceNorm", "RMSNorm", "Embedding", "conv1d", "conv_transpose1d",
+           "conv_transpose2d", "optim", "state", "datasets"]
 
 
 def _tuple(value: IntOrPair, count: int) -> tuple[int, ...]:
@@ -94,38 +95,22 @@ def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 
 def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
                      stride: IntOrPair = 1, dilation: IntOrPair = 1, padding: IntOrPair = 0,
                      output_padding: IntOrPair = 0) -> Tensor:
-    """The gradient of conv2d with respect to its input, as an ordinary convolution:
-
-    1. spread the input: put stride-1 zeros between neighbouring pixels;
-    2. pad it by d*(k-1) - padding on each side (+ output_padding after; negative pads crop);
-    3. convolve with the weight flipped in space and with in/out channels swapped.
-    x is (N, C_in, H, W), weight (C_in, C_out/groups, kH, kW) as in PyTorch; the output is
-    (N, C_out, (H-1)*s - 2p + d*(k-1) + output_padding + 1, ...)."""
-    in_channels, per_group, kh, kw = weight.shape
-    if x.ndim != 4 or x.shape[1] != in_channels or in_channels % groups:
-        raise ValueError(f"conv_transpose2d: input {x.shape} does not fit weight {weight.shape} "
-                         f"with groups={groups}")
-    strides, dilations = _tuple(stride, 2), _tuple(dilation, 2)
-    paddings, extras = _tuple(padding, 2), _tuple(output_padding, 2)
-    x = _spread(x, strides)
-    pairs = [(d * (k - 1) - p, d * (k - 1) - p + extra)
-             for k, d, p, extra in zip((kh, kw), dilations, paddings, extras)]
-    x = x.pad([(0, 0), (0, 0), *pairs])
-    w = weight.reshape(groups, in_channels // groups, per_group, kh, kw).transpose(1, 2)
-    w = w.flip((3, 4)).reshape(groups * per_group, in_channels // groups, kh, kw)
-    return x.conv2d(w, bias, groups, stride=1, dilation=dilations)
+    """x.conv_transpose2d(weight, ...): see Tensor.conv_transpose2d (tensor_nn.py)."""
+    return x.conv_transpose2d(weight, bias, groups, stride, dilation, padding, output_padding)
 
 
-def _spread(x: Tensor, strides: Sequence[int]) -> Tensor:
-    """Insert s-1 zeros between neighbours on the last two axes: (H, W) -> ((H-1)s+1, ...)."""
-    if all(s == 1 for s in strides):
-        return x
-    n, c, h, w = x.shape
-    sh, sw = strides
-    x = x.reshape(n, c, h, 1, w, 1).pad([(0, 0), (0, 0), (0, 0), (0, sh - 1), (0, 0),
-                                         (0, sw - 1)])
-    x = x.reshape(n, c, h * sh, w * sw)
-    return x.shrink([None, None, (0, (h - 1) * sh + 1), (0, (w - 1) * sw + 1)])
+def conv_transpose1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
+                     stride: int = 1, dilation: int = 1, padding: int = 0,
+                     output_padding: int = 0) -> Tensor:
+    """1-d transposed convolution of x (N, C_in, L) with weight (C_in, C_out/groups, k): a
+    conv_transpose2d of height 1, as conv1d is a conv2d of height 1."""
+    if x.ndim != 3 or weight.ndim != 3:
+        raise ValueError(f"conv_transpose1d needs (N, C_in, L) input and (C_in, C_out/groups, "
+                         f"k) weight, got {x.shape} and {weight.shape}")
+    out = x.unsqueeze(2).conv_transpose2d(weight.unsqueeze(2), bias, groups, stride=(1, stride),
+                                          dilation=(1, dilation), padding=(0, padding),
+                                          output_padding=(0, output_padding))
+    return out.squeeze(2)
 
 
 class Conv2d:
@@ -174,13 +159,16 @@ class Conv1d(Conv2d):
 
 
 class ConvTranspose2d:
-    """The transpose of Conv2d (see conv_transpose2d): weight (in, out/groups, kH, kW) and bias
-    (out,), uniform in ±1/sqrt(in * kH * kW) (tinygrad's scale)."""
+    """The transpose of Conv2d (see Tensor.conv_transpose2d): weight (in, out/groups, kH, kW)
+    and bias (out,), uniform in ±1/sqrt(in * kH * kW) (tinygrad's scale, as Conv2d)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOrPair,
                  stride: IntOrPair = 1, padding: IntOrPair = 0, output_padding: IntOrPair = 0,
-                 dilation: IntOrPair = 1, groups: int = 1, bias: bool = True):
-        self.kernel_size = _tuple(kernel_size, 2)
+                 dilation: IntOrPair = 1, groups: int = 1, bias: bool = True, dims: int = 2):
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"{in_channels} in and {out_channels} out channels do not both "
+                             f"split into groups={groups}")
+        self.kernel_size = _tuple(kernel_size, dims)
         self.stride, self.padding, self.output_padding = stride, padding, output_padding
         self.dilation, self.groups = dilation, groups
         bound = 1 / math.sqrt(in_channels * prod(self.kernel_size))
@@ -189,8 +177,23 @@ class ConvTranspose2d:
         self.bias = _uniform(out_channels, bound=bound) if bias else None
 
     def __call__(self, x: Tensor) -> Tensor:
-        return conv_transpose2d(x, self.weight, self.bias, self.groups, self.stride,
-                                self.dilation, self.padding, self.output_padding)
+        return x.conv_transpose2d(self.weight, self.bias, self.groups, self.stride,
+                                  self.dilation, self.padding, self.output_padding)
+
+
+class ConvTranspose1d(ConvTranspose2d):
+    """ConvTranspose2d over one spatial axis: x (N, C_in, L), weight (in, out/groups, k)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 padding: int = 0, output_padding: int = 0, dilation: int = 1, groups: int = 1,
+                 bias: bool = True):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding,
+                         output_padding, dilation, groups, bias, dims=1)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        one = [_tuple(value, 1)[0] for value in (self.stride, self.dilation, self.padding,
+                                                 self.output_padding)]
+        return conv_transpose1d(x, self.weight, self.bias, self.groups, *one)
 
 
 # ---- normalization ----
