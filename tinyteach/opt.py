@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import NOOPT, prod
-from tinyteach.rewrite import graph_rewrite, symbolic
+from tinyteach.rewrite import PYTHON_ALU
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
 from tinyteach.view import linear_index, view_index
 
@@ -190,27 +190,23 @@ def _step_along(chain: UOp, loops: tuple[UOp, ...], loop: UOp) -> int | None:
     while node.op in MOVEMENT:  # (no pad conditions needed: only the position matters here)
         index, _ = view_index(node, index)
         node = node.src[0]
-    position = graph_rewrite(linear_index(index, node.shape), symbolic)
-    values = []
-    for value in (0, 1):
-        replaced = {loop: UOp.const(dtypes.int32, value)}
-        replaced.update({other: UOp.const(dtypes.int32, 0) for other in loops if other is not loop})
-        folded = graph_rewrite(_substitute(position, replaced), symbolic)
-        if folded.op is not Ops.CONST:
-            return None
-        values.append(int(folded.arg))
-    return values[1] - values[0]
+    position = linear_index(index, node.shape)
+    start, step = _value_at(position, {}), _value_at(position, {loop: 1})
+    return None if start is None or step is None else step - start
 
 
-def _substitute(root: UOp, replacements: dict[UOp, UOp]) -> UOp:
-    done: dict[UOp, UOp] = {}
+def _value_at(root: UOp, loops: dict[UOp, int]) -> int | None:
+    """The value of an index expression with the given loops set (the others at 0), computed
+    in Python; None when it reads memory (a gather's index)."""
+    values: dict[UOp, int] = {}
     for node in root.toposort:
-        if node in replacements:
-            done[node] = replacements[node]
-        else:
-            sources = tuple(done[s] for s in node.src)
-            done[node] = node if sources == node.src else node.replace(src=sources)
-    return done[root]
+        if node.op is Ops.RANGE:
+            values[node] = loops.get(node, 0)
+        elif node.op is Ops.CONST:
+            values[node] = int(node.arg)
+        elif node.op in PYTHON_ALU and all(s in values for s in node.src):
+            values[node] = int(PYTHON_ALU[node.op](*(values[s] for s in node.src)))
+    return values.get(root)
 
 
 def outer_loop_size(shape: tuple[int, ...], options: KernelOptions) -> int:
