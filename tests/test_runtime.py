@@ -325,3 +325,22 @@ def test_padded_rows_survive_the_c_compiler():
     for device in ("NUMPY", "CPU"):
         padded = Tensor(a, device=device).pad(((1, 2), (0, 0))).numpy()
         np.testing.assert_array_equal(padded, np.pad(a, ((1, 2), (0, 0))))
+
+
+def test_buffers_of_dead_tensors_are_freed_at_once():
+    """Without waiting for Python's cycle collector: a graph holds no reference cycles."""
+    import gc
+    import weakref
+
+    from tinyteach import Tensor
+    gc.collect()
+    gc.disable()
+    try:
+        t = Tensor(np.ones((8, 8), dtype=np.float32)).realize()
+        r = t.softmax(-1).realize()
+        inputs = weakref.ref(t.uop.src[0].arg)
+        outputs = weakref.ref(r.uop.src[0].arg if r.uop.src else r.uop.arg)
+        del t, r
+        assert inputs() is None and outputs() is None
+    finally:
+        gc.enable()

@@ -265,9 +265,16 @@ class UOp(metaclass=UOpMetaClass):
     def size(self) -> int:
         return prod(self.shape)
 
-    @cached_property
+    @property
     def toposort(self) -> list[UOp]:
-        """Every node this one depends on, sources before users, each once."""
+        """Every node this one depends on, sources before users, each once (itself last)."""
+        return [*self._ancestors, self]
+
+    @cached_property
+    def _ancestors(self) -> tuple[UOp, ...]:
+        # the cache leaves the node itself out: a node holding itself would be a reference
+        # cycle, freed only by Python's cycle collector, and the buffers of dead tensors would
+        # linger until it runs
         order: dict[UOp, None] = {}
         stack: list[tuple[UOp, bool]] = [(self, False)]
         while stack:
@@ -279,7 +286,8 @@ class UOp(metaclass=UOpMetaClass):
                 continue
             stack.append((node, True))
             stack.extend((s, False) for s in reversed(node.src) if s not in order)
-        return list(order)
+        del order[self]
+        return tuple(order)
 
     @cached_property
     def vmin(self) -> float | int:
