@@ -86,6 +86,8 @@ def plan_packing(ast: UOp, vector_width: int) -> PackPlan | None:
     """The packing a kernel profits from, or None (remembered per kernel)."""
     key = (ast, vector_width)
     if key not in _plans:
+        if len(_plans) > 10_000:
+            _plans.clear()
         _plans[key] = _plan(ast, vector_width)
     return _plans[key]
 

@@ -176,7 +176,7 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, max_steps: int = 1_000_000
     return _Rewriter(matcher, max_steps).rewrite(root)
 
 
-MAX_MEMO = 200_000  # nodes a shared memo keeps (and keeps alive) before starting over
+MAX_MEMO = 50_000  # nodes a shared memo keeps (and keeps alive) before starting over
 
 
 @dataclass
