@@ -113,25 +113,28 @@ CONV2D_CASES = [
 ]
 
 
-@pytest.mark.parametrize("options", CONV2D_CASES, ids=str)
-def test_conv2d(device: str, options: dict[str, Any]) -> None:
-    theirs = torch.nn.Conv2d(4, 6, **options)
-    ours = nn.Conv2d(4, 6, **options)
+def check_conv_layer(name: str, out_channels: int, options: dict[str, Any],
+                     input_shape: tuple[int, ...], device: str) -> None:
+    """nn.<name> and torch.nn.<name> with the same options and weights: same parameter
+    shapes, outputs and gradients (4 input channels)."""
+    theirs = getattr(torch.nn, name)(4, out_channels, **options)
+    ours = getattr(nn, name)(4, out_channels, **options)
     assert ours.weight.shape == tuple(theirs.weight.shape)
     names = ["weight", "bias"] if options.get("bias", True) else ["weight"]
     copy_parameters(ours, theirs, names, device)
-    run_both(ours, theirs, random_input(2, 4, 7, 6), device, names)
+    run_both(ours, theirs, random_input(*input_shape), device, names)
+
+
+@pytest.mark.parametrize("options", CONV2D_CASES, ids=str)
+def test_conv2d(device: str, options: dict[str, Any]) -> None:
+    check_conv_layer("Conv2d", 6, options, (2, 4, 7, 6), device)
 
 
 @pytest.mark.parametrize("options", [dict(kernel_size=3), dict(kernel_size=2, stride=2,
                                                                 padding=1, dilation=2),
                                      dict(kernel_size=4, padding="same", groups=2)], ids=str)
 def test_conv1d(device: str, options: dict[str, Any]) -> None:
-    theirs = torch.nn.Conv1d(4, 2, **options)
-    ours = nn.Conv1d(4, 2, **options)
-    assert ours.weight.shape == tuple(theirs.weight.shape)
-    copy_parameters(ours, theirs, ["weight", "bias"], device)
-    run_both(ours, theirs, random_input(2, 4, 9), device, ["weight", "bias"])
+    check_conv_layer("Conv1d", 2, options, (2, 4, 9), device)
 
 
 CONV_TRANSPOSE_CASES = [
@@ -144,24 +147,14 @@ CONV_TRANSPOSE_CASES = [
 
 @pytest.mark.parametrize("options", CONV_TRANSPOSE_CASES, ids=str)
 def test_conv_transpose2d(device: str, options: dict[str, Any]) -> None:
-    theirs = torch.nn.ConvTranspose2d(4, 6, **options)
-    ours = nn.ConvTranspose2d(4, 6, **options)
-    assert ours.weight.shape == tuple(theirs.weight.shape)
-    names = ["weight", "bias"] if options.get("bias", True) else ["weight"]
-    copy_parameters(ours, theirs, names, device)
-    run_both(ours, theirs, random_input(2, 4, 5, 4), device, names)
+    check_conv_layer("ConvTranspose2d", 6, options, (2, 4, 5, 4), device)
 
 
 @pytest.mark.parametrize("options", [dict(kernel_size=3, stride=2, output_padding=1),
                                      dict(kernel_size=2, stride=3, padding=1, dilation=2,
                                           groups=2, bias=False)], ids=str)
 def test_conv_transpose1d(device: str, options: dict[str, Any]) -> None:
-    theirs = torch.nn.ConvTranspose1d(4, 6, **options)
-    ours = nn.ConvTranspose1d(4, 6, **options)
-    assert ours.weight.shape == tuple(theirs.weight.shape)
-    names = ["weight", "bias"] if options.get("bias", True) else ["weight"]
-    copy_parameters(ours, theirs, names, device)
-    run_both(ours, theirs, random_input(2, 4, 5), device, names)
+    check_conv_layer("ConvTranspose1d", 6, options, (2, 4, 5), device)
 
 
 def test_conv_transpose_parameters() -> None:

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import operator
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -89,6 +89,16 @@ def prod(values: Iterable[int]) -> int:
 
 def argsort(values: list[Any]) -> list[int]:
     return sorted(range(len(values)), key=values.__getitem__)
+
+
+def remember(cache: dict[Any, T], key: Any, compute: Callable[[], T], limit: int = 10_000) -> T:
+    """`cache[key]`, computed once by `compute()`; the cache starts over past `limit` entries
+    (it keeps what it holds alive)."""
+    if key not in cache:
+        if len(cache) > limit:
+            cache.clear()
+        cache[key] = compute()
+    return cache[key]
 
 
 def dedup(values: Iterable[T]) -> list[T]:

@@ -45,8 +45,8 @@ from dataclasses import dataclass, field, replace
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import NOOPT
-from tinyteach.opt import NO_OPTIONS, KernelOptions, choose_options
-from tinyteach.rewrite import PYTHON_ALU, graph_rewrite, symbolic
+from tinyteach.opt import NO_OPTIONS, KernelOptions, choose_options, index_value
+from tinyteach.rewrite import graph_rewrite, sum_terms, symbolic
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
 from tinyteach.view import (
     Index,
@@ -230,7 +230,7 @@ def vectorize(lowered: UOp) -> UOp | None:
 def _base_of_lane_index(index: UOp, lane: UOp) -> UOp | None:
     """`base + lane` -> base, when `lane` is one term of the sum and appears nowhere else:
     then the lanes read consecutive elements, and one vector load at `base` reads them all."""
-    terms = _sum_terms(index)
+    terms = sum_terms(index)
     if terms.count(lane) != 1:
         return None
     rest = [t for t in terms if t is not lane]
@@ -241,11 +241,6 @@ def _base_of_lane_index(index: UOp, lane: UOp) -> UOp | None:
         base = base + term
     return graph_rewrite(base, symbolic)
 
-
-def _sum_terms(node: UOp) -> list[UOp]:
-    if node.op is Ops.ADD:
-        return _sum_terms(node.src[0]) + _sum_terms(node.src[1])
-    return [node]
 
 
 # ---- linearize: a graph with loops -> a straight-line program ----
@@ -379,21 +374,11 @@ def _sums_over_contiguous_memory(group: list[UOp], loop: UOp) -> bool:
 
 def _steps_by_one(index: UOp, loop: UOp) -> bool:
     """Does `index` move by 0 or 1 as `loop` counts 0, 1, 2 (all other loops held at 0)?"""
-    values = [_evaluate_index(index, {loop: value}) for value in (0, 1, 2)]
+    values = [index_value(index, {loop: value}) for value in (0, 1, 2)]
     if any(v is None for v in values):
         return False
     return all(b - a in (0, 1) for a, b in zip(values, values[1:]))  # type: ignore[operator]
 
-
-def _evaluate_index(node: UOp, loops: dict[UOp, int]) -> int | None:
-    if node.op is Ops.RANGE:
-        return loops.get(node, 0)
-    if node.op is Ops.CONST:
-        return int(node.arg)
-    if node.op not in PYTHON_ALU:
-        return None  # e.g. an index read from memory
-    sources = [_evaluate_index(s, loops) for s in node.src]
-    return None if None in sources else int(PYTHON_ALU[node.op](*sources))
 
 
 def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgram:

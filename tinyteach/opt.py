@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tinyteach.dtype import dtypes
-from tinyteach.helpers import NOOPT, prod
+from tinyteach.helpers import NOOPT, prod, remember
 from tinyteach.rewrite import PYTHON_ALU
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
 from tinyteach.view import linear_index, view_index
@@ -83,12 +83,7 @@ def choose_options(ast: UOp, vector_width: int = 0) -> KernelOptions:
     kernel: the engine, pack.py and search.py all ask."""
     if NOOPT:
         return NO_OPTIONS
-    key = (ast, vector_width)
-    if key not in _chosen:
-        if len(_chosen) > 10_000:
-            _chosen.clear()
-        _chosen[key] = _choose(ast, vector_width)
-    return _chosen[key]
+    return remember(_chosen, (ast, vector_width), lambda: _choose(ast, vector_width))
 
 
 _chosen: dict[tuple[UOp, int], KernelOptions] = {}
@@ -161,11 +156,11 @@ def reads_contiguously_along_reduction(reduce: UOp) -> bool:
     axis = reduce.arg[1][-1]
     loops = tuple(UOp(Ops.RANGE, dtypes.int32, (), ("r", k, size))
                   for k, size in enumerate(source.shape))
-    steps = [_step_along(chain, loops, loops[axis]) for chain in _buffer_reads(source)]
+    steps = [step_along(chain, loops, loops[axis]) for chain in buffer_reads(source)]
     return bool(steps) and all(step in (0, 1) for step in steps) and 1 in steps
 
 
-def _buffer_reads(node: UOp) -> list[UOp]:
+def buffer_reads(node: UOp) -> list[UOp]:
     """The movement chains that end in a kernel input, above elementwise ops only."""
     chains, stack, seen = [], [node], set()
     while stack:
@@ -183,7 +178,7 @@ def _buffer_reads(node: UOp) -> list[UOp]:
     return chains
 
 
-def _step_along(chain: UOp, loops: tuple[UOp, ...], loop: UOp) -> int | None:
+def step_along(chain: UOp, loops: tuple[UOp, ...], loop: UOp) -> int | None:
     """How far the buffer position moves when `loop` goes from 0 to 1 (other loops at 0)."""
     index: tuple[UOp, ...] = loops
     node = chain
@@ -191,11 +186,11 @@ def _step_along(chain: UOp, loops: tuple[UOp, ...], loop: UOp) -> int | None:
         index, _ = view_index(node, index)
         node = node.src[0]
     position = linear_index(index, node.shape)
-    start, step = _value_at(position, {}), _value_at(position, {loop: 1})
+    start, step = index_value(position, {}), index_value(position, {loop: 1})
     return None if start is None or step is None else step - start
 
 
-def _value_at(root: UOp, loops: dict[UOp, int]) -> int | None:
+def index_value(root: UOp, loops: dict[UOp, int]) -> int | None:
     """The value of an index expression with the given loops set (the others at 0), computed
     in Python; None when it reads memory (a gather's index)."""
     values: dict[UOp, int] = {}

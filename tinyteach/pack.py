@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes
-from tinyteach.helpers import NOOPT, prod
-from tinyteach.opt import _buffer_reads, _step_along, choose_options, kernel_value
+from tinyteach.helpers import NOOPT, prod, remember
+from tinyteach.opt import buffer_reads, choose_options, kernel_value, step_along
 from tinyteach.schedule import ScheduleItem
 from tinyteach.uop import MOVEMENT, Ops, UOp
 
@@ -84,12 +84,7 @@ def _vector_width(item: ScheduleItem) -> int:
 
 def plan_packing(ast: UOp, vector_width: int) -> PackPlan | None:
     """The packing a kernel profits from, or None (remembered per kernel)."""
-    key = (ast, vector_width)
-    if key not in _plans:
-        if len(_plans) > 10_000:
-            _plans.clear()
-        _plans[key] = _plan(ast, vector_width)
-    return _plans[key]
+    return remember(_plans, (ast, vector_width), lambda: _plan(ast, vector_width))
 
 
 def _plan(ast: UOp, vector_width: int) -> PackPlan | None:
@@ -105,7 +100,7 @@ def _plan(ast: UOp, vector_width: int) -> PackPlan | None:
     column_axis = _matching_axis(value.shape, vector_axis, reduce.shape)
     if column_axis is None:
         return None
-    for chain in _buffer_reads(reduce.src[0]):
+    for chain in buffer_reads(reduce.src[0]):
         plan = _plan_for_chain(ast, chain, column_axis, reduce.arg[1][0], panel)
         if plan is not None:
             return plan
@@ -135,7 +130,7 @@ def _plan_for_chain(ast: UOp, chain: UOp, column: int, row: int, panel: int) -> 
         return None
     shape = chain.shape
     loops = tuple(UOp(Ops.RANGE, dtypes.int32, (), ("r", k, n)) for k, n in enumerate(shape))
-    maybe_steps = [_step_along(chain, loops, loop) for loop in loops]
+    maybe_steps = [step_along(chain, loops, loop) for loop in loops]
     steps = [step for step in maybe_steps if step is not None]
     if len(steps) != len(loops) or steps[column] != 1 or \
             abs(steps[row]) * define.dtype.itemsize < PACK_MIN_ROW_BYTES:
@@ -151,7 +146,7 @@ def _plan_for_chain(ast: UOp, chain: UOp, column: int, row: int, panel: int) -> 
     panels_shape = packed_value.shape
     new_input = UOp(Ops.DEFINE_GLOBAL, define.dtype, (), (1, size))
     output = UOp(Ops.DEFINE_GLOBAL, define.dtype, (), (0, prod(panels_shape)))
-    copy_value = _replace(packed_value, {define: new_input})
+    copy_value = packed_value.substitute({define: new_input})
     copy_ast = UOp(Ops.SINK, dtypes.bool, (UOp(Ops.STORE, define.dtype, (output, copy_value)),))
     # the kernel reads the panels (in the operand's place) back in the operand's order, then
     # broadcasts them as before
@@ -161,7 +156,7 @@ def _plan_for_chain(ast: UOp, chain: UOp, column: int, row: int, panel: int) -> 
     reread = unpacked.reshape(tuple(1 if a in broadcast else n for a, n in enumerate(shape)))
     if any(define in n.src and n not in chain.toposort for n in ast.toposort):
         return None  # the kernel also reads the operand elsewhere: leave it as it is
-    kernel_ast = _replace(ast, {chain: reread.expand(shape)})
+    kernel_ast = ast.substitute({chain: reread.expand(shape)})
     return PackPlan(define.arg[0], copy_ast, kernel_ast, prod(panels_shape), define.dtype, panel)
 
 
@@ -181,13 +176,3 @@ def _panel_layout(sizes: list[int], column: int, row: int,
                   for n in ((size // panel, panel) if k == column else (size,)))
     return split, order
 
-
-def _replace(root: UOp, replacements: dict[UOp, UOp]) -> UOp:
-    done: dict[UOp, UOp] = {}
-    for node in root.toposort:
-        if node in replacements:
-            done[node] = replacements[node]
-        else:
-            sources = tuple(done[s] for s in node.src)
-            done[node] = node if sources == node.src else node.replace(src=sources)
-    return done[root]

@@ -272,10 +272,10 @@ def fold_constants(node: UOp) -> UOp | None:
 
 # ---- symbolic: simplification of index arithmetic and algebra ----
 
-def _terms(node: UOp) -> list[UOp]:
+def sum_terms(node: UOp) -> list[UOp]:
     """The terms of a sum: (a + b) + c -> [a, b, c]."""
     if node.op is Ops.ADD:
-        return _terms(node.src[0]) + _terms(node.src[1])
+        return sum_terms(node.src[0]) + sum_terms(node.src[1])
     return [node]
 
 
@@ -307,7 +307,7 @@ def _split_by_divisor(x: UOp, divisor: int) -> tuple[list[UOp], list[UOp]] | Non
     """Split the terms of x into multiples of `divisor` and the rest (non-negative terms only)."""
     if divisor <= 0 or x.dtype.kind not in ("int", "uint") or x.vmin < 0:
         return None
-    terms = _terms(x)
+    terms = sum_terms(x)
     if any(t.vmin < 0 for t in terms):
         return None
     multiples = [t for t in terms if _factor(t) % divisor == 0]
@@ -353,7 +353,7 @@ def _reduce_factor(term: UOp, divisor: int) -> UOp:
 def recombine_divmod(total: UOp) -> UOp | None:
     """(x//c)*c + x%c -> x: a reshape splits an index into quotient and remainder, and a later
     reshape that merges them back produces exactly this sum."""
-    terms = _terms(total)
+    terms = sum_terms(total)
     for k, term in enumerate(terms):
         if term.op is not Ops.MUL or term.src[0].op is not Ops.IDIV:
             continue

@@ -301,6 +301,17 @@ class UOp(metaclass=UOpMetaClass):
         fields = {"op": self.op, "dtype": self.dtype, "src": self.src, "arg": self.arg}
         return UOp(**{**fields, **changes})
 
+    def substitute(self, replacements: dict[UOp, UOp]) -> UOp:
+        """This graph with some nodes swapped for others (the nodes above them rebuilt)."""
+        done: dict[UOp, UOp] = {}
+        for node in self.toposort:
+            if node in replacements:
+                done[node] = replacements[node]
+            else:
+                sources = tuple(done[s] for s in node.src)
+                done[node] = node if sources == node.src else node.replace(src=sources)
+        return done[self]
+
 
 # ---- shapes: each op's rule for the shape it produces ----
 

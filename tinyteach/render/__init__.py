@@ -194,7 +194,7 @@ class CStyleRenderer:
 
     def alu(self, node: UOp, operands: list[str]) -> str:
         if node.dtype.count > 1:
-            return self.vector_alu(node, operands)
+            return self.vector_alu(node.op, node.dtype, node.src, operands)
         if node.op in (Ops.IDIV, Ops.MOD):
             code = _idiv_code if node.op is Ops.IDIV else _mod_code
             expression = code(operands[0], operands[1], node.dtype, node.src[1])
@@ -210,18 +210,18 @@ class CStyleRenderer:
             return self.code_for_op[Ops.CAST](expression, node.dtype)
         return expression
 
-    def vector_alu(self, node: UOp, operands: list[str]) -> str:
+    def vector_alu(self, op: Ops, dtype: DType, sources: tuple[UOp, ...],
+                   operands: list[str]) -> str:
         """+, * and - work on whole vectors (a scalar operand counts for every lane); other ops
         are written once per lane and packed back into a vector."""
-        scalar = node.dtype.scalar
-        if node.op in NATIVE_VECTOR_OPS:
-            return self.code_for_op[node.op](*operands, scalar)
+        if op in NATIVE_VECTOR_OPS:
+            return self.code_for_op[op](*operands, dtype.scalar)
         lanes = []
-        for number in range(node.dtype.count):
+        for number in range(dtype.count):
             lane_operands = [self.lane(o, number) if s.dtype.count > 1 else o
-                             for o, s in zip(operands, node.src)]
-            lanes.append(self.code_for_op[node.op](*lane_operands, node.src[-1].dtype.scalar))
-        return self.vector_literal(node.dtype, lanes)
+                             for o, s in zip(operands, sources)]
+            lanes.append(self.code_for_op[op](*lane_operands, sources[-1].dtype.scalar))
+        return self.vector_literal(dtype, lanes)
 
     # ---- the walk over the program: one small function per op ----
 
@@ -327,7 +327,7 @@ def _render_accumulate(writer: KernelWriter, u: UOp, operands: list[str]) -> str
     if u.arg is Ops.ADD:
         combined = f"({acc}+{value})"
     elif u.dtype.count > 1:
-        combined = writer.renderer.vector_alu(UOp(Ops.MAX, u.dtype, u.src), operands)
+        combined = writer.renderer.vector_alu(Ops.MAX, u.dtype, u.src, operands)
     else:
         combined = writer.renderer.code_for_op[Ops.MAX](acc, value, u.dtype)
     return f"{acc} = {combined};"
