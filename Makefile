@@ -50,45 +50,33 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 
 # ---- tests ----------------------------------------------------------------
 
+# apt_install WHAT, CHECK, PACKAGES: install PACKAGES with apt-get unless CHECK succeeds; as
+# root only, and never fatal (the tests that need WHAT skip, saying why)
+define apt_install
+	@if $(2); then \
+	  echo "==> $(1) found"; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "==> $(1) missing and no apt-get as root: skipping (its tests skip, saying why)"; \
+	else \
+	  echo "==> installing $(1) with apt-get: $(3)"; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(3) >/dev/null; } \
+	  || echo "==> apt-get could not install $(3): continuing (their tests skip)"; \
+	fi
+endef
+
+# clang (a second C compiler); graphviz and chromium (viz); Debian's pocl, an OpenCL on the CPU
+# that builds for CPUs the pocl inside pyopencl's wheel (LLVM 14) does not know; lavapipe, a
+# Vulkan on the CPU for WEBGPU
 system-deps:
-	@if command -v clang >/dev/null 2>&1; then \
-	  echo "==> clang found: $$(command -v clang)"; \
-	elif [ "$$(id -u)" != 0 ]; then \
-	  echo "==> clang not found and not root: skipping (gcc is used; install clang yourself to test it)"; \
-	elif ! command -v apt-get >/dev/null 2>&1; then \
-	  echo "==> clang not found and apt-get unavailable: skipping (gcc is used)"; \
-	else \
-	  echo "==> installing clang with apt-get"; \
-	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null; } \
-	  || echo "==> apt-get could not install clang: continuing without it (gcc is used)"; \
-	fi
+	$(call apt_install,clang,command -v clang >/dev/null 2>&1,clang)
 	@command -v gcc >/dev/null 2>&1 || echo "==> warning: gcc not found; the CPU device needs a C compiler (set CC)"
-	@if command -v dot >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1; then \
-	  echo "==> graphviz and chromium found (viz tests)"; \
-	elif [ "$$(id -u)" != 0 ]; then \
-	  echo "==> graphviz/chromium missing and not root: skipping (viz tests that need them skip)"; \
-	elif ! command -v apt-get >/dev/null 2>&1; then \
-	  echo "==> graphviz/chromium missing and apt-get unavailable: skipping (their tests skip)"; \
-	else \
-	  echo "==> installing graphviz and chromium with apt-get"; \
-	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium >/dev/null; } \
-	  || echo "==> apt-get could not install graphviz/chromium: continuing (their tests skip)"; \
-	fi
-	@if ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then \
-	  echo "==> lavapipe (CPU Vulkan) found (WEBGPU tests)"; \
-	elif [ "$$(id -u)" != 0 ]; then \
-	  echo "==> lavapipe missing and not root: skipping (WEBGPU tests skip)"; \
-	elif ! command -v apt-get >/dev/null 2>&1; then \
-	  echo "==> lavapipe missing and apt-get unavailable: skipping (WEBGPU tests skip)"; \
-	else \
-	  echo "==> installing mesa-vulkan-drivers and libvulkan1 (lavapipe) with apt-get"; \
-	  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 \
-	      >/dev/null; } \
-	  || echo "==> apt-get could not install lavapipe: continuing (WEBGPU tests skip)"; \
-	fi
+	$(call apt_install,graphviz and chromium,command -v dot >/dev/null 2>&1 && \
+	  command -v chromium >/dev/null 2>&1,graphviz chromium)
+	$(call apt_install,Debian's pocl (OPENCL),ls /etc/OpenCL/vendors/pocl.icd >/dev/null 2>&1,\
+	  pocl-opencl-icd ocl-icd-libopencl1)
+	$(call apt_install,lavapipe (WEBGPU),ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1,\
+	  mesa-vulkan-drivers libvulkan1)
 
 setup-test: system-deps $(VENV)/.installed-test
 

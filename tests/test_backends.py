@@ -228,22 +228,6 @@ def test_debug_4_prints_the_source(device):
     assert ("__kernel void" in text) if device == "OPENCL" else ("@compute" in text)
 
 
-def test_opencl_platform_choice(monkeypatch):
-    from tinyteach.runtime.opencl import choose_platform
-
-    class Platform:
-        def __init__(self, name: str):
-            self.name = name
-    platforms = [Platform("NVIDIA CUDA"), Platform("Portable Computing Language")]
-    assert choose_platform(platforms, None).name == "Portable Computing Language"
-    assert choose_platform(platforms, "0").name == "NVIDIA CUDA"
-    assert choose_platform(platforms, "nvidia").name == "NVIDIA CUDA"
-    with pytest.raises(DeviceUnavailable, match="matches none"):
-        choose_platform(platforms, "intel")
-    with pytest.raises(DeviceUnavailable, match="no OpenCL platform"):
-        choose_platform([], None)
-
-
 @gpu
 def test_jit_replays_through_the_device_graph(device):
     w = floats(6, 3)

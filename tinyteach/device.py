@@ -138,6 +138,7 @@ class _DeviceRegistry:
         self._backends: dict[str, Backend] = {}
         self._default: str | None = None
         self._registered: dict[str, Callable[[], Backend]] = {}  # devices made in Python
+        self._unavailable: dict[str, str] = {}  # why a device cannot run (each is tried once)
 
     def canonicalize(self, name: str | None) -> str:
         if name is None:
@@ -152,13 +153,15 @@ class _DeviceRegistry:
         name = self.canonicalize(name)
         if name not in self._backends and name in self._registered:
             self._backends[name] = self._registered[name]()
-        if name not in self._backends:
+        if name not in self._backends and name not in self._unavailable:
             try:
                 module = importlib.import_module(KNOWN_DEVICES[name])
                 self._backends[name] = module.make_backend()
             except (DeviceUnavailable, ImportError) as error:
-                raise DeviceUnavailable(f"device {name} is not available: {error}. "
-                                        f"Available here: {self.available()}") from None
+                self._unavailable[name] = str(error)
+        if name in self._unavailable:
+            raise DeviceUnavailable(f"device {name} is not available: {self._unavailable[name]}. "
+                                    f"Available here: {self.available()}")
         return self._backends[name]
 
     def register(self, name: str, make_backend: Callable[[], Backend]) -> None:
@@ -169,23 +172,32 @@ class _DeviceRegistry:
             raise ValueError(f"{upper} is a built-in device; register under another name")
         self._registered[upper] = make_backend
         self._backends.pop(upper, None)
+        self._unavailable.pop(upper, None)
 
     def is_available(self, name: str) -> bool:
+        return self.why_unavailable(name) is None
+
+    def why_unavailable(self, name: str) -> str | None:
+        """None when the device runs here, else the reason it cannot (its library, driver or
+        hardware is missing). Each device is tried once per process; the answer is kept."""
         try:
             self[name]
         except (DeviceUnavailable, ImportError):
-            return False
-        return True
+            return self._unavailable.get(self.canonicalize(name), "it failed to load")
+        return None
 
     def available(self) -> list[str]:
         return [name for name in KNOWN_DEVICES if name in self._backends or
                 self._probe(name)]
 
     def _probe(self, name: str) -> bool:
+        if name in self._unavailable:
+            return False
         try:
             module = importlib.import_module(KNOWN_DEVICES[name])
             self._backends[name] = module.make_backend()
-        except (DeviceUnavailable, ImportError):
+        except (DeviceUnavailable, ImportError) as error:
+            self._unavailable[name] = str(error)
             return False
         return True
 

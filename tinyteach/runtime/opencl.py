@@ -11,8 +11,14 @@ What this teaches:
   buffer waits too, because the queue runs in order);
 - graph execution for the JIT: enqueue every captured kernel, then wait once.
 
-`OPENCL_PLATFORM` chooses the platform, by index or by a part of its name (default: pocl if
-present, else the first platform with a device).
+Which platform? A machine may have several (Debian's pocl and the one inside the pyopencl wheel,
+a GPU vendor's), and a platform can be listed yet unable to build anything: the pocl bundled
+with pyopencl uses LLVM 14, which does not know some newer CPUs, names them `generic` and then
+fails every build ("unknown target CPU 'generic'"). So the backend *probes*: it builds and runs
+a tiny kernel on each candidate device, once, and takes the first that computes the right
+numbers (pocl platforms first, so a run is the same on every machine). `OPENCL_PLATFORM` chooses
+a platform explicitly, by index or by a part of its name. When nothing works, the error names
+each platform tried and the line of its build log that failed.
 
 Builds on: device.py, render/opencl.py, render/gpu.py.
 """
@@ -28,30 +34,104 @@ from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler,
 from tinyteach.render.gpu import launch_of
 from tinyteach.render.opencl import EXTENSIONS, OpenCLRenderer
 
+# pocl installs a process-wide SIGFPE handler, after which C code in the same process (the CPU
+# device, the exercises' forked children) no longer traps on an integer division by zero
+os.environ.setdefault("POCL_SIGFPE_HANDLER", "0")
+
 cl: Any = None
 try:
     import pyopencl as cl
 except ImportError:  # the device reports itself unavailable; the renderer still works
     pass
 
+INSTALL_HINT = ("install an OpenCL driver that can build for this machine, e.g. Debian's pocl: "
+                "apt-get install pocl-opencl-icd ocl-icd-libopencl1 (`make system-deps` does it)")
 
-def choose_platform(platforms: list[Any], wanted: str | None) -> Any:
-    """The platform `wanted` names (an index or part of a name), else pocl, else the first."""
+
+def candidate_platforms(platforms: list[Any], wanted: str | None) -> list[Any]:
+    """The platforms to try, in order: only the one `wanted` names (an index or part of a
+    name), else every platform with pocl's first (a run is then the same on every machine)."""
     if not platforms:
-        raise DeviceUnavailable("pyopencl finds no OpenCL platform (install 'pyopencl[pocl]' "
-                                "for one that runs on the CPU)")
+        raise DeviceUnavailable(f"pyopencl finds no OpenCL platform; {INSTALL_HINT}")
     names = [f"{i}: {p.name}" for i, p in enumerate(platforms)]
     if wanted is not None and wanted.isdigit():
         if int(wanted) >= len(platforms):
             raise DeviceUnavailable(f"OPENCL_PLATFORM={wanted} but the platforms are {names}")
-        return platforms[int(wanted)]
+        return [platforms[int(wanted)]]
     if wanted is not None:
         matches = [p for p in platforms if wanted.lower() in p.name.lower()]
         if not matches:
             raise DeviceUnavailable(f"OPENCL_PLATFORM={wanted!r} matches none of {names}")
-        return matches[0]
+        return matches[:1]
     pocl = [p for p in platforms if "portable computing language" in p.name.lower()]
-    return (pocl or platforms)[0]
+    return pocl + [p for p in platforms if p not in pocl]
+
+
+# ---- the probe: can this device build and run a kernel? ----
+
+PROBE_SOURCE = """__kernel void probe(__global float* out) {
+  int i = get_global_id(0);
+  out[i] = 2.0f * i + 1.0f;
+}"""
+
+
+def probe_device(device: Any) -> str | None:
+    """Build and run a 4-thread kernel on `device`; None if it computed [1, 3, 5, 7], else
+    why not, in one line (the build log's first error, when the build failed)."""
+    try:
+        context = cl.Context([device])
+        queue = cl.CommandQueue(context, device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = cl.Program(context, PROBE_SOURCE).build()
+        out = np.zeros(4, dtype=np.float32)
+        buffer = cl.Buffer(context, cl.mem_flags.WRITE_ONLY, out.nbytes)
+        cl.Kernel(program, "probe")(queue, (4,), None, buffer)
+        cl.enqueue_copy(queue, out, buffer, is_blocking=True)
+    except cl.Error as error:
+        return first_error_line(str(error))
+    if out.tolist() != [1.0, 3.0, 5.0, 7.0]:
+        return f"the probe kernel computed {out.tolist()} instead of [1, 3, 5, 7]"
+    return None
+
+
+def first_error_line(message: str) -> str:
+    """What failed, in one line: the build log's first line that mentions an error ("error:
+    unknown target CPU 'generic'"), with the line after it when it ends in a colon; else the
+    message's first line (pyopencl's own summary, e.g. "clBuildProgram failed: ...")."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    log = [line for line in lines[1:] if not line.startswith(("Build on", "(options"))]
+    for k, line in enumerate(log):
+        if "error" in line.lower():
+            follows = log[k + 1] if line.endswith(":") and k + 1 < len(log) else ""
+            return f"{line} {follows}".strip()
+    return lines[0] if lines else "unknown error"
+
+
+def find_working_device(platforms: list[Any]) -> Any:
+    """The first device of these platforms that passes the probe; DeviceUnavailable naming
+    every platform and device tried, and why each failed, when none does."""
+    failures = []
+    for platform in platforms:
+        devices, why_none = devices_of(platform)
+        if not devices:
+            failures.append(f"{platform.name!r}: {why_none}")
+        for device in devices:
+            reason = probe_device(device)
+            if reason is None:
+                return device
+            failures.append(f"{platform.name!r} ({platform.version}, device "
+                            f"{device.name!r}): {reason}")
+    raise DeviceUnavailable("no OpenCL device can build and run a kernel here; tried "
+                            + "; ".join(failures) + f". To fix: {INSTALL_HINT}")
+
+
+def devices_of(platform: Any) -> tuple[list[Any], str]:
+    """The platform's devices, and what to say when there are none."""
+    try:
+        return platform.get_devices(), "it has no device"
+    except cl.Error as error:  # some drivers raise DEVICE_NOT_FOUND instead of listing none
+        return [], first_error_line(str(error))
 
 
 class OpenCLAllocator(Allocator):
@@ -119,13 +199,10 @@ class OpenCLGraph:
 
 
 class OpenCLBackend(Backend):
-    """The OPENCL device: one platform, its first device, one in-order queue."""
+    """The OPENCL device: one device that passed the probe, one in-order queue."""
 
-    def __init__(self, platform: Any):
-        devices = platform.get_devices()
-        if not devices:
-            raise DeviceUnavailable(f"OpenCL platform {platform.name!r} has no device")
-        self.cl_device = devices[0]
+    def __init__(self, cl_device: Any):
+        self.cl_device = cl_device
         self.context = cl.Context([self.cl_device])
         self.queue = cl.CommandQueue(self.context, self.cl_device)
         compiler = OpenCLCompiler(self.context, self.cl_device)
@@ -154,5 +231,6 @@ def make_backend() -> Backend:
         platforms = cl.get_platforms()
     except cl.Error:  # "no platforms found" is an error in some ICD loaders
         platforms = []
-    return OpenCLBackend(choose_platform(platforms, os.environ.get("OPENCL_PLATFORM")))
+    candidates = candidate_platforms(platforms, os.environ.get("OPENCL_PLATFORM"))
+    return OpenCLBackend(find_working_device(candidates))
 
