@@ -62,3 +62,70 @@ def kernels_also_compile_for_cuda(request: pytest.FixtureRequest) -> Iterator[No
             continue  # half needs cuda_fp16.h from a CUDA toolkit; pip's NVRTC has none
         kernel = compile_for_cuda(launch.item.name, ast, _cuda_compiler())  # type: ignore[arg-type]
         assert f".entry {launch.item.name}(" in kernel.ptx
+
+
+# ---- issue 11: which devices ran tests, which were skipped and why ----
+#
+# `make test` ends with a table of devices. `.ci/run` sets TINYTEACH_REQUIRE_DEVICES to the devices
+# CI installs, and the run fails, naming them, if any of those ran no test: a CI run cannot be
+# green because a device quietly skipped everything.
+
+REQUIRE_DEVICES = "TINYTEACH_REQUIRE_DEVICES"
+_device_counts: dict[str, dict[str, int]] = {}
+
+
+def _device_of(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    device = callspec.params.get("device") if callspec is not None else None
+    return device if isinstance(device, str) else None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    device = _device_of(item)
+    if device is not None:  # travels with the report, also from xdist workers
+        item.user_properties.append(("device", device))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    device = dict(report.user_properties).get("device")
+    if device is None or not (report.when == "call" or report.outcome != "passed"):
+        return
+    counts = _device_counts.setdefault(device, {"passed": 0, "failed": 0, "skipped": 0})
+    counts[report.outcome] += 1
+
+
+def _required_devices() -> list[str]:
+    return [name.upper() for name in os.environ.get(REQUIRE_DEVICES, "").replace(",", " ").split()]
+
+
+def _ran(device: str) -> int:
+    counts = _device_counts.get(device, {})
+    return counts.get("passed", 0) + counts.get("failed", 0)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller sees every report and decides
+    if any(_ran(device) == 0 for device in _required_devices()) and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: object, exitstatus: int,
+                            config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or not (_device_counts or _required_devices()):
+        return
+    from tinyteach.device import KNOWN_DEVICES
+    write = terminalreporter.write_line  # type: ignore[attr-defined]
+    write("")
+    write("devices: tests that ran on each device (or why it was skipped)")
+    write(f"  {'device':<8} {'passed':>7} {'failed':>7} {'skipped':>8}  status")
+    for name in KNOWN_DEVICES:
+        counts = _device_counts.get(name, {})
+        reason = Device.why_unavailable(name)
+        status = "ran" if _ran(name) else f"skipped: {reason or 'no test ran on it'}"
+        write(f"  {name:<8} {counts.get('passed', 0):>7} {counts.get('failed', 0):>7} "
+              f"{counts.get('skipped', 0):>8}  {status}")
+    missing = [device for device in _required_devices() if _ran(device) == 0]
+    if missing:
+        write(f"FAILED: {REQUIRE_DEVICES} asks for {', '.join(_required_devices())}, but no test "
+              f"ran on {', '.join(missing)}", red=True, bold=True)

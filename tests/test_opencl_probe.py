@@ -26,6 +26,8 @@ from tinyteach.runtime.opencl import candidate_platforms, find_working_device, f
 
 ROOT = Path(__file__).resolve().parent.parent
 DEBIAN_POCL = Path("/etc/OpenCL/vendors/pocl.icd")
+# variables of the surrounding run that must not reach the probes (CI's device requirement too)
+FOREIGN = ("OPENCL_", "POCL_", "OCL_ICD", "TINYTEACH_")
 needs_pyopencl = pytest.mark.skipif(opencl.cl is None, reason="pyopencl is not installed")
 
 # run in a fresh process: is OPENCL available, why not, and does a kernel give numpy's numbers
@@ -44,7 +46,7 @@ print(json.dumps(result))
 
 
 def probe_in_subprocess(tmp_path: Path, **environment: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENCL_", "POCL_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN)}
     env.update(environment)
     done = subprocess.run([sys.executable, "-c", PROBE_SCRIPT], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -169,7 +171,7 @@ def test_with_debians_pocl_too_a_working_device_is_found(tmp_path):
 
 @needs_pyopencl
 def test_opencl_tests_skip_with_the_reason_when_no_device_works(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENCL_", "POCL_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN)}
     env.update(OCL_ICD_VENDORS=empty_vendor_folder(tmp_path), POCL_DEVICES="no-such-device-type")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                            "tests/test_backends.py", "-k", "opencl_float64"],
