@@ -3,6 +3,7 @@ driven through a real `IPython.core.interactiveshell.InteractiveShell`."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,9 @@ pytest.importorskip("pygments", reason="the magic tests need pygments")
 
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from IPython.utils.capture import capture_output  # noqa: E402
+
+NO_DOT = "graphviz's `dot` is not installed (apt-get install graphviz)"
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason=NO_DOT)
 
 SETUP = """
 import numpy as np
@@ -125,6 +129,88 @@ def test_rich_display_of_schedule_items(shell: InteractiveShell) -> None:
         shell.ev("(a - b).realize()")
     html = shell.display_formatter.format(recorded[0])[0]["text/html"]
     assert "this is what ran" in html and " us" in html
+
+
+# ---- --show graph: the kernels that ran ----
+
+def svg_titles(html: str) -> list[str]:
+    """The node and edge names of the SVGs in `html` (graphviz writes each as a <title>)."""
+    titles = re.findall(r"<title>([^<]*)</title>", html)
+    return [title.replace("&#45;&gt;", "->") for title in titles]
+
+
+def names_that_run(shell: InteractiveShell, code: str) -> list[str]:
+    """The kernels `code` launches, recorded outside the magic."""
+    from tinyteach.realize import record_launches
+
+    with record_launches() as launches:
+        shell.ev(code)
+    return [launch.item.name for launch in launches]
+
+
+@needs_dot
+def test_show_graph_draws_the_kernels_of_a_cell_ending_in_numpy(shell: InteractiveShell) -> None:
+    expected = names_that_run(shell, "(a @ b).softmax(1).numpy()")
+    _, outputs, _ = run(shell, "%%tinyteach --show graph\ny = (a @ b).softmax(1)\ny.numpy()")
+    html, text = outputs[0]["text/html"], outputs[0]["text/plain"]
+    assert "the kernels that ran and the buffers between them" in html
+    assert "the lazy graph" not in html  # the value is a numpy array, not a lazy Tensor
+    assert f"the kernels that ran: {len(expected)} launches" in text
+    titles = svg_titles(html)
+    kernels = [f"k{n + 1}" for n in range(len(expected))]
+    assert [t for t in titles if re.fullmatch(r"k\d+", t)] == kernels  # one box per launch
+    for number, name in enumerate(expected):
+        assert f"k{number + 1}: {name}" in html
+    assert "r_4_4_4" in expected  # the matmul: 4x4 outputs, each a sum over 4
+    # the matmul reads the two inputs (the first two buffers) and writes a third
+    assert {"b0->k1", "b1->k1", "k1->b2"} <= set(titles)
+    assert html.count("input: it was there before the cell ran") >= 2
+    assert "buffer (4, 4) float32 on CPU" in html
+
+
+@needs_dot
+def test_show_graph_draws_the_kernels_of_a_cell_ending_in_realize(
+        shell: InteractiveShell) -> None:
+    expected = names_that_run(shell, "(a + b).sum(1).realize()")
+    assert expected == ["r_4_4"]  # one fused kernel: a 4-row sum over 4
+    _, outputs, _ = run(shell, "%%tinyteach --show graph\n(a + b).sum(1).realize()")
+    html = outputs[0]["text/html"]
+    assert "the lazy graph" not in html
+    assert "k1: r_4_4" in html and html.count("<svg") == 1
+    titles = set(svg_titles(html))
+    assert {"b0->k1", "b1->k1", "k1->b2"} <= titles
+    assert "buffer (4,) float32 on CPU" in html  # the sum's result: one value per row
+
+
+@needs_dot
+def test_show_graph_of_a_lazy_value_draws_its_lazy_graph(shell: InteractiveShell) -> None:
+    _, outputs, _ = run(shell, "%%tinyteach --show graph\n(a * b).sum(0)")
+    html = outputs[0]["text/html"]
+    assert "the lazy graph of the cell&#x27;s value" in html
+    assert "REDUCE_AXIS sum" in html and "MUL" in html
+    assert "the kernels that ran and the buffers between them" in html  # it was realized
+    assert html.count("<svg") == 2
+
+
+def test_show_graph_with_nothing_to_draw_says_so(shell: InteractiveShell) -> None:
+    _, outputs, _ = run(shell, "%%tinyteach --show graph\ndef add_one(x):\n    return x + 1")
+    message = ("--show graph: nothing to draw: no kernel ran in this cell and its value is "
+               "not a lazy Tensor")
+    assert message in outputs[0]["text/plain"]
+    assert message in outputs[0]["text/html"]
+    assert "<svg" not in outputs[0]["text/html"]
+    assert callable(shell.user_ns["add_one"])
+
+
+def test_show_graph_without_dot_shows_the_kernels_as_text(
+        shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `dot` (and no C compiler: NUMPY interprets)
+    code = ("%%tinyteach --device NUMPY --show graph\n"
+            "x = Tensor([[1.0, 2.0], [3.0, 4.0]])\n(x - 1).max(1).numpy()")
+    _, outputs, _ = run(shell, code)
+    html = outputs[0]["text/html"]
+    assert "<svg" not in html and "apt-get install graphviz" in html
+    assert "k1: r_2_2 on NUMPY  reads b0  writes b1" in html  # a 2-row max over 2
 
 
 def test_display_hooks_never_raise(shell: InteractiveShell) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,115 @@ def test_big_graphs_are_drawn_one_box_per_kernel() -> None:
     figure = viz.graph(x, max_nodes=20)
     assert "more than max_nodes=20" in figure.text
     assert "kernel 1:" in figure.text
+
+
+def deep_chain(depth: int) -> tuple[Tensor, Tensor]:
+    """`depth` lazy elementwise ops in a chain over one input: (input, result)."""
+    x = Tensor(np.arange(4, dtype=np.float32), device="CPU")
+    out = x
+    for _ in range(depth // 2):
+        out = out * 1.5 + 1
+    return x, out
+
+
+def test_a_20000_deep_lazy_chain_draws_without_recursion() -> None:
+    _, out = deep_chain(20_000)
+    total = len(out.uop.toposort)
+    depth_of: dict[object, int] = {}
+    for node in out.uop.toposort:
+        depth_of[node] = 1 + max((depth_of[s] for s in node.src), default=0)
+    assert depth_of[out.uop] > 20_000  # 20,000 ops, plus the input and the constants' views
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)  # Python's default
+    try:
+        figure = viz.graph(out)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert f"This graph has {total} nodes, too many to draw whole" in figure.text
+    drawn = [line for line in figure.text.splitlines() if line.startswith("n")]
+    assert 0 < len(drawn) <= 90  # about max_nodes=80 boxes, not 40,000
+    assert "left out: computed by nodes not drawn" in figure.text
+    assert "CONST 1.5" in figure.text and "MUL" in figure.text and "ADD" in figure.text
+    assert "lazy" in repr(out)  # drawing computed nothing
+
+
+def test_a_cut_graph_says_how_many_nodes_were_left_out() -> None:
+    _, out = deep_chain(600)  # deeper than viz plans whole
+    nodes = out.uop.toposort
+    figure = viz.graph(out, max_nodes=40)
+    match = re.search(r"the (\d+) before them are left out", figure.text)
+    assert match is not None
+    # drawn: the last 40 nodes, the two constants' CONST -> RESHAPE -> EXPAND views they
+    # read and the stand-ins for the values coming in from below the cut
+    assert int(match[1]) == len(nodes) - 40 - 2 * 3
+    drawn = [line for line in figure.text.splitlines() if re.match(r"n\d+:", line)]
+    stand_ins = [line for line in drawn if "left out: computed by nodes not drawn" in line]
+    assert len(stand_ins) == 1  # a chain enters the drawn part through one value
+    assert len(drawn) == 40 + 2 + 1 - 0  # constants folded into one box each
+
+
+def test_launch_graph_draws_kernels_and_buffers() -> None:
+    from tinyteach.realize import record_launches
+
+    a, b, _ = inputs()
+    with record_launches() as launches:
+        (a @ b).relu().realize()
+    figure = viz.launch_graph(launches)
+    noun = "launch" if len(launches) == 1 else "launches"
+    # two inputs, and one buffer written by each launch
+    assert figure.text.splitlines()[0] == (f"the kernels that ran: {len(launches)} {noun}, "
+                                           f"{len(launches) + 2} buffers drawn")
+    for number, launch in enumerate(launches):
+        assert f"k{number + 1}: {launch.item.name} on CPU" in figure.text
+    assert "b0: buffer (4, 4) float32 on CPU  (input" in figure.text
+    assert "b1: buffer (4, 4) float32 on CPU  (input" in figure.text
+    assert "reads b0, b1" in figure.text  # the matmul reads both inputs
+
+
+def test_launch_graph_draws_a_rewritten_buffer_twice() -> None:
+    from tinyteach.realize import record_launches
+    from viz.launches import build_launch_graph
+
+    w = Tensor(np.zeros(3, dtype=np.float32), device="CPU")
+    with record_launches() as launches:
+        w.assign(w + 1).realize()
+        w.assign(w * 2).realize()
+    np.testing.assert_allclose(w.numpy(), [2.0, 2.0, 2.0])
+    graph = build_launch_graph(launches)
+    memory = launches[0].buffers[0].storage  # assign() writes into the tensor's own memory
+    versions = [node for node in graph.buffers if node.buffer.storage is memory]
+    assert len(versions) == 3  # before, after the first write, after the second
+    assert [v.writer for v in versions] == [None, 0, 1]
+    assert graph.launches[1].reads == [versions[1]]  # the second step reads the first's result
+    assert "over earlier contents" in viz.launch_graph(launches).text
+
+
+def test_launch_graph_draws_the_last_launches_of_a_long_recording() -> None:
+    from tinyteach.realize import record_launches
+
+    x = Tensor(np.ones(4, dtype=np.float32), device="CPU")
+    with record_launches() as launches:
+        for _ in range(5):
+            x = (x + 1).realize()
+    np.testing.assert_allclose(x.numpy(), np.full(4, 6.0))
+    figure = viz.launch_graph(launches, max_launches=2)
+    assert "the first 3 launches are left out: drawn are the last 2" in figure.text
+    assert "k4: E_4 on CPU" in figure.text and "k5: E_4 on CPU" in figure.text
+    assert "k3:" not in figure.text
+    assert "written by an earlier launch (left out)" in (figure.dot or "")
+
+
+def test_schedule_draws_the_last_kernels_of_a_long_schedule() -> None:
+    x = Tensor(np.ones((3, 5), dtype=np.float32), device="CPU")
+    for _ in range(4):
+        x = x.softmax(1) * 2 + 1
+    items, _ = create_schedule([x.uop], "CPU")
+    assert len(items) > 5
+    figure = viz.schedule(x, max_kernels=5)
+    assert (figure.dot or "").count("subgraph cluster_k") == 5
+    assert f"drawn are the last 5, the first {len(items) - 5} are left out" in figure.text
+    assert f"kernel {len(items)}: {items[-1].name}" in figure.text
+    assert "kernel 1:" not in figure.text
 
 
 # ---- schedule ----
@@ -217,8 +327,11 @@ rng = np.random.default_rng(0)
 a, b, c = (Tensor(rng.standard_normal((4, 4)).astype(np.float32), device="CPU") for _ in range(3))
 out = ((a + b) * c).relu().sum(1)
 x = Tensor(np.arange(15, dtype=np.float32).reshape(3, 5), device="CPU").softmax(1)
+from tinyteach.realize import record_launches
+with record_launches() as launches:
+    x.softmax(0).realize()
 parts = [viz.graph(out).html, viz.graph(x).html, viz.schedule(x).html, viz.kernel(out).html,
-         viz.rewrites(out).view.value]
+         viz.rewrites(out).view.value, viz.launch_graph(launches).html]
 print(hashlib.sha256("".join(parts).encode()).hexdigest())
 """
 

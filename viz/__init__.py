@@ -10,6 +10,7 @@ launches and rewrite steps); the core never imports viz.
 | `schedule(tensor)` | the kernels, with the reason for every cut and every fusion  | schedule.py |
 | `kernel(tensor)`   | one kernel: AST, linear program, source in every language    | kernel.py   |
 | `rewrites(tensor)` | a widget stepping through the rewrite rules that fired       | rewrites.py |
+| `launch_graph(launches)` | the kernels that ran and the buffers between them      | launches.py |
 | `%%tinyteach`      | run a cell, show the kernels it launched (`%load_ext tinyteach`) | magic.py |
 
 Each returns an object a notebook displays as HTML (inline SVG from graphviz, source highlighted
@@ -29,10 +30,12 @@ from typing import Any
 from viz.figure import Figure
 from viz.graph import graph
 from viz.kernel import kernel
+from viz.launches import launch_graph
 from viz.rewrites import rewrites
 from viz.schedule import schedule
 
-__all__ = ["Figure", "graph", "schedule", "kernel", "rewrites", "load_ipython_extension"]
+__all__ = ["Figure", "graph", "schedule", "kernel", "rewrites", "launch_graph",
+           "load_ipython_extension"]
 
 
 def load_ipython_extension(ipython: Any) -> None:

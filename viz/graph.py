@@ -8,9 +8,13 @@ What a student sees:
   labelled cluster. A node computed in two kernels is striped in both colours: the scheduler
   recomputes cheap elementwise work instead of storing it;
 - chains of movement ops (RESHAPE -> EXPAND, ...) are folded into the node they start from, since
-  they cost nothing (chapter 4); graphs above `max_nodes` boxes are drawn one box per kernel.
+  they cost nothing (chapter 4); graphs above `max_nodes` boxes are drawn one box per kernel;
+- graphs too big or too deep to plan as a whole (a 100,000-op chain) are cut: the `max_nodes`
+  nodes nearest the result are drawn, the values the rest pass in are dashed "left out" inputs,
+  and a note says how many nodes were left out.
 
 Nothing is computed: the schedule is planned on the graph (viz/plan.py), the tensor stays lazy.
+Every walk over the graph is a loop over `UOp.toposort`: no recursion on the graph's depth.
 
 Builds on: viz/plan.py, viz/figure.py. Used by: viz/magic.py, the chapters.
 """
@@ -19,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tinyteach.device import Buffer
+from tinyteach.helpers import prod
 from tinyteach.uop import MOVEMENT, Ops, UOp
 from viz.figure import (
     DotWriter,
@@ -30,9 +36,14 @@ from viz.figure import (
     swatch,
     table,
 )
-from viz.plan import Plan, make_plan
+from viz.plan import Plan, as_uops, device_of, graph_depth, graph_nodes, make_plan
 
 DEFAULT_MAX_NODES = 80
+# Graphs bigger or deeper than this are drawn cut, planned on the drawn part only. The depth
+# limit is for tinyteach's scheduler, which copies a kernel's graph recursively
+# (schedule.py, `_KernelBuilder.build`, two Python frames per level of the graph).
+MAX_PLANNED_NODES = 5_000
+MAX_PLANNED_DEPTH = 200
 
 
 @dataclass
@@ -59,6 +70,10 @@ class Box:
 def graph(*tensors: Any, device: str | None = None, max_nodes: int | None = DEFAULT_MAX_NODES,
           collapse_movement: bool = True, group: bool = True) -> Figure:
     """Draw the lazy graph of one or more Tensors (or UOps) as SVG; nothing is computed."""
+    nodes = graph_nodes(as_uops(tensors))
+    too_big = len(nodes) > MAX_PLANNED_NODES or graph_depth(nodes) > MAX_PLANNED_DEPTH
+    if max_nodes is not None and too_big:
+        return _cut_graph(tensors, nodes, device, max_nodes, collapse_movement, group)
     plan = make_plan(tensors, device)
     boxes = make_boxes(plan, collapse_movement)
     if max_nodes is not None and len(boxes) > max_nodes:
@@ -74,6 +89,66 @@ def _too_big(tensors: tuple[Any, ...], device: str | None, count: int, limit: in
     figure = schedule(*tensors, device=device)
     message = (f"This graph has {count} nodes (more than max_nodes={limit}), so it is drawn "
                f"one box per kernel. graph(..., max_nodes=None) draws every node.")
+    figure.html = notice(message) + figure.html
+    figure.text = message + "\n" + figure.text
+    return figure
+
+
+# ---- a cut graph: the nodes nearest the result ----
+
+def left_out_input(node: UOp, device: str) -> tuple[UOp, UOp]:
+    """A BUFFER standing in for `node` (never allocated), and its view in `node`'s shape."""
+    buffer = UOp(Ops.BUFFER, node.dtype, (), Buffer(device, prod(node.shape), node.dtype))
+    return buffer, buffer.reshape(node.shape)
+
+
+def cut(roots: list[UOp], nodes: list[UOp], keep: int, device: str
+        ) -> tuple[list[UOp], set[UOp], int]:
+    """The last `keep` nodes (and the roots); every other node they read that computes
+    something becomes a left-out input. Returns the new roots, the stand-in BUFFERs and how
+    many nodes were left out."""
+    kept = dict.fromkeys([*nodes[-keep:], *roots])
+    replacements: dict[UOp, UOp] = {}
+    stand_ins: set[UOp] = set()
+    leaves: dict[UOp, None] = {}
+    for node in kept:
+        for source in node.src:
+            if source in kept or source in replacements or source in leaves:
+                continue
+            chain = view_of_leaf(source)
+            if chain:  # a realized buffer or a constant, maybe reshaped: drawn as it is
+                leaves.update(dict.fromkeys(chain))
+                continue
+            buffer, view = left_out_input(source, device)
+            stand_ins.add(buffer)
+            replacements[source] = view
+    new_roots = [root.substitute(replacements) for root in roots]
+    return new_roots, stand_ins, len(nodes) - len(kept) - len(leaves)
+
+
+def view_of_leaf(node: UOp) -> list[UOp]:
+    """`node` and the movement ops under it, if they end at a node with no sources (a BUFFER
+    or a CONST); otherwise []."""
+    chain = [node]
+    while chain[-1].op in MOVEMENT:
+        chain.append(chain[-1].src[0])
+    return chain if not chain[-1].src else []
+
+
+def _cut_graph(tensors: tuple[Any, ...], nodes: list[UOp], device: str | None, max_nodes: int,
+               collapse_movement: bool, group: bool) -> Figure:
+    target_device = device_of(tensors, device)
+    roots, stand_ins, left_out = cut(as_uops(tensors), nodes, max_nodes, target_device)
+    plan = make_plan(tuple(roots), target_device, left_out=stand_ins)
+    boxes = make_boxes(plan, collapse_movement)
+    message = (f"This graph has {len(nodes)} nodes, too many to draw whole "
+               f"(max_nodes={max_nodes}): drawn are the nodes nearest the result; the "
+               f"{left_out} before them are left out, and the values they pass in are dashed "
+               "'left out' inputs. The kernels shown are planned for the drawn part alone.")
+    title = (f"lazy graph, cut: {len(boxes)} boxes for the last part of {len(nodes)} nodes, "
+             f"{len(plan.items)} kernel(s)")
+    figure = graph_figure(title, _graph_dot(plan, boxes, group), text_view(plan, boxes),
+                          legend(plan))
     figure.html = notice(message) + figure.html
     figure.text = message + "\n" + figure.text
     return figure
@@ -131,6 +206,8 @@ def box_ops(box: Box) -> str:
 
 def box_role(box: Box, plan: Plan) -> str:
     head = box.head
+    if box.start in plan.left_out:
+        return "left out: computed by nodes not drawn"
     if box.start.op is Ops.BUFFER:
         return "input: a realized buffer"
     if head in plan.realized:
@@ -152,6 +229,8 @@ def box_style(box: Box, plan: Plan) -> dict[str, str | int | float]:
     """Shape and colour: inputs, constants, stored results and shared nodes look different."""
     head = box.head
     kernels = plan.kernels_of.get(head, [])
+    if box.start in plan.left_out:
+        return {"shape": "cylinder", "style": "filled,dashed", "fillcolor": "#eeeeee"}
     if box.start.op is Ops.BUFFER:
         return {"shape": "cylinder", "style": "filled", "fillcolor": "white"}
     fill = kernel_color(kernels[0]) if kernels else "white"
@@ -211,6 +290,8 @@ def legend(plan: Plan) -> str:
             for number, item in enumerate(plan.items)]
     key = ("cylinder: an input buffer · dashed: a constant · double border: stored in memory · "
            "striped: recomputed in several kernels · bold edge: read from memory")
+    if plan.left_out:
+        key += " · grey dashed cylinder: the value of nodes left out of the drawing"
     kernels = table(rows, ["", "kernel", "name", "why its result is stored"]) if rows else ""
     return kernels + f'<div style="font-size:11px;color:#555;margin-top:4px">{key}</div>'
 

@@ -5,7 +5,8 @@ What it gives a notebook:
   report of viz/report.py: count, names, fusion reasons, source, timing. If the cell's value is
   a lazy Tensor it is realized first (otherwise nothing would run and there would be nothing to
   show). Options: `--device CPU` runs the cell with that default device; `--show kernels,source,
-  kernel,schedule,graph` picks the parts of the report;
+  kernel,schedule,graph` picks the parts of the report (`graph` draws the kernels that ran and
+  the buffers between them, and the lazy graph too when the cell's value was a lazy Tensor);
 - `%tinyteach expr` (line magic) does the same for one expression and does not keep its value
   (the same options go before the expression);
 - rich display: a Tensor shows its shape, dtype, device, whether it is lazy or realized and, if

@@ -29,13 +29,28 @@ class Plan:
     realized: dict[UOp, str]
     item_of: dict[UOp, int]                        # realized node -> its item number
     kernels_of: dict[UOp, list[int]] = field(default_factory=dict)
+    left_out: set[UOp] = field(default_factory=set)  # BUFFERs standing in for undrawn nodes
 
     def nodes(self) -> list[UOp]:
         """Every node of the graph, sources before users, each once."""
-        order: dict[UOp, None] = {}
-        for root in self.roots:
-            order.update(dict.fromkeys(root.toposort))
-        return list(order)
+        return graph_nodes(self.roots)
+
+
+def graph_nodes(roots: list[UOp]) -> list[UOp]:
+    """Every node of the graphs of `roots`, sources before users, each once (no recursion:
+    `UOp.toposort` walks with a stack)."""
+    order: dict[UOp, None] = {}
+    for root in roots:
+        order.update(dict.fromkeys(root.toposort))
+    return list(order)
+
+
+def graph_depth(nodes: list[UOp]) -> int:
+    """The longest path from a leaf to a root, in nodes (`nodes` in graph order)."""
+    depth: dict[UOp, int] = {}
+    for node in nodes:
+        depth[node] = 1 + max((depth[source] for source in node.src), default=0)
+    return max(depth.values(), default=0)
 
 
 def as_uops(targets: tuple[Any, ...]) -> list[UOp]:
@@ -58,12 +73,14 @@ def device_of(targets: tuple[Any, ...], device: str | None) -> str:
     return Device.DEFAULT
 
 
-def make_plan(targets: tuple[Any, ...], device: str | None = None) -> Plan:
-    """Schedule the graph of `targets` (Tensors or UOps) as realize() would, without running it."""
+def make_plan(targets: tuple[Any, ...], device: str | None = None,
+              left_out: set[UOp] | None = None) -> Plan:
+    """Schedule the graph of `targets` (Tensors or UOps) as realize() would, without running it.
+    `left_out`: BUFFER nodes that stand in for parts of the graph that are not drawn."""
     roots = as_uops(targets)
     realized = find_realized(roots)
     items, _ = create_schedule(roots, device_of(targets, device))
-    plan = Plan(roots, items, realized, {})
+    plan = Plan(roots, items, realized, {}, left_out=left_out or set())
     stored = [node for node in plan.nodes() if node in realized]
     plan.item_of = {node: number for number, node in enumerate(stored)}
     plan.kernels_of = _membership(stored, realized)

@@ -6,13 +6,16 @@ What a student sees:
   was stored and what it fused (the same words as DEBUG=3 and `viz.schedule`);
 - for each distinct kernel, the source that was compiled and run (an interpreted device such as
   NUMPY has none; then the C that the C renderer would write is shown instead);
-- optionally the schedule drawing, the lazy graph of the cell's value, and every stage of each
-  kernel (`viz.kernel`).
+- optionally the schedule drawing, every stage of each kernel (`viz.kernel`) and, for `graph`,
+  the kernels that ran with the buffers between them (`viz.launch_graph`), plus the lazy graph
+  of the cell's value when that was a lazy Tensor. When there is nothing to draw (no kernel ran
+  and the value is not lazy), the report says so.
 
 Timings change from run to run: they are printed as `12.3 us` so a notebook validator can mask
 them with one regular expression (chapters/nbval_sanitize.cfg).
 
-Builds on: tinyteach.realize (Launch), viz/kernel.py, viz/schedule.py, viz/graph.py.
+Builds on: tinyteach.realize (Launch), viz/kernel.py, viz/schedule.py, viz/graph.py,
+viz/launches.py.
 Used by: viz/magic.py.
 """
 from __future__ import annotations
@@ -27,6 +30,8 @@ SHOW_CHOICES = ("kernels", "source", "kernel", "schedule", "graph")
 DEFAULT_SHOW = ("kernels", "source")
 MAX_ROWS = 30
 LEXER_OF_DEVICE = {"CPU": "c", "OPENCL": "c", "CUDA": "cuda", "WEBGPU": "wgsl"}
+NOTHING_TO_DRAW = ("--show graph: nothing to draw: no kernel ran in this cell and its value is "
+                   "not a lazy Tensor")
 
 
 def microseconds(seconds: float) -> str:
@@ -103,18 +108,39 @@ def launch_report(launches: list[Any], show: tuple[str, ...] = DEFAULT_SHOW,
     if "kernels" in show and launches:
         header = ["#", "kernel", "device", "time", "buffers", "stored because", "fused"]
         parts.append(table(launch_rows(launches), header))
-    parts.extend(_optional_parts(launches, show, graph_of))
-    text = "\n".join([*notes, launches_text(launches)])
-    return Figure(title, wrap(title, "".join(parts)), text)
+    text_lines = [*notes, launches_text(launches)]
+    if "graph" in show:
+        graph_html, graph_text = graph_parts(launches, graph_of)
+        parts.extend(graph_html)
+        text_lines.extend(graph_text)
+    parts.extend(_optional_parts(launches, show))
+    return Figure(title, wrap(title, "".join(parts)), "\n".join(text_lines))
 
 
-def _optional_parts(launches: list[Any], show: tuple[str, ...], graph_of: UOp | None) -> list[str]:
+def graph_parts(launches: list[Any], graph_of: UOp | None) -> tuple[list[str], list[str]]:
+    """`--show graph`: the lazy graph of a lazy value and the kernels that ran (html, text)."""
     from viz.graph import graph
+    from viz.launches import launch_graph
+
+    if not launches and graph_of is None:
+        return [notice(NOTHING_TO_DRAW)], [NOTHING_TO_DRAW]
+    html_parts, text_parts = [], []
+    if graph_of is not None:
+        figure = graph(graph_of)
+        html_parts.append(section("the lazy graph of the cell's value", figure.html))
+        text_parts.append(figure.title)  # the whole text view is as long as the graph
+    if launches:
+        figure = launch_graph(launches)
+        html_parts.append(section("the kernels that ran and the buffers between them",
+                                  figure.html))
+        text_parts.append(figure.text)
+    return html_parts, text_parts
+
+
+def _optional_parts(launches: list[Any], show: tuple[str, ...]) -> list[str]:
     from viz.schedule import schedule
 
     parts = []
-    if "graph" in show and graph_of is not None:
-        parts.append(section("the lazy graph of the cell's value", graph(graph_of).html))
     if "schedule" in show and launches:
         parts.append(section("the schedule", schedule(launches).html))
     for launch in distinct_launches(launches):

@@ -9,7 +9,8 @@ What a student sees:
   cylinders at the top.
 
 Accepts Tensors or UOps (scheduled without running), or the ScheduleItems / launches that
-`create_schedule` or `record_launches` gave you.
+`create_schedule` or `record_launches` gave you. Schedules longer than `max_kernels` are cut:
+the last kernels are drawn, with a note of how many came before.
 
 Builds on: viz/plan.py, viz/figure.py. Used by: viz/graph.py (big graphs), viz/magic.py.
 """
@@ -20,18 +21,39 @@ from typing import Any
 
 from tinyteach.device import Buffer
 from tinyteach.schedule import ScheduleItem
-from viz.figure import DotWriter, Figure, escape, graph_figure, kernel_color, swatch, table
+from viz.figure import (
+    DotWriter,
+    Figure,
+    escape,
+    graph_figure,
+    kernel_color,
+    notice,
+    swatch,
+    table,
+)
 from viz.plan import make_plan
 
 WRAP = 44  # characters per line inside the drawing
+DEFAULT_MAX_KERNELS = 40
 
 
-def schedule(*targets: Any, device: str | None = None) -> Figure:
+def schedule(*targets: Any, device: str | None = None,
+             max_kernels: int | None = DEFAULT_MAX_KERNELS) -> Figure:
     """Draw the kernels of Tensors/UOps (or of ScheduleItems / Launches) as clusters."""
     items = schedule_items(targets, device)
+    first = 0 if max_kernels is None else max(0, len(items) - max_kernels)
     noun = "kernel" if len(items) == 1 else "kernels"
     title = f"schedule: {len(items)} {noun}"
-    return graph_figure(title, _schedule_dot(items), text_view(items), reasons_table(items))
+    figure = graph_figure(title, _schedule_dot(items, first), text_view(items, first),
+                          reasons_table(items, first))
+    if first:
+        figure.html = notice(left_out_note(len(items), first)) + figure.html
+    return figure
+
+
+def left_out_note(count: int, first: int) -> str:
+    return (f"This schedule has {count} kernels: drawn are the last {count - first}, the first "
+            f"{first} are left out. schedule(..., max_kernels=None) draws every kernel.")
 
 
 def schedule_items(targets: tuple[Any, ...], device: str | None = None) -> list[ScheduleItem]:
@@ -60,13 +82,15 @@ def _fusion_label(item: ScheduleItem) -> str:
     return "\n".join(wrapped(f"• {note}") for note in notes)
 
 
-def _schedule_dot(items: list[ScheduleItem]) -> str:
+def _schedule_dot(items: list[ScheduleItem], first: int = 0) -> str:
+    """Kernels `first` and after; the buffers earlier kernels wrote are drawn as inputs."""
     dot = DotWriter("schedule", rankdir="TB", nodesep="0.3", ranksep="0.4")
-    producer: dict[Buffer, int] = {item.output: n for n, item in enumerate(items)}
+    producer: dict[Buffer, int] = {item.output: n for n, item in enumerate(items) if n >= first}
+    left_out = {item.output for item in items[:first]}
     external: dict[Buffer, str] = {}
-    for item in items:
-        _external_inputs(dot, item, producer, external)
-    for number, item in enumerate(items):
+    for item in items[first:]:
+        _external_inputs(dot, item, producer, external, left_out)
+    for number, item in enumerate(items[first:], start=first):
         dot.open_cluster(f"k{number}", kernel_title(number, item), style="rounded,filled",
                          fillcolor=kernel_color(number), color="#777777", fontsize=11)
         dot.node(f"k{number}_ops", _fusion_label(item), shape="box", style="filled",
@@ -82,14 +106,17 @@ def _schedule_dot(items: list[ScheduleItem]) -> str:
 
 
 def _external_inputs(dot: DotWriter, item: ScheduleItem, producer: dict[Buffer, int],
-                     external: dict[Buffer, str]) -> None:
-    """Buffers no kernel of this schedule writes: realized tensors, drawn once each."""
+                     external: dict[Buffer, str], left_out: set[Buffer]) -> None:
+    """Buffers no drawn kernel writes: realized tensors (or a left-out kernel's result), drawn
+    once each."""
     for buffer in item.buffers[1:]:
         if buffer in producer or buffer in external:
             continue
         external[buffer] = f"in{len(external)}"
-        label = f"input: a realized buffer\n{buffer.size} × {buffer.dtype.name} on {buffer.device}"
-        dot.node(external[buffer], label, shape="cylinder", style="filled", fillcolor="white")
+        what = "written by a left-out kernel" if buffer in left_out else "a realized buffer"
+        label = f"input: {what}\n{buffer.size} × {buffer.dtype.name} on {buffer.device}"
+        style = "filled,dashed" if buffer in left_out else "filled"
+        dot.node(external[buffer], label, shape="cylinder", style=style, fillcolor="white")
 
 
 def _input_edges(dot: DotWriter, number: int, item: ScheduleItem, producer: dict[Buffer, int],
@@ -104,10 +131,10 @@ def _input_edges(dot: DotWriter, number: int, item: ScheduleItem, producer: dict
         dot.edge(source, f"k{number}_ops", **attrs)
 
 
-def reasons_table(items: list[ScheduleItem]) -> str:
-    """Every kernel's reasons in a table, so they can be read (and searched) as text."""
+def reasons_table(items: list[ScheduleItem], first: int = 0) -> str:
+    """Every drawn kernel's reasons in a table, so they can be read (and searched) as text."""
     rows = []
-    for number, item in enumerate(items):
+    for number, item in enumerate(items[first:], start=first):
         fusions = "<br>".join(escape(note) for note in item.fusions) or "—"
         inputs = "<br>".join(escape(note) for note in item.input_reasons) or "—"
         rows.append([swatch(kernel_color(number)) + escape(kernel_title(number, item)),
@@ -115,9 +142,11 @@ def reasons_table(items: list[ScheduleItem]) -> str:
     return table(rows, ["kernel", "stored because", "fused", "reads"])
 
 
-def text_view(items: list[ScheduleItem]) -> str:
+def text_view(items: list[ScheduleItem], first: int = 0) -> str:
     lines = [f"schedule: {len(items)} kernel(s)"]
-    for number, item in enumerate(items):
+    if first:
+        lines.append(left_out_note(len(items), first))
+    for number, item in enumerate(items[first:], start=first):
         lines.append(kernel_title(number, item))
         lines.append(f"  stored because {item.boundary_reason}")
         lines.extend(f"  fused: {note}" for note in item.fusions)
