@@ -52,3 +52,18 @@ def test_repo2docker_installs_what_the_course_needs(dockerfile):
     assert 'pip install --no-cache-dir -r "binder/requirements.txt"' in dockerfile
     assert "RUN ./binder/postBuild" in dockerfile
     assert "FROM docker.io/library/buildpack-deps:24.04" in dockerfile
+
+
+def test_binder_link_is_built_from_the_remote():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("binder_link", BINDER / "link.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    expected = "https://mybinder.org/v2/gh/ada/tinyteach/HEAD?urlpath=lab/tree/chapters"
+    for remote in ("https://github.com/ada/tinyteach.git", "https://github.com/ada/tinyteach",
+                   "git@github.com:ada/tinyteach.git", "ssh://git@github.com/ada/tinyteach"):
+        assert module.binder_link(remote) == expected
+    with pytest.raises(ValueError, match="not a GitHub repository URL"):
+        module.binder_link("/srv/git/tinyteach.git")
+    readme = (ROOT / "README.md").read_text()
+    assert "YOUR-GITHUB-ORG" not in readme and "binder/link.py" in readme
