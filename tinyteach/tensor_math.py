@@ -227,6 +227,254 @@ class TensorMath(TensorMovement):
                 base = base * base
         return self.ones_like() if result is None else result
 
+    # ---- inverse trigonometric, hyperbolic and special functions: polynomials and logs ----
+
+    def log10(self) -> Tensor:
+        return self.log2() * math.log10(2)                     # log10 x = log2(x) * log10(2)
+
+    def asin(self) -> Tensor:
+        """arcsin, odd in x, NaN outside [-1, 1]. For a = |x| >= 1/4: pi/2 - sqrt(1-a) * p(a),
+        p from Abramowitz & Stegun 4.4.46 (error below 2e-8, as tinygrad); below 1/4 the
+        Taylor series (the polynomial would lose digits subtracting from pi/2)."""
+        sign, magnitude = self._to_float()._sign_and_magnitude()
+        return sign * _asin_of_magnitude(magnitude)
+
+    def acos(self) -> Tensor:
+        """arccos = pi/2 - asin(x), written so that no digits are lost near x = 1 or -1:
+        for |x| >= 1/4 it is sqrt(1-|x|) * p(|x|) (or pi minus that for x < 0)."""
+        x = self._to_float()
+        sign, magnitude = x._sign_and_magnitude()
+        small = magnitude < 0.25
+        near_one = (1 - magnitude).sqrt() * _polynomial(magnitude, _ASIN_COEFFICIENTS)
+        from_series = math.pi / 2 - sign * _asin_series(small.where(magnitude, 0.0))
+        return small.where(from_series, (x < 0).where(math.pi - near_one, near_one))
+
+    def atan(self) -> Tensor:
+        """arctan x = asin(x / sqrt(1 + x^2)) for |x| <= 1; above, pi/2 - atan(1/x) (with the
+        sign of x), so that x^2 cannot overflow. The reciprocal never sees 0: where it is not
+        used it gets 1, because a gradient through an unused 1/0 is still 0 * inf = NaN."""
+        x = self._to_float()
+        sign, magnitude = x._sign_and_magnitude()
+        big = magnitude > 1
+        inner = big.where(big.where(x, 1.0).reciprocal(), x)   # in [-1, 1]
+        angle = (inner / (1 + inner * inner).sqrt()).asin()
+        return big.where(sign * (math.pi / 2) - angle, angle)
+
+    def sinh(self) -> Tensor:
+        """(e^x - e^-x) / 2, as e^(x - ln 2) - e^(-x - ln 2) so that it overflows only where
+        sinh does; for |x| < 1/2 the Taylor series (the difference would cancel digits)."""
+        x = self._to_float()
+        small = x.abs() < 0.5
+        tiny = small.where(x, 0.0)
+        series = tiny * _polynomial(tiny * tiny, [1 / 362880, 1 / 5040, 1 / 120, 1 / 6, 1.0])
+        return small.where(series, (x - math.log(2)).exp() - (-x - math.log(2)).exp())
+
+    def cosh(self) -> Tensor:
+        x = self._to_float()
+        return (x - math.log(2)).exp() + (-x - math.log(2)).exp()   # (e^x + e^-x) / 2
+
+    def atanh(self) -> Tensor:
+        """(log(1 + x) - log(1 - x)) / 2, with an accurate log1p: +-inf at +-1, NaN beyond."""
+        x = self._to_float()
+        return (_log1p(x) - _log1p(-x)) * 0.5
+
+    def asinh(self) -> Tensor:
+        """log(x + sqrt(x^2 + 1)), odd in x. For a = |x|: log1p(a + a^2 / (1 + sqrt(1 + a^2)))
+        (sqrt(1 + a^2) - 1 rewritten so that small a keeps its digits); above 2^12,
+        log(2a), so that a^2 cannot overflow (the error there is below 1e-8)."""
+        sign, magnitude = self._to_float()._sign_and_magnitude()
+        huge = magnitude > 4096
+        a = huge.where(0.0, magnitude)
+        moderate = _log1p(a + a * a / (1 + (1 + a * a).sqrt()))
+        return sign * huge.where(huge.where(magnitude, 1.0).log() + math.log(2), moderate)
+
+    def acosh(self) -> Tensor:
+        """log(x + sqrt(x^2 - 1)) for x >= 1 (NaN below, from the square root of x - 1):
+        log1p((x-1) + sqrt(x-1) sqrt(x+1)) keeps the digits near 1; above 2^12, log(2x), so
+        that x^2 cannot overflow."""
+        x = self._to_float()
+        huge = x > 4096
+        y = huge.where(1.0, x)
+        moderate = _log1p((y - 1) + (y - 1).sqrt() * (y + 1).sqrt())
+        return huge.where(huge.where(x, 1.0).log() + math.log(2), moderate)
+
+    def erf(self) -> Tensor:
+        """The error function, odd in x. Below |x| = 1/2 its Taylor series; above,
+        1 - erfc(|x|) with Numerical Recipes' erfcc (relative error below 1.2e-7).
+        (tinygrad uses Abramowitz & Stegun 7.1.26, error 1.5e-7 absolute.)"""
+        sign, magnitude = self._to_float()._sign_and_magnitude()
+        small = magnitude < 0.5
+        x = small.where(magnitude, 0.0)
+        series = x * _polynomial(x * x, _ERF_SERIES) * (2 / math.sqrt(math.pi))
+        z = small.where(1.0, magnitude).minimum(10.0)  # erfc(10) is 0 in float32
+        t = (1 + 0.5 * z).reciprocal()
+        erfc = t * (_polynomial(t, _ERFC_COEFFICIENTS) - z * z).exp()
+        return sign * small.where(series, 1 - erfc)
+
+    def _sign_and_magnitude(self) -> tuple[Tensor, Tensor]:
+        """(-1 or 1, |x|) for an odd function f(x) = sign * f(|x|). |x| is where(x < 0, -x, x),
+        whose gradient at 0 is 1 (abs's is 0), so f'(0) comes out right."""
+        negative = self < 0
+        return negative.where(-1.0, 1.0).cast(self.dtype), negative.where(-self, self)
+
+    # ---- testing values: inf and NaN ----
+
+    def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+        """True where the value is +inf (if detect_positive) or -inf (if detect_negative)."""
+        never = self.full_like(False, dtype=dtypes.bool)
+        if not dtypes.is_float(self.dtype):
+            return never
+        positive = (self == math.inf) if detect_positive else never
+        return (positive | (self == -math.inf)) if detect_negative else positive
+
+    def isnan(self) -> Tensor:
+        """NaN is the only value that is not equal to itself."""
+        return self != self
+
+    def isfinite(self) -> Tensor:
+        return (self.isinf() | self.isnan()).logical_not()
+
+    # ---- more activations (tinygrad's names and signatures, PyTorch's numbers) ----
+
+    def leakyrelu(self, neg_slope: float = 0.01) -> Tensor:
+        """tinygrad's name for leaky_relu."""
+        return self.leaky_relu(neg_slope)
+
+    def celu(self, alpha: float = 1.0) -> Tensor:
+        """max(0, x) + min(0, alpha * (e^(x/alpha) - 1))."""
+        if alpha == 0:
+            raise ValueError("celu: alpha must not be 0 (it divides x)")
+        return self.maximum(0) + (alpha * (self.minimum(0) / alpha).exp() - alpha).minimum(0)
+
+    def selu(self, alpha: float = 1.6732632423543772, gamma: float = 1.0507009873554805) -> Tensor:
+        """gamma * (x if x > 0 else alpha * (e^x - 1)). (tinygrad's defaults are these
+        constants rounded to 1.67326 and 1.0507; these are PyTorch's.)"""
+        return gamma * (self > 0).where(self, alpha * (self.minimum(0).exp() - 1))
+
+    def relu6(self) -> Tensor:
+        return self.clip(0, 6)
+
+    def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
+        """max(0, min(1, alpha * x + beta)); the defaults are PyTorch's relu6(x + 3) / 6."""
+        return (alpha * self + beta).clip(0, 1)
+
+    def hardswish(self) -> Tensor:
+        return self * (self + 3).relu6() * (1 / 6)
+
+    def hardtanh(self, min_val: float = -1, max_val: float = 1) -> Tensor:
+        if min_val > max_val:
+            raise ValueError(f"hardtanh: min_val {min_val} is above max_val {max_val}")
+        return self.clip(min_val, max_val)
+
+    def quick_gelu(self) -> Tensor:
+        return self * (self * 1.702).sigmoid()                 # gelu's sigmoid approximation
+
+    def mish(self) -> Tensor:
+        """x * tanh(softplus(x)), with softplus written so that e^x cannot overflow."""
+        return self * _stable_softplus(self._to_float()).tanh()
+
+    def softsign(self) -> Tensor:
+        return self / (1 + self.abs())
+
+    def logsigmoid(self) -> Tensor:
+        """log(sigmoid(x)) = min(x, 0) - log1p(e^-|x|): no overflow, no log(0)."""
+        x = self._to_float()
+        return x.minimum(0) - _log1p((-x.abs()).exp())
+
+    def lerp(self, end: Tensor, weight: Tensor | float) -> Tensor:
+        """self + (end - self) * weight: linear interpolation from self (0) to end (1)."""
+        return self + (end - self) * weight
+
+    # ---- binary functions of two tensors ----
+
+    def fmod(self, other: Any) -> Tensor:
+        """C's fmod (torch.fmod): the remainder of x / y truncated, with the sign of x (Python's
+        % takes the divisor's). The value is the primitive MOD; its gradient (1 for x,
+        -trunc(x / y) for y) is added as a term that is exactly zero in the forward pass."""
+        x, y = self._broadcasted(other)
+        remainder = x._apply(x.uop.alu(Ops.MOD, y.uop), x, y)
+        if not dtypes.is_float(x.dtype):
+            return remainder
+        remainder = (y == 0).where(math.nan, remainder)  # C's; the NUMPY device's MOD gives 0
+        quotient = (x / y).trunc().detach()
+        quotient = quotient.isfinite().where(quotient, 0.0)
+        return remainder + _zero_with_gradient(x) - quotient * _zero_with_gradient(y)
+
+    def copysign(self, other: Any) -> Tensor:
+        """|x| with the sign of `other`, -0.0 included (a float result, as in PyTorch; the sign
+        of a NaN in `other` is not read: NaN counts as positive)."""
+        x, y = self._broadcasted(other, float_result=True)
+        negative_zero = (y == 0) & (y.reciprocal() < 0)
+        return ((y < 0) | negative_zero).where(-x.abs(), x.abs())
+
+    def logaddexp(self, other: Any) -> Tensor:
+        """log(e^x + e^y) = m + log(e^(x-m) + e^(y-m)) with m = max(x, y) (detached: the
+        result does not depend on it), and m = 0 where it is infinite, so -inf, -inf gives
+        -inf and inf gives inf, not NaN."""
+        x, y = self._broadcasted(other, float_result=True)
+        peak = x.maximum(y).detach()
+        peak = peak.isinf().where(0.0, peak)
+        return peak + ((x - peak).exp() + (y - peak).exp()).log()
+
+    # ---- bitwise operations: integers and bools only ----
+
+    def bitwise_and(self, other: Any, reverse: bool = False) -> Tensor:
+        self._check_bitwise("bitwise_and", other)
+        return self._binary(Ops.AND, other, reverse)
+
+    def bitwise_or(self, other: Any, reverse: bool = False) -> Tensor:
+        self._check_bitwise("bitwise_or", other)
+        return self._binary(Ops.OR, other, reverse)
+
+    def bitwise_xor(self, other: Any, reverse: bool = False) -> Tensor:
+        self._check_bitwise("bitwise_xor", other)
+        return self._binary(Ops.XOR, other, reverse)
+
+    def xor(self, other: Any, reverse: bool = False) -> Tensor:
+        """tinygrad's name for bitwise_xor."""
+        return self.bitwise_xor(other, reverse)
+
+    def bitwise_not(self) -> Tensor:
+        self._check_bitwise("bitwise_not")
+        return ~self
+
+    def lshift(self, shift: Any) -> Tensor:
+        """x << n = x * 2^n, wrapping as the integers do (n may be an integer tensor)."""
+        self._check_bitwise("lshift", shift)
+        return self * self._power_of_two("lshift", shift)
+
+    def rshift(self, shift: Any) -> Tensor:
+        """x >> n = floor(x / 2^n): an arithmetic shift, as PyTorch's for negative x."""
+        self._check_bitwise("rshift", shift)
+        bits = 8 * self.dtype.itemsize
+        if isinstance(shift, int) and self.dtype.kind == "int" and shift == bits - 1:
+            return (self < 0).where(-1, 0).cast(self.dtype)    # 2^(bits-1) does not fit
+        return self // self._power_of_two("rshift", shift)
+
+    def __lshift__(self, shift: Any) -> Tensor:
+        return self.lshift(shift)
+
+    def __rshift__(self, shift: Any) -> Tensor:
+        return self.rshift(shift)
+
+    def _power_of_two(self, name: str, shift: Any) -> Any:
+        """2^shift, for a constant (checked against the dtype's width) or an integer tensor."""
+        bits = 8 * self.dtype.itemsize
+        if isinstance(shift, int):
+            if not 0 <= shift < bits:
+                raise ValueError(f"{name}: shift {shift} is outside [0, {bits}) for "
+                                 f"{self.dtype.name}")
+            return 1 << shift if shift < bits - 1 or self.dtype.kind == "uint" else -(1 << shift)
+        return self.full_like(2).pow(shift.cast(self.dtype))
+
+    def _check_bitwise(self, name: str, *others: Any) -> None:
+        for value in (self, *others):
+            dtype = value.dtype if hasattr(value, "dtype") else dtypes.from_py(value)
+            if dtypes.is_float(dtype):
+                raise TypeError(f"{name} needs integer or bool operands, not {dtype.name}")
+            if name in ("lshift", "rshift") and dtype == dtypes.bool:
+                raise TypeError(f"{name} needs integer operands, not bool")
+
     # ---- reductions: sum and max are the primitive REDUCE; the rest are built on them ----
 
     def sum(self, axis: Any = None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
@@ -309,6 +557,58 @@ class TensorMath(TensorMovement):
         windows = pool(padded, (n,))  # (..., n, n): window i covers inputs 0..i
         return windows.sum(-1, dtype=_sum_dtype(self.dtype)).transpose(a, -1)
 
+
+# Abramowitz & Stegun 4.4.46: asin(a) = pi/2 - sqrt(1 - a) * p(a) on [0, 1], highest power first
+_ASIN_COEFFICIENTS = [-0.0012624911, 0.0066700901, -0.0170881256, 0.0308918810, -0.0501743046,
+                      0.0889789874, -0.2145988016, 1.5707963050]
+# asin(a) = a * sum of c_k a^(2k): (2k)! / (4^k (k!)^2 (2k+1)), highest first
+_ASIN_SERIES = [35 / 1152, 5 / 112, 3 / 40, 1 / 6, 1.0]
+# erf(x) = 2/sqrt(pi) * x * sum of (-1)^n x^(2n) / (n! (2n+1)), highest first
+_ERF_SERIES = [1 / 9360, -1 / 1320, 1 / 216, -1 / 42, 1 / 10, -1 / 3, 1.0]
+# Numerical Recipes' erfcc: erfc(z) = t * exp(-z^2 + q(t)), t = 1 / (1 + z/2), highest first
+_ERFC_COEFFICIENTS = [0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
+                      0.09678418, 0.37409196, 1.00002368, -1.26551223]
+
+
+def _polynomial(x: Tensor, coefficients: Sequence[float]) -> Tensor:
+    """c0 x^n + c1 x^(n-1) + ... + cn by Horner's rule: n multiplies and n adds."""
+    result = x * coefficients[0] + coefficients[1]
+    for c in coefficients[2:]:
+        result = result * x + c
+    return result
+
+
+def _asin_series(a: Tensor) -> Tensor:
+    """asin by its Taylor series: 5 terms are exact to float32 for |a| < 1/4."""
+    return a * _polynomial(a * a, _ASIN_SERIES)
+
+
+def _asin_of_magnitude(a: Tensor) -> Tensor:
+    """asin(a) for a = |x| >= 0: the series below 1/4, A&S 4.4.46 above."""
+    small = a < 0.25
+    near_one = math.pi / 2 - (1 - a).sqrt() * _polynomial(a, _ASIN_COEFFICIENTS)
+    return small.where(_asin_series(small.where(a, 0.0)), near_one)
+
+
+def _log1p(u: Tensor) -> Tensor:
+    """log(1 + u) without losing the digits of a small u: with w = 1 + u rounded,
+    log(w) * u / (w - 1) corrects for the rounding (Goldberg's trick); u itself where w is 1,
+    inf where w is inf. The divisor is never 0, not even where its result is not used."""
+    w = 1 + u
+    exact = w == 1
+    ratio = (w == math.inf).where(1.0, u / exact.where(1.0, w - 1))
+    return exact.where(u, w.log() * ratio)
+
+
+def _stable_softplus(x: Tensor) -> Tensor:
+    """log(1 + e^x) = max(x, 0) + log1p(e^-|x|): e^x cannot overflow."""
+    return x.maximum(0) + _log1p((-x.abs()).exp())
+
+
+def _zero_with_gradient(x: Tensor) -> Tensor:
+    """0 in the forward pass, with the gradient of x: x - detach(x) (0 too where x is not
+    finite, where the difference would be NaN)."""
+    return x.isfinite().where(x - x.detach(), 0.0)
 
 def _sum_dtype(dtype: DType) -> DType:
     if dtype.kind == "bool" or (dtype.kind == "int" and dtype.itemsize < 4):
