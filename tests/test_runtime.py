@@ -344,3 +344,19 @@ def test_buffers_of_dead_tensors_are_freed_at_once():
         assert inputs() is None and outputs() is None
     finally:
         gc.enable()
+
+
+def test_cpu_vector_width_can_be_pinned(monkeypatch):
+    """CPU_VECTOR_WIDTH overrides the CPU's own lanes (the book's outputs are a 16-lane CPU's);
+    anything but a supported width is refused with a clear error."""
+    from tinyteach.runtime.cpu import vector_width
+    avx2 = "#define __AVX__ 1\n#define __SSE2__ 1\n"
+    monkeypatch.delenv("CPU_VECTOR_WIDTH", raising=False)
+    assert vector_width(avx2) == 8
+    for pinned in ("16", "4", "0"):
+        monkeypatch.setenv("CPU_VECTOR_WIDTH", pinned)
+        assert vector_width(avx2) == int(pinned)
+    for bad in ("12", "wide", "-4"):
+        monkeypatch.setenv("CPU_VECTOR_WIDTH", bad)
+        with pytest.raises(ValueError, match="CPU_VECTOR_WIDTH"):
+            vector_width(avx2)

@@ -83,6 +83,21 @@ def native_vector_width(macros: str) -> int:
     return 0
 
 
+VECTOR_WIDTHS = (0, 2, 4, 8, 16)
+
+
+def vector_width(macros: str) -> int:
+    """The lanes the CPU renderer uses: `CPU_VECTOR_WIDTH` when set (0 turns vectors off; the
+    book's stored outputs are those of a 16-lane CPU), else what this CPU has."""
+    wanted = os.environ.get("CPU_VECTOR_WIDTH")
+    if wanted is None:
+        return native_vector_width(macros)
+    if not wanted.isdigit() or int(wanted) not in VECTOR_WIDTHS:
+        raise ValueError(f"CPU_VECTOR_WIDTH={wanted!r}: give one of {VECTOR_WIDTHS} (float32 "
+                         "lanes per vector; 0 turns vectors off)")
+    return int(wanted)
+
+
 def find_c_compiler() -> str:
     wanted = os.environ.get("CC")
     candidates = [wanted] if wanted else ["cc", "gcc", "clang"]
@@ -204,7 +219,7 @@ def make_backend() -> Backend:
     compiler = ClangStyleCompiler(find_c_compiler())
     macros = native_macros(compiler.compiler)
     is_gcc = "#define __GNUC__ " in macros and "__clang__" not in macros
-    renderer = CRenderer(vector_width=native_vector_width(macros), fused_multiply_add=is_gcc)
+    renderer = CRenderer(vector_width=vector_width(macros), fused_multiply_add=is_gcc)
     backend = Backend("CPU", HostAllocator(), renderer, compiler, CPUProgram)
     backend.graph = CPUGraph
     return backend
