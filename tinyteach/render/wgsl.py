@@ -12,6 +12,11 @@ WGSL looks like Rust more than C, and it is stricter than both:
   stored as u32 (0 or 1), 8/16-bit integers as 32-bit ones, wrapped back into range after each
   operation that may overflow (int8 127+1 is -128, as numpy says). float64, int64 and uint64 are
   refused with an error that names the dtype — never silently computed in another type;
+- WGSL promises nothing about NaN, and lavapipe's compiler takes it at its word: it folds
+  `x != x` to false, rewrites `!(a < b)` as `a >= b` and its `max` drops NaN. So float max,
+  < and != call small helper functions (`max_f32`, `less_f32`, `not_equal_f32`) that find NaN
+  with an integer test on the bits, `(bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u`, which no
+  optimizer may fold; a kernel gets only the helpers it uses (the example below shows two);
 - a device allows a limited number of storage buffers per kernel (8 is guaranteed; lavapipe
   has 32): a kernel with more buffers is refused with an error that says so.
 
@@ -25,16 +30,19 @@ Builds on: render/gpu.py.
 // launch: global (8, 1, 1) local (8, 1, 1)
 @group(0) @binding(0) var<storage, read_write> data0: array<u32>;
 @group(0) @binding(1) var<storage, read_write> data1: array<f32>;
+fn is_nan_f32(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn less_f32(a: f32, b: f32) -> bool { return !is_nan_f32(a) && !is_nan_f32(b) && a < b; }
 @compute @workgroup_size(8, 1, 1)
 fn E_8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
   for (var gidx0: i32 = i32(gid.x); gidx0 < 8; gidx0 += i32(groups.x) * 8) {
     var val0: f32 = data1[gidx0];
-    data0[gidx0] = select(0u, 1u, (val0<2.0f));
+    data0[gidx0] = select(0u, 1u, less_f32(val0, 2.0f));
   }
 }
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -61,9 +69,43 @@ NARROW_INTS = (dtypes.int8, dtypes.int16, dtypes.uint8, dtypes.uint16)
 WRAPPING_OPS = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.CAST)
 DEFAULT_STORAGE_BUFFERS = 8  # what every WebGPU device guarantees per shader stage
 
-FLOAT_HELPERS = """fn inf_f32() -> f32 { var bits = 0x7f800000u; return bitcast<f32>(bits); }
-fn nan_f32() -> f32 { var bits = 0x7fc00000u; return bitcast<f32>(bits); }
-"""
+# Helper functions a kernel gets when it uses them (name -> source). WGSL promises nothing
+# about NaN: lavapipe's compiler treats float ops as "inexact", folds `x != x` to false, turns
+# `!(a < b)` into `a >= b` and its max/min builtins drop NaN. So NaN is found with an integer
+# test on the bits (integer ops are always exact): exponent all ones and a non-zero fraction.
+HELPERS = {
+    "inf_f32": "fn inf_f32() -> f32 { var bits = 0x7f800000u; return bitcast<f32>(bits); }",
+    "nan_f32": "fn nan_f32() -> f32 { var bits = 0x7fc00000u; return bitcast<f32>(bits); }",
+    "is_nan_f32": "fn is_nan_f32(x: f32) -> bool "
+                  "{ return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }",
+    "is_nan_f16": "fn is_nan_f16(x: f16) -> bool "
+                  "{ return (bitcast<u32>(vec2<f16>(x, 0.0h)) & 0x7fffu) > 0x7c00u; }",
+}
+for _type in ("f32", "f16"):
+    HELPERS[f"max_{_type}"] = (  # NaN wins, as in numpy's maximum; equal values give b
+        f"fn max_{_type}(a: {_type}, b: {_type}) -> {_type} {{\n"
+        f"  if (is_nan_{_type}(a)) {{ return a; }}\n"
+        f"  if (is_nan_{_type}(b)) {{ return b; }}\n"
+        f"  return select(b, a, a > b);\n}}")
+    HELPERS[f"less_{_type}"] = (  # NaN < x and x < NaN are false
+        f"fn less_{_type}(a: {_type}, b: {_type}) -> bool "
+        f"{{ return !is_nan_{_type}(a) && !is_nan_{_type}(b) && a < b; }}")
+    HELPERS[f"not_equal_{_type}"] = (  # NaN != x is true, NaN != NaN too
+        f"fn not_equal_{_type}(a: {_type}, b: {_type}) -> bool "
+        f"{{ return is_nan_{_type}(a) || is_nan_{_type}(b) || a != b; }}")
+# lavapipe's log2 reads a subnormal as if its exponent were the smallest normal one: scale a
+# subnormal (exactly) by 2^24 first and take 24 off the result
+HELPERS["log2_f32"] = ("fn log2_f32(x: f32) -> f32 {\n"
+                       "  if (x < 1.17549435e-38f) { return log2(x * 16777216.0f) - 24.0f; }\n"
+                       "  return log2(x);\n}")
+# and its exp2 flushes a subnormal result to zero: compute 2^(x+24), a normal number, and
+# scale it down by 2^-24 (a multiplication does give subnormals)
+HELPERS["exp2_f32"] = ("fn exp2_f32(x: f32) -> f32 {\n"
+                       "  if (x < -126.0f) { return exp2(x + 24.0f) * 5.9604644775390625e-08f; }\n"
+                       "  return exp2(x);\n}")
+for _name in ("log2", "exp2"):  # half floats go through f32 (its subnormals are normal there)
+    HELPERS[f"{_name}_f16"] = (f"fn {_name}_f16(x: f16) -> f16 "
+                               f"{{ return f16({_name}_f32(f32(x))); }}")
 AXES = "xyz"
 
 
@@ -87,10 +129,43 @@ def _logic(bool_symbol: str, int_symbol: str) -> Callable[[str, str, DType], str
 
 def _max(a: str, b: str, dtype: DType) -> str:
     if dtypes.is_float(dtype):
-        return f"select({b}, {a}, ({a}>{b}) || ({a}!={a}))"  # NaN wins, as in numpy
+        return f"max_{VALUE_TYPES[dtype]}({a}, {b})"  # not max(): that may drop NaN
     if dtype == dtypes.bool:
         return f"({a}||{b})"
     return f"max({a}, {b})"
+
+
+def _less(a: str, b: str, dtype: DType) -> str:
+    if dtypes.is_float(dtype):
+        return f"less_{VALUE_TYPES[dtype]}({a}, {b})"
+    if dtype == dtypes.bool:
+        return f"((!{a})&&{b})"
+    return f"({a}<{b})"
+
+
+def _not_equal(a: str, b: str, dtype: DType) -> str:
+    if dtypes.is_float(dtype):
+        return f"not_equal_{VALUE_TYPES[dtype]}({a}, {b})"
+    return f"({a}!={b})"
+
+
+def _typed_helper(name: str) -> Callable[[str, DType], str]:
+    def code(a: str, dtype: DType) -> str:
+        return f"{name}_{VALUE_TYPES[dtype]}({a})"
+    return code
+
+
+def helpers_used(body: list[str]) -> list[str]:
+    """The helper functions the kernel body calls, and the helpers they call, callees first."""
+    wanted: list[str] = []
+    pending = ["\n".join(body)]
+    while pending:
+        text = pending.pop()
+        for name, source in HELPERS.items():
+            if name not in wanted and re.search(rf"\b{name}\(", text):
+                wanted.append(name)
+                pending.append(source.split("{", 1)[1])  # the body: what it calls
+    return [HELPERS[name] for name in HELPERS if name in wanted]  # HELPERS lists callees first
 
 
 class WGSLRenderer(GPURenderer):
@@ -105,8 +180,8 @@ class WGSLRenderer(GPURenderer):
         self.code_for_op.update({
             Ops.NEG: self._neg, Ops.CAST: self._cast, Ops.MAX: _max,
             Ops.RECIPROCAL: lambda a, dtype: f"({self.render_const(1, dtype)}/{a})",
-            Ops.CMPLT: lambda a, b, dtype: f"((!{a})&&{b})" if dtype == dtypes.bool
-            else f"({a}<{b})",
+            Ops.CMPLT: _less, Ops.CMPNE: _not_equal, Ops.LOG2: _typed_helper("log2"),
+            Ops.EXP2: _typed_helper("exp2"),
             Ops.AND: _logic("&&", "&"), Ops.OR: _logic("||", "|"), Ops.XOR: _logic("!=", "^"),
             Ops.WHERE: lambda c, a, b, dtype: f"select({b}, {a}, {c})",
         })
@@ -242,8 +317,7 @@ class WGSLRenderer(GPURenderer):
 
     def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
         assert self.launch is not None
-        helpers = [FLOAT_HELPERS] if any("inf_f32()" in line or "nan_f32()" in line
-                                         for line in body) else []
+        helpers = helpers_used(body)
         x, y, z = self.launch.local_size
         builtins = ("@builtin(global_invocation_id) gid: vec3<u32>, "
                     "@builtin(num_workgroups) groups: vec3<u32>")
