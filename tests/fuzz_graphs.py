@@ -5,9 +5,15 @@ ops (with broadcasting), movement ops (reshape, permute, pad, shrink, flip, expa
 and high-level ops (softmax, matmul, cumsum, cat, layernorm). About one graph in five is on
 int32 instead of float32 (integer +, *, //, %, max, comparisons, argmax).
 
+About two inputs in five carry special values: NaN, ±inf, -0.0, huge (±1e30) and subnormal
+(±1e-40) floats, or the int32 limits (which wrap on overflow, and INT_MIN // -1). The float
+ops include unbounded ones (log, sqrt and 1/x of anything, so NaN, ±inf and the sign of zero
+reach the output); the ops that bound their inputs (exp of tanh, ...) stay as they were.
+
 A graph is first built on NUMPY, the reference; its recipe (the list of steps) is then replayed
-on each device and the results compared. Floats use a tolerance scaled to the result's size;
-integers and bools must be equal.
+on each device and the results compared. NaN must be where the reference has NaN and
+infinities must be equal; other floats use a tolerance scaled to the result's largest finite
+value; integers and bools must be equal.
 
     python tests/fuzz_graphs.py --graphs 1000            # every available device
     python tests/fuzz_graphs.py --graphs 50 --devices OPENCL --seed 7 --verbose
@@ -59,6 +65,10 @@ FLOAT_UNARY: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": lambda x: x.tanh().gelu(),
     "square": lambda x: x.tanh() * x,
     "clip": lambda x: x.clip(-0.5, 0.75),
+    "log_raw": lambda x: x.log(),  # NaN below 0, -inf at 0 (either sign)
+    "sqrt_raw": lambda x: x.sqrt(),
+    "reciprocal_raw": lambda x: x.reciprocal(),  # the sign of zero matters: 1/-0.0 is -inf
+    "is_nan": lambda x: (x != x).where(-1.0, x),
 }
 FLOAT_BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "add": lambda a, b: a + b,
@@ -68,6 +78,8 @@ FLOAT_BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "maximum": lambda a, b: a.maximum(b),
     "minimum": lambda a, b: a.minimum(b),
     "where": lambda a, b: (a < b).where(a, b * 2),
+    "equal": lambda a, b: (a == b).where(a, -b),
+    "greater_equal": lambda a, b: (a >= b).where(b, a),
 }
 INT_UNARY: dict[str, Callable[[Tensor], Tensor]] = {
     "neg": lambda x: -x,
@@ -85,6 +97,8 @@ INT_BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "maximum": lambda a, b: a.maximum(b),
     "where": lambda a, b: (a < b).where(a, b),
     "xor": lambda a, b: a ^ b,
+    "mul_wrap": lambda a, b: a * b,  # overflows and wraps, as numpy's int32 does
+    "not_equal": lambda a, b: (a != b).where(a, b),
 }
 
 
@@ -157,10 +171,25 @@ def random_shape(rng: np.random.Generator) -> tuple[int, ...]:
     return tuple(int(s) for s in rng.integers(1, 7, size=ndim))
 
 
+FLOAT_SPECIALS = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e30, 1e-40, -1e-40],
+                          dtype=np.float32)
+_INT32 = np.iinfo(np.int32)
+INT_SPECIALS = np.array([_INT32.min, _INT32.max, _INT32.min + 1, _INT32.max - 1, 0, -1],
+                        dtype=np.int32)
+
+
 def random_input(rng: np.random.Generator, shape: tuple[int, ...], is_int: bool) -> np.ndarray:
+    """Uniform values; two inputs in five have a quarter of their elements replaced by special
+    values."""
     if is_int:
-        return rng.integers(-20, 21, size=shape).astype(np.int32)
-    return rng.uniform(-2, 2, size=shape).astype(np.float32)
+        values = rng.integers(-20, 21, size=shape).astype(np.int32)
+    else:
+        values = rng.uniform(-2, 2, size=shape).astype(np.float32)
+    if rng.random() < 0.4:
+        specials = INT_SPECIALS if is_int else FLOAT_SPECIALS
+        chosen = rng.random(size=shape) < 0.25
+        values[chosen] = rng.choice(specials, size=int(chosen.sum()))
+    return values
 
 
 def broadcast_partner(rng: np.random.Generator, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -276,17 +305,25 @@ def random_graph(rng: np.random.Generator) -> Graph:
 # ---- running and comparing ----
 
 def matches(result: np.ndarray, reference: np.ndarray) -> bool:
+    """Integers and bools exactly; floats NaN-aware: NaN where the reference has NaN, the same
+    infinities, the rest within a tolerance scaled to the largest finite reference value."""
     if result.shape != reference.shape or result.dtype != reference.dtype:
         return False
     if reference.dtype.kind in "biu":
         return bool(np.array_equal(result, reference))
-    scale = 1.0 + float(np.nanmax(np.abs(reference), initial=0.0))
-    return bool(np.allclose(result, reference, rtol=1e-3, atol=1e-4 * scale, equal_nan=True))
+    if not np.array_equal(np.isnan(result), np.isnan(reference)):
+        return False
+    finite = np.isfinite(reference)
+    if not np.array_equal(result[~finite], reference[~finite], equal_nan=True):
+        return False
+    scale = 1.0 + float(np.max(np.abs(reference[finite]), initial=0.0))
+    return bool(np.allclose(result[finite], reference[finite], rtol=1e-3, atol=1e-4 * scale))
 
 
 @dataclass
 class Report:
     graphs: int = 0
+    special_results: int = 0  # graphs whose reference result holds NaN or ±inf
     mismatches: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
@@ -297,6 +334,8 @@ class Report:
 
 def run_graph(graph: Graph, devices: list[str], report: Report) -> None:
     reference = [t.numpy() for t in graph.build("NUMPY")]
+    if any(r.dtype.kind == "f" and not np.isfinite(r).all() for r in reference):
+        report.special_results += 1
     for device in devices:
         try:
             result = [t.numpy() for t in graph.build(device)]
@@ -350,7 +389,8 @@ def main() -> int:
     report = fuzz(args.graphs, devices, args.seed, args.verbose)
     for failure in report.failures[:20]:
         print(failure)
-    print(f"{report.graphs} graphs in {time.perf_counter() - start:.1f}s (seed {args.seed})")
+    print(f"{report.graphs} graphs in {time.perf_counter() - start:.1f}s (seed {args.seed}), "
+          f"{report.special_results} with NaN or ±inf in their results")
     for device in devices:
         print(f"  {device:<7} mismatches {report.mismatches[device]:4d}   "
               f"errors {report.errors[device]:4d}")

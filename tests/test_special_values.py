@@ -257,6 +257,23 @@ def test_division_by_a_subnormal(device):
                 torch.tensor(x) / torch.tensor(y), rtol=1e-5)
 
 
+IDENTITIES: dict[str, tuple[Callable, Callable]] = {
+    # an optimizer that assumes no NaN or inf (lavapipe's) folds these to 0
+    "x-x": (lambda x: x - x, lambda t: t - t),
+    "-x+x": (lambda x: -x + x, lambda t: -t + t),
+    "x*0": (lambda x: x * 0.0, lambda t: t * 0.0),
+    "x*-0": (lambda x: x * -0.0, lambda t: t * -0.0),
+    "x*x-x*x": (lambda x: x * x - x * x, lambda t: t * t - t * t),
+}
+
+
+@pytest.mark.parametrize("name", IDENTITIES)
+def test_identities_that_do_not_hold_for_nan_and_inf(device, name):
+    ours, theirs = IDENTITIES[name]
+    assert_same(ours(Tensor(SPECIAL, device=device)), theirs(torch.tensor(SPECIAL)),
+                zero_sign=True)
+
+
 def test_subnormals_are_kept(device):
     """A device that flushes subnormals to zero gets these wrong."""
     tiny = np.array([1e-40, -1e-40, 1.4e-45, 1e-20], dtype=np.float32)
@@ -401,6 +418,14 @@ def test_wgsl_finds_nan_with_a_bit_test(name):
     assert helper in kernel_body
     assert "max(" not in kernel_body.replace("max_f32(", "")  # no builtin max on floats
     assert "!=" not in kernel_body and "<val" not in kernel_body
+
+
+def test_wgsl_writes_x_minus_x_and_x_times_zero_with_bit_tests():
+    x = Tensor(np.ones(4, np.float32)).realize()
+    assert "minus_itself_f32(val0)" in _kernel_sources(x - x, WGSLRenderer())
+    source = _kernel_sources(x * 0.0, WGSLRenderer())
+    assert "times_zero_f32(val0, 0.0f)" in source and "0x7f800000u" in source
+    assert "(val0*0.0f)" not in source
 
 
 def test_wgsl_kernel_without_floats_compares_has_no_helpers():

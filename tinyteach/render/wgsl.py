@@ -103,6 +103,20 @@ HELPERS["log2_f32"] = ("fn log2_f32(x: f32) -> f32 {\n"
 HELPERS["exp2_f32"] = ("fn exp2_f32(x: f32) -> f32 {\n"
                        "  if (x < -126.0f) { return exp2(x + 24.0f) * 5.9604644775390625e-08f; }\n"
                        "  return exp2(x);\n}")
+# ... and it folds `x - x` to 0 and `x * 0.0` to 0, which are NaN when x is ±inf or NaN (and
+# x * 0.0 is -0.0 for a negative x): the renderer writes these two as integer bit tests too
+HELPERS["minus_itself_f32"] = (
+    "fn minus_itself_f32(x: f32) -> f32 "
+    "{ return select(0.0f, nan_f32(), (bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u); }")
+HELPERS["times_zero_f32"] = (
+    "fn times_zero_f32(x: f32, zero: f32) -> f32 {\n"
+    "  var sign = (bitcast<u32>(x) ^ bitcast<u32>(zero)) & 0x80000000u;\n"
+    "  return select(bitcast<f32>(sign), nan_f32(), "
+    "(bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u);\n}")
+HELPERS["minus_itself_f16"] = ("fn minus_itself_f16(x: f16) -> f16 "
+                               "{ return f16(minus_itself_f32(f32(x))); }")
+HELPERS["times_zero_f16"] = ("fn times_zero_f16(x: f16, zero: f16) -> f16 "
+                             "{ return f16(times_zero_f32(f32(x), f32(zero))); }")
 for _name in ("log2", "exp2"):  # half floats go through f32 (its subnormals are normal there)
     HELPERS[f"{_name}_f16"] = (f"fn {_name}_f16(x: f16) -> f16 "
                                f"{{ return f16({_name}_f32(f32(x))); }}")
@@ -285,6 +299,9 @@ class WGSLRenderer(GPURenderer):
         dtype, operand_dtype = node.dtype, node.src[-1].dtype
         if node.op in (Ops.IDIV, Ops.MOD) and not dtypes.is_float(dtype):
             expression = self._integer_division(node, operands)
+        elif dtypes.is_float(dtype) and node.op in (Ops.ADD, Ops.MUL) and \
+                self._folded_by_the_driver(node) is not None:
+            expression = self._exact_identity(node, operands)
         elif node.op in (Ops.ADD, Ops.MUL) and dtype == dtypes.bool:
             expression = f"({operands[0]}{'||' if node.op is Ops.ADD else '&&'}{operands[1]})"
         elif node.op is Ops.MOD:
@@ -296,6 +313,24 @@ class WGSLRenderer(GPURenderer):
         if node.op in WRAPPING_OPS and dtype in NARROW_INTS:
             return wrap(expression, dtype)
         return expression
+
+    @staticmethod
+    def _folded_by_the_driver(node: UOp) -> int | None:
+        """For x + (-x) and x * 0.0 (which lavapipe folds to 0), the position of x."""
+        for position, (x, other) in enumerate((node.src, node.src[::-1])):
+            if node.op is Ops.ADD and other.op is Ops.NEG and other.src[0] is x:
+                return position
+            if node.op is Ops.MUL and other.op is Ops.CONST and other.arg == 0:
+                return position
+        return None
+
+    def _exact_identity(self, node: UOp, operands: list[str]) -> str:
+        position = self._folded_by_the_driver(node)
+        assert position is not None
+        type_name = VALUE_TYPES[node.dtype]
+        if node.op is Ops.ADD:
+            return f"minus_itself_{type_name}({operands[position]})"
+        return f"times_zero_{type_name}({operands[position]}, {operands[1 - position]})"
 
     def _integer_division(self, node: UOp, operands: list[str]) -> str:
         a, b = operands
