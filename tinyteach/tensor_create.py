@@ -287,6 +287,51 @@ class TensorCreation(_Core):
         return cls.uniform(*dims, low=-bound, high=bound, **kwargs)
 
     @classmethod
+    def scaled_uniform(cls, *shape: Any, **kwargs: Any) -> Tensor:
+        """Uniform in [-1, 1), scaled by 1 / sqrt(number of elements) (tinygrad's)."""
+        dims = _shape_from(shape)
+        scale = prod(dims) ** -0.5 if prod(dims) else 1.0
+        return cls.uniform(*dims, low=-scale, high=scale, **kwargs)
+
+    @classmethod
+    def kaiming_normal(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+        """Normal with std = sqrt(2 / (1 + a^2)) / sqrt(fan_in), fan_in = prod(shape[1:]):
+        PyTorch's kaiming_normal_ for a leaky_relu of slope a (tinygrad's default a)."""
+        dims = _shape_from(shape)
+        std = math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(max(prod(dims[1:]), 1))
+        return cls.normal(*dims, mean=0.0, std=std, **kwargs)
+
+    @classmethod
+    def xavier_uniform(cls, *shape: Any, gain: float = 1.0, **kwargs: Any) -> Tensor:
+        """PyTorch's xavier_uniform_: bound gain * sqrt(6 / (fan_in + fan_out)), with
+        fan_in = shape[1] * r and fan_out = shape[0] * r, r = prod(shape[2:]) (the receptive
+        field). (tinygrad's glorot_uniform counts prod(shape[1:]) as fan_in instead.)"""
+        dims = _shape_from(shape)
+        if len(dims) < 2:
+            raise ValueError(f"xavier_uniform needs at least 2 dimensions, got shape {dims}")
+        receptive = prod(dims[2:])
+        bound = gain * math.sqrt(6 / ((dims[0] + dims[1]) * receptive))
+        return cls.uniform(*dims, low=-bound, high=bound, **kwargs)
+
+    @classmethod
+    def randperm(cls, n: int, device: str | None = None, dtype: DType | str = dtypes.int32,
+                 requires_grad: bool | None = None) -> Tensor:
+        """A random permutation of 0..n-1: give each position a random 32-bit key; a key's rank
+        (how many keys are smaller, ties broken by position) is the permutation, and every
+        permutation is equally likely. n^2 comparisons, all in one reduction kernel."""
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"randperm needs a non-negative int n, got {n!r}")
+        if requires_grad:
+            raise TypeError("randperm gives integers, which cannot require gradients")
+        name = Device.canonicalize(device)
+        keys = cls._random_bits(n, name)
+        position = cls._arange_int(n, name)
+        mine, theirs = keys.reshape(n, 1), keys.reshape(1, n)
+        before = (theirs < mine) | ((theirs == mine) & (position.reshape(1, n) <
+                                                        position.reshape(n, 1)))
+        return before.cast(dtypes.int32).sum(1).cast(dtypes.as_dtype(dtype))
+
+    @classmethod
     def _arange_int(cls, count: int, device: str) -> Tensor:
         """0, 1, ..., count-1 as int32, from primitive ops only.
         Small: a running sum of ones (cumsum). Large: i*b + j from two smaller aranges."""
@@ -299,6 +344,45 @@ class TensorCreation(_Core):
             cls._arange_int(columns, device).reshape(1, columns)
         return grid.reshape(-1).shrink([(0, count)])
 
+    # ---- properties and in-place changes (tinygrad's names; tensor.py has the rest) ----
+
+    def element_size(self) -> int:
+        """Bytes per element."""
+        return self.dtype.itemsize
+
+    def nbytes(self) -> int:
+        """Bytes the tensor's values take: numel * element_size."""
+        return prod(self.shape) * self.dtype.itemsize
+
+    def is_floating_point(self) -> bool:
+        return dtypes.is_float(self.dtype)
+
+    def short(self) -> Tensor:
+        return self.cast(dtypes.int16)
+
+    def data(self) -> memoryview:
+        """The values, computed, as a memoryview with the tensor's shape and format (as
+        tinygrad's; `.numpy()` gives an array)."""
+        return as_tensor(self).numpy().data
+
+    def replace(self, x: Tensor) -> Tensor:
+        """Make this tensor be `x` (same shape and dtype): its graph, its value. In place."""
+        tensor = as_tensor(self)
+        if x.shape != tensor.shape or x.dtype != tensor.dtype:
+            raise ValueError(f"replace: {x.shape} {x.dtype} does not match {tensor.shape} "
+                             f"{tensor.dtype}")
+        if x.device != tensor.device:
+            raise ValueError(f"replace: x is on {x.device}, this tensor on {tensor.device}; "
+                             f"move it with .to() first")
+        tensor.uop, tensor._lazy = x.uop, x._lazy
+        return tensor
+
+    def to_(self, device: str) -> Tensor:
+        """Move this tensor to `device`, in place (`to` returns a new tensor)."""
+        tensor = as_tensor(self)
+        moved = tensor.to(device)
+        tensor.uop, tensor.device, tensor._lazy = moved.uop, moved.device, None
+        return tensor
 
 def _float_default(kwargs: dict[str, Any]) -> dict[str, Any]:
     kwargs.setdefault("dtype", dtypes.default_float)

@@ -546,17 +546,155 @@ class TensorMath(TensorMovement):
 
     def cumsum(self, axis: int = 0) -> Tensor:
         """Running sum: each output sums a window of the input padded with n-1 zeros."""
+        return self._cumulative(axis, "sum")
+
+    def cumprod(self, axis: int = 0) -> Tensor:
+        """Running product: the windows of cumsum, padded with ones, multiplied out by `prod`
+        (pairs of halves, so a zero anywhere gives the right gradient, unlike exp(sum(log)))."""
+        return self._cumulative(axis, "prod")
+
+    def _cumulative(self, axis: int, reduction: str) -> Tensor:
         if self.ndim == 0:
-            return self.reshape(1).cumsum(0).reshape(())
+            return self.reshape(1)._cumulative(0, reduction).reshape(())
+        a = self._axis(axis)
+        if self.shape[a] == 0:
+            return as_tensor(self)
+        fill = 1 if reduction == "prod" else 0
+        windows = self._prefix_windows(a, fill)
+        if reduction == "prod":
+            return windows.prod(-1).transpose(a, -1)
+        return windows.sum(-1, dtype=_sum_dtype(self.dtype)).transpose(a, -1)
+
+    def _prefix_windows(self, axis: int, fill: Scalar) -> Tensor:
+        """(..., n, n) with `axis` moved last: window i holds inputs 0..i, after n-1-i `fill`s."""
+        n = self.shape[axis]
+        moved = self.transpose(axis, -1)
+        padded = moved.pad([(0, 0)] * (self.ndim - 1) + [(n - 1, 0)], value=fill)
+        return pool(padded, (n,))
+
+    def cummax(self, axis: int = 0) -> tuple[Tensor, Tensor]:
+        """Running max and where it was reached, as PyTorch's (values, indices): the last
+        index of a tie; once a NaN is seen the values are NaN and the index is the latest NaN's."""
+        if self.ndim == 0:
+            values, indices = self.reshape(1).cummax(0)
+            return values.reshape(()), indices.reshape(())
         a = self._axis(axis)
         n = self.shape[a]
         if n == 0:
-            return as_tensor(self)
-        moved = self.transpose(a, -1)
-        padded = moved.pad([(0, 0)] * (self.ndim - 1) + [(n - 1, 0)])
-        windows = pool(padded, (n,))  # (..., n, n): window i covers inputs 0..i
-        return windows.sum(-1, dtype=_sum_dtype(self.dtype)).transpose(a, -1)
+            return as_tensor(self), self.zeros_like(dtype=dtypes.int32)
+        windows = self._prefix_windows(a, self.dtype.min)
+        # the input index of each window position (-1 in the padding)
+        index = type(self).arange(n, device=self.device).pad([(n - 1, 0)], value=-1)
+        index = pool(index, (n,))
+        values = windows.max(-1, keepdim=True)
+        last = (windows == values).where(index, -1).max(-1)
+        values = values.squeeze(-1)
+        if dtypes.is_float(self.dtype):
+            is_nan = windows.isnan()
+            last_nan = is_nan.where(index, -1).max(-1)
+            seen = is_nan.any(-1)
+            values, last = seen.where(math.nan, values), seen.where(last_nan, last)
+        return values.transpose(a, -1), last.transpose(a, -1)
 
+    def cummin(self, axis: int = 0) -> tuple[Tensor, Tensor]:
+        """Running min and its indices: cummax of the values in reversed order."""
+        values, indices = self._order_reversed().cummax(axis)
+        return values._order_reversed(), indices
+
+    def unfold(self, dim: int, size: int, step: int) -> Tensor:
+        """Windows of `size` elements every `step` along dim (PyTorch's Tensor.unfold): dim
+        becomes the number of windows and a last axis of length `size` is added."""
+        if size < 0 or step < 1:
+            raise ValueError(f"unfold needs size >= 0 and step >= 1, got size={size}, "
+                             f"step={step}")
+        a = self._axis(dim)
+        if size > (self.shape[a] if self.ndim else 1):
+            raise ValueError(f"unfold: size {size} is larger than dim {a} of shape {self.shape}")
+        if self.ndim == 0:
+            return self.reshape(1).unfold(0, size, step).reshape(-1)
+        windows = pool(self.transpose(a, -1), (size,), (step,))   # (..., out, size)
+        return windows.transpose(a, -2)
+
+    # ---- closeness, and statistics in pairs ----
+
+    def isclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08,
+                equal_nan: bool = False) -> Tensor:
+        """|x - y| <= atol + rtol * |y| (PyTorch's and numpy's rule, not symmetric in x, y);
+        infinities are close only to themselves, NaN to NaN only if equal_nan."""
+        x, y = self._broadcasted(other, float_result=True)
+        near = (x - y).abs() <= atol + rtol * y.abs()
+        close = (x == y) | (x.isfinite() & y.isfinite() & near)
+        return (close | (x.isnan() & y.isnan())) if equal_nan else close
+
+    def allclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08,
+                 equal_nan: bool = False) -> bool:
+        """isclose everywhere, as a Python bool (this computes the tensors)."""
+        return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
+
+    def var_mean(self, axis: Any = None, keepdim: bool = False,
+                 correction: int = 1) -> tuple[Tensor, Tensor]:
+        return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    def std_mean(self, axis: Any = None, keepdim: bool = False,
+                 correction: int = 1) -> tuple[Tensor, Tensor]:
+        return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    # ---- sorting: a bitonic network of compare-and-swap steps over views ----
+
+    def sort(self, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
+        """(values, indices) sorted along dim, stably (ties keep their order), NaN last when
+        ascending and first when descending, as PyTorch's sort(stable=True).
+
+        A bitonic sorting network (Batcher): pad the axis to m = 2^p elements, then for each
+        block size k = 2, 4, ..., m and each distance j = k/2, ..., 1, compare element i with
+        element i + j (i in the first half of a block of 2j) and swap the pair when it is out
+        of order, ascending in even blocks of k, descending in odd ones. A pair is two views of
+        one reshape, (m/2j, 2, j), so every step is movement ops, comparisons and `where`;
+        p(p+1)/2 steps, each one kernel (`contiguous`: an unrealized step would recompute the
+        steps before it twice over). The indices travel with the values, and the gradient
+        flows through the `where`s to the element each output came from."""
+        if self.ndim == 0:
+            values, indices = self.reshape(1).sort(0, descending)
+            return values.reshape(()), indices.reshape(())
+        a = self._axis(dim)
+        n = self.shape[a]
+        moved = self.transpose(a, -1)
+        index = type(self).arange(n, device=self.device).reshape(
+            (1,) * (self.ndim - 1) + (n,)).expand(moved.shape)
+        if n <= 1:
+            return as_tensor(self), index.transpose(a, -1)
+        size = 1 << (n - 1).bit_length()
+        pad = [(0, 0)] * (self.ndim - 1) + [(0, size - n)]
+        values, index = moved.pad(pad), index.pad(pad, value=size)  # index >= n: padding
+        k = 2
+        while k <= size:
+            j = k // 2
+            while j >= 1:
+                values, index = _compare_and_swap(values, index, n, k, j, descending)
+                j //= 2
+            k *= 2
+        keep = [None] * (self.ndim - 1) + [(0, n)]
+        return values.shrink(keep).transpose(a, -1), index.shrink(keep).transpose(a, -1)
+
+    def argsort(self, dim: int = -1, descending: bool = False) -> Tensor:
+        """The indices that sort the tensor along dim (sort's second result)."""
+        return self.sort(dim, descending)[1]
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True,
+             sorted_: bool = True) -> tuple[Tensor, Tensor]:
+        """The k largest (or smallest) values along dim and their indices, largest first
+        (always sorted: sorted_=False is allowed to be sorted too). NaN counts as largest."""
+        a = self._axis(dim)
+        n = self.shape[a] if self.ndim else 1
+        if not 0 <= k <= n:
+            raise ValueError(f"topk: k={k} is outside [0, {n}] for dim {a} of shape "
+                             f"{self.shape}")
+        values, indices = self.sort(a, descending=largest)
+        if self.ndim == 0:
+            return values, indices
+        keep: list[tuple[int, int] | None] = [None] * self.ndim
+        keep[a] = (0, k)
+        return values.shrink(keep), indices.shrink(keep)
 
 # Abramowitz & Stegun 4.4.46: asin(a) = pi/2 - sqrt(1 - a) * p(a) on [0, 1], highest power first
 _ASIN_COEFFICIENTS = [-0.0012624911, 0.0066700901, -0.0170881256, 0.0308918810, -0.0501743046,
@@ -609,6 +747,47 @@ def _zero_with_gradient(x: Tensor) -> Tensor:
     """0 in the forward pass, with the gradient of x: x - detach(x) (0 too where x is not
     finite, where the difference would be NaN)."""
     return x.isfinite().where(x - x.detach(), 0.0)
+
+def _sort_key(values: Tensor, index: Tensor, n: int, descending: bool) -> tuple[Tensor, Tensor]:
+    """A total order for sort, as (class, key), compared before the index: class 0 for
+    ordinary values, 1 for NaN (0 when descending, so NaN comes first, as PyTorch's), 2 for
+    padding; key is the value (reversed when descending) and 0 for NaN and padding."""
+    x = values.cast(dtypes.int32) if values.dtype == dtypes.bool else values
+    is_nan = x.isnan()
+    is_pad = index >= n
+    ordinary = 1 if descending else 0
+    group = is_pad.where(2, is_nan.where(1 - ordinary, ordinary))
+    key = x._order_reversed() if descending else x
+    return group, (is_nan | is_pad).where(0, key)
+
+
+def _comes_after(a: tuple[Tensor, Tensor, Tensor], b: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+    """(group, key, index) of a > that of b, lexicographically: the pair is out of order."""
+    (group_a, key_a, index_a), (group_b, key_b, index_b) = a, b
+    later = (key_a > key_b) | ((key_a == key_b) & (index_a > index_b))
+    return (group_a > group_b) | ((group_a == group_b) & later)
+
+
+def _compare_and_swap(values: Tensor, index: Tensor, n: int, k: int, j: int,
+                      descending: bool) -> tuple[Tensor, Tensor]:
+    """One step of the bitonic network: elements i and i + j (i in the first half of each block
+    of 2j) swap when out of order; blocks where (i & k) != 0 are ordered the other way."""
+    lead, size = values.shape[:-1], values.shape[-1]
+    pairs = (*lead, size // (2 * j), 2, j)
+    v, i = values.reshape(pairs), index.reshape(pairs)
+    first = [None] * len(lead) + [None, (0, 1), None]
+    second = [None] * len(lead) + [None, (1, 2), None]
+    v0, v1, i0, i1 = v.shrink(first), v.shrink(second), i.shrink(first), i.shrink(second)
+    entry0 = (*_sort_key(v0, i0, n, descending), i0)
+    entry1 = (*_sort_key(v1, i1, n, descending), i1)
+    block = type(values).arange(size // (2 * j), device=values.device) * (2 * j)
+    upward = ((block // k) % 2 == 0).reshape(size // (2 * j), 1, 1)
+    swap = upward.where(_comes_after(entry0, entry1), _comes_after(entry1, entry0))
+    in_second = type(values).arange(2, device=values.device).reshape(1, 2, 1) == 1
+    new_values = in_second.where(swap.where(v0, v1), swap.where(v1, v0))
+    new_index = in_second.where(swap.where(i0, i1), swap.where(i1, i0))
+    return (new_values.reshape(values.shape).contiguous(),
+            new_index.reshape(index.shape).contiguous())
 
 def _sum_dtype(dtype: DType) -> DType:
     if dtype.kind == "bool" or (dtype.kind == "int" and dtype.itemsize < 4):

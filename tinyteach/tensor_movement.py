@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tinyteach.dtype import least_upper_dtype
+from tinyteach.dtype import dtypes, least_upper_dtype
 from tinyteach.tensor_create import TensorCreation, _shape_from, as_tensor
 
 if TYPE_CHECKING:
@@ -159,3 +159,124 @@ class TensorMovement(TensorCreation):
         return base.reshape(interleaved).expand(expanded).reshape(
             tuple(c * s for c, s in zip(counts, base.shape)))
 
+    # ---- more movement: padding, rolling, diagonals, grids (tinygrad's names) ----
+
+    def pad2d(self, padding: Sequence[int], value: float = 0.0) -> Tensor:
+        """PyTorch's flat padding (left, right, top, bottom, ...) from the last axis."""
+        return self.pad(list(padding), value)
+
+    def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Tensor:
+        """Shift elements along `dims`, wrapping around: the last `s` move to the front (a
+        shrink of each part and a cat). Without dims, the flattened tensor is rolled."""
+        if dims is None:
+            if not isinstance(shifts, int):
+                raise ValueError(f"roll without dims takes one int shift, got {shifts}")
+            return as_tensor(self).flatten().roll(shifts, 0).reshape(self.shape)
+        shift_list = [shifts] if isinstance(shifts, int) else list(shifts)
+        dim_list = [dims] if isinstance(dims, int) else list(dims)
+        if len(shift_list) != len(dim_list):
+            raise ValueError(f"roll: {len(shift_list)} shifts for {len(dim_list)} dims")
+        result = as_tensor(self)
+        for shift, dim in zip(shift_list, dim_list):
+            result = result._roll_one(shift, result._axis(dim))
+        return result
+
+    def _roll_one(self, shift: int, axis: int) -> Tensor:
+        size = self.shape[axis]
+        if size == 0 or shift % size == 0:
+            return as_tensor(self)
+        cut = size - shift % size
+        head, tail = as_tensor(self).split([cut, size - cut], axis)
+        return tail.cat(head, dim=axis)
+
+    def triu(self, diagonal: int = 0) -> Tensor:
+        """Keep the elements on and above the `diagonal`-th diagonal of the last two axes
+        (column - row >= diagonal), zero the rest."""
+        return self._triangle("triu", diagonal, upper=True)
+
+    def tril(self, diagonal: int = 0) -> Tensor:
+        """Keep the elements on and below the `diagonal`-th diagonal (column - row <= diagonal)."""
+        return self._triangle("tril", diagonal, upper=False)
+
+    def _triangle(self, name: str, diagonal: int, upper: bool) -> Tensor:
+        if self.ndim < 2:
+            raise ValueError(f"{name} needs a tensor with at least 2 dimensions, got shape "
+                             f"{self.shape}")
+        rows, columns = self.shape[-2:]
+        row = type(self).arange(rows, device=self.device).reshape(rows, 1)
+        column = type(self).arange(columns, device=self.device).reshape(1, columns)
+        keep = (column - row >= diagonal) if upper else (column - row <= diagonal)
+        return keep.where(self, self.zeros_like())  # zeros of self's dtype, bool too
+
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+        """The elements (i, i + offset) of axes dim1 and dim2, which are removed; the diagonal
+        becomes the last axis (PyTorch's). The square block that holds it is flattened,
+        padded by one row's worth and read with a stride of n + 1: a reshape and a shrink."""
+        a, b = self._axis(dim1), self._axis(dim2)
+        if a == b:
+            raise ValueError(f"diagonal: dim1 and dim2 are the same axis ({a})")
+        others = [i for i in range(self.ndim) if i not in (a, b)]
+        x = self.permute(others + [a, b])
+        rows, columns = x.shape[-2:]
+        start_row, start_column = min(max(-offset, 0), rows), min(max(offset, 0), columns)
+        length = max(0, min(rows - start_row, columns - start_column))
+        lead = list(x.shape[:-2])
+        square = x.shrink([None] * len(lead) + [(start_row, start_row + length),
+                                                (start_column, start_column + length)])
+        flat = square.reshape(*lead, length * length).pad([(0, 0)] * len(lead) + [(0, length)])
+        strided = flat.reshape(*lead, length, length + 1)
+        return strided.shrink([None] * len(lead) + [None, (0, 1)]).reshape(*lead, length)
+
+    def diag(self, diagonal: int = 0) -> Tensor:
+        """1-d: a square matrix with these values on the `diagonal`-th diagonal (tinygrad's
+        diag, which has no offset); 2-d: that diagonal, as a 1-d tensor (PyTorch's)."""
+        if self.ndim == 2:
+            return self.diagonal(diagonal)
+        if self.ndim != 1:
+            raise ValueError(f"diag needs a 1-d or 2-d tensor, got shape {self.shape}")
+        n = self.shape[0]
+        eye = type(self).eye(n, dtype=dtypes.bool, device=self.device)
+        row = self.reshape(1, n)
+        square = eye.where(row, row.zeros_like())  # column j holds x[j] on the diagonal
+        k = abs(diagonal)
+        return square.pad([(0, k), (k, 0)] if diagonal >= 0 else [(k, 0), (0, k)])
+
+    def meshgrid(self, *others: Tensor, indexing: str = "ij") -> list[Tensor]:
+        """Coordinate grids from 1-d tensors: the i-th result varies along axis i ("ij") and
+        is broadcast along the others; "xy" swaps the first two axes (numpy's default)."""
+        if indexing not in ("ij", "xy"):
+            raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', not {indexing!r}")
+        tensors = [as_tensor(self), *others]
+        for t in tensors:
+            if t.ndim > 1:
+                raise ValueError(f"meshgrid needs 0-d or 1-d tensors, got shape {t.shape}")
+        sizes = [t.numel() for t in tensors]
+        if indexing == "xy" and len(tensors) >= 2:
+            sizes[0], sizes[1] = sizes[1], sizes[0]
+        grids = []
+        for i, t in enumerate(tensors):
+            axis = {0: 1, 1: 0}.get(i, i) if indexing == "xy" and len(tensors) >= 2 else i
+            shape = [1] * len(tensors)
+            shape[axis] = sizes[axis]
+            grids.append(t.reshape(shape).expand(sizes))
+        return grids
+
+    def repeat_interleave(self, repeats: int, dim: int | None = None) -> Tensor:
+        """Repeat each element `repeats` times along dim (flattened first when dim is None):
+        [1, 2] -> [1, 1, 2, 2]. An unsqueeze, an expand and a reshape."""
+        if not isinstance(repeats, int) or isinstance(repeats, bool):
+            raise TypeError(f"repeat_interleave takes an int number of repeats, got "
+                            f"{type(repeats).__name__}")
+        if repeats < 0:
+            raise ValueError(f"repeat_interleave needs repeats >= 0, got {repeats}")
+        x = as_tensor(self).flatten() if dim is None else as_tensor(self)
+        axis = 0 if dim is None else x._axis(dim)
+        expanded = list(x.shape[:axis + 1]) + [repeats] + list(x.shape[axis + 1:])
+        moved = x.unsqueeze(axis + 1).expand(expanded)
+        return moved.reshape(*x.shape[:axis], x.shape[axis] * repeats, *x.shape[axis + 1:])
+
+    def masked_fill(self, mask: Tensor, value: Any) -> Tensor:
+        """`value` where the bool `mask` is True (broadcast), self elsewhere."""
+        if mask.dtype != dtypes.bool:
+            raise TypeError(f"masked_fill needs a bool mask, not {mask.dtype.name}")
+        return mask.where(value, self)

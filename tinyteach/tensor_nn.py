@@ -24,10 +24,10 @@ Builds on: tensor_math.py (part 6). Used by: tensor.py's Tensor, nn/ and every t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tinyteach.dtype import dtypes, least_upper_dtype
+from tinyteach.dtype import DType, dtypes, least_upper_dtype
 from tinyteach.helpers import TRAINING
 from tinyteach.tensor_create import as_tensor
 from tinyteach.tensor_math import TensorMath, pool
@@ -176,6 +176,17 @@ class TensorNN(TensorMath):
         return total if keepdim else total.reshape(
             tuple(s for i, s in enumerate(self.shape) if i not in self._axes(axis)))
 
+    def logcumsumexp(self, axis: int = 0) -> Tensor:
+        """log(cumsum(exp(x))), stably: a logsumexp over each prefix window, so every window
+        subtracts its own max (one global max would underflow the early, small prefixes)."""
+        if self.ndim == 0:
+            return self.reshape(1).logcumsumexp(0).reshape(())
+        a = self._axis(axis)
+        if self.shape[a] == 0:
+            return self._to_float()
+        windows = self._to_float()._prefix_windows(a, -math.inf)
+        return windows.logsumexp(-1).transpose(a, -1)
+
     # ---- normalization and dropout ----
 
     def layernorm(self, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Tensor:
@@ -251,6 +262,113 @@ class TensorNN(TensorMath):
         loss = self.maximum(0) - self * Y + (1 + (-self.abs()).exp()).log()
         return _reduce_loss(loss, reduction)
 
+    # ---- einsum: permute every operand to one letter order, broadcast, multiply, sum ----
+
+    @staticmethod
+    def einsum(formula: str, *operands: Any, dtype: DType | None = None) -> Tensor:
+        """Einstein summation, e.g. `Tensor.einsum("ij,jk->ik", a, b)` is a @ b. Without "->"
+        the output letters are those used once, in alphabetical order (numpy's rule). A letter
+        repeated in one operand takes its diagonal ("ii->i"). Each operand is permuted to one
+        common letter order with size-1 axes for its missing letters; the broadcast product is
+        summed over the letters not in the output. (No "..." yet.)"""
+        tensors: list[Tensor] = list(operands[0]) if len(operands) == 1 and isinstance(
+            operands[0], (list, tuple)) else list(operands)
+        inputs, output = _parse_einsum(formula.replace(" ", ""), len(tensors))
+        sizes: dict[str, int] = {}
+        prepared = []
+        for letters, tensor in zip(inputs, tensors):
+            letters, tensor = _einsum_diagonals(letters, tensor)
+            if len(letters) != tensor.ndim:
+                raise ValueError(f"einsum: operand {letters!r} has shape {tensor.shape}")
+            for letter, size in zip(letters, tensor.shape):
+                if sizes.setdefault(letter, size) != size:
+                    raise ValueError(f"einsum: letter {letter!r} has sizes {sizes[letter]} "
+                                     f"and {size}")
+            prepared.append((letters, tensor))
+        order = sorted(sizes)
+        product: Tensor | None = None
+        for letters, tensor in prepared:
+            moved = tensor.permute([letters.index(c) for c in order if c in letters])
+            aligned = moved.reshape([sizes[c] if c in letters else 1 for c in order])
+            product = aligned if product is None else product * aligned
+        assert product is not None
+        summed = [i for i, c in enumerate(order) if c not in output]
+        kept = [c for c in order if c in output]
+        result = product.sum(summed, dtype=dtype) if summed else product.expand(
+            [sizes[c] for c in order])
+        return result.reshape([sizes[c] for c in kept]).permute([kept.index(c) for c in output])
+
+    # ---- functional layers ----
+
+    def sequential(self, ll: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
+        """Apply the layers (any callables) one after the other: ll[-1](...ll[0](self))."""
+        result = as_tensor(self)
+        for layer in ll:
+            result = layer(result)
+        return result
+
+    def rmsnorm(self, axis: int | Sequence[int] = -1, eps: float = 1e-6) -> Tensor:
+        """x / sqrt(mean(x^2) + eps) over `axis` (no weight: nn.RMSNorm multiplies it in)."""
+        return self * ((self * self).mean(axis, keepdim=True) + eps).rsqrt()
+
+    def scaled_dot_product_attention(self, key: Tensor, value: Tensor,
+                                     attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                                     is_causal: bool = False,
+                                     enable_gqa: bool = False) -> Tensor:
+        """softmax(q k^T / sqrt(d) + mask) v, with self as the queries (..., L, d), key (..., S, d)
+        and value (..., S, dv). A bool attn_mask keeps the True positions; a float one is
+        added. is_causal keeps key j <= query i. enable_gqa repeats the key/value heads (axis
+        -3) to match the query heads. dropout_p drops attention weights only in training
+        mode (tinygrad's rule; PyTorch's function drops them whenever dropout_p > 0)."""
+        if is_causal and attn_mask is not None:
+            raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
+        if key.shape[-1] != self.shape[-1] or key.shape[-2] != value.shape[-2]:
+            raise ValueError(f"scaled_dot_product_attention: query {self.shape}, key "
+                             f"{key.shape} and value {value.shape} do not fit together")
+        if enable_gqa and key.ndim >= 3 and key.shape[-3] != self.shape[-3]:
+            repeats = self.shape[-3] // key.shape[-3]
+            key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
+        scores = self.matmul(key.transpose(-1, -2)) * (1 / math.sqrt(self.shape[-1]))
+        if is_causal:
+            length, source = self.shape[-2], key.shape[-2]
+            attn_mask = type(self).ones(length, source, dtype=dtypes.bool,
+                                        device=self.device).tril()
+        if attn_mask is not None:
+            if attn_mask.dtype == dtypes.bool:
+                scores = attn_mask.where(scores, -math.inf)
+            else:
+                scores = scores + attn_mask
+        return scores.softmax(-1).dropout(dropout_p).matmul(value)
+
+    # ---- more losses ----
+
+    def nll_loss(self, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None,
+                 reduction: str = "mean") -> Tensor:
+        """The negative log-likelihood of log-probabilities self (N, C, ...) at the integer
+        targets Y (N, ...), as PyTorch's: -weight[y] * self[n, y], averaged over the weights
+        of the targets that are not ignore_index (None: none is ignored, tinygrad's default;
+        PyTorch's is -100)."""
+        if self.ndim < 1 or Y.shape != self.shape[:1] + self.shape[2:]:
+            raise ValueError(f"nll_loss: targets of shape {Y.shape} do not fit inputs "
+                             f"{self.shape} (N, C, ...), which need targets (N, ...)")
+        if dtypes.is_float(Y.dtype):
+            raise TypeError(f"nll_loss needs integer targets, not {Y.dtype.name}")
+        classes = self.shape[1] if self.ndim > 1 else self.shape[0]
+        axis = 1 if self.ndim > 1 else 0
+        column = [1] * self.ndim
+        column[axis] = classes
+        arange = type(self).arange(classes, device=self.device).reshape(column)
+        picked = Y.unsqueeze(axis) == arange                     # one-hot, (N, C, ...)
+        weights = picked.cast(self.dtype) if weight is None else picked.where(
+            weight.reshape(column), 0.0)
+        counted = Y != ignore_index if ignore_index is not None else Y.ones_like(dtype=dtypes.bool)
+        weights = weights * counted.unsqueeze(axis)
+        loss = -(self * weights).sum(axis)
+        if reduction == "mean":
+            return loss.sum() / weights.sum()
+        return _reduce_loss(loss, reduction)
+
+
 def _reduce_loss(loss: Tensor, reduction: str, counted: Tensor | None = None) -> Tensor:
     if reduction == "none":
         return loss
@@ -260,6 +378,37 @@ def _reduce_loss(loss: Tensor, reduction: str, counted: Tensor | None = None) ->
         return loss.sum() / counted.sum() if counted is not None else loss.mean()
     raise ValueError(f"reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
 
+
+def _parse_einsum(formula: str, count: int) -> tuple[list[str], str]:
+    """"ij,jk->ik" -> (["ij", "jk"], "ik"); without "->", the letters used once, sorted."""
+    if "." in formula:
+        raise ValueError(f"einsum: '...' is not supported (in {formula!r})")
+    left, arrow, right = formula.partition("->")
+    inputs = left.split(",")
+    if len(inputs) != count:
+        raise ValueError(f"einsum: {formula!r} names {len(inputs)} operands, {count} given")
+    letters = "".join(inputs)
+    if not all(c.isalpha() for c in letters + right):
+        raise ValueError(f"einsum: {formula!r} may only hold letters, ',' and '->'")
+    if not arrow:
+        right = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    if len(set(right)) != len(right) or any(c not in letters for c in right):
+        raise ValueError(f"einsum: output {right!r} repeats a letter or names one no input has")
+    return inputs, right
+
+
+def _einsum_diagonals(letters: str, tensor: Tensor) -> tuple[str, Tensor]:
+    """A letter twice in one operand ("ii") keeps the diagonal of those two axes."""
+    while len(set(letters)) != len(letters):
+        letter = next(c for c in letters if letters.count(c) > 1)
+        first = letters.index(letter)
+        second = letters.index(letter, first + 1)
+        if tensor.shape[first] != tensor.shape[second]:
+            raise ValueError(f"einsum: letter {letter!r} has sizes {tensor.shape[first]} and "
+                             f"{tensor.shape[second]}")
+        tensor = tensor.diagonal(0, first, second)  # the diagonal becomes the last axis
+        letters = letters[:first] + letters[first + 1:second] + letters[second + 1:] + letter
+    return letters, tensor
 
 def _pair(value: int | Sequence[int] | None) -> tuple[int, int]:
     if isinstance(value, int):
