@@ -1,0 +1,106 @@
+"""Claims the book's chapters make about the library, checked against the library (issue 17), so
+that a change to tinyteach that makes a chapter's text false fails here, with the cell named."""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinyteach import Tensor, dtypes, nn, schedule
+from tinyteach.rewrite import PatternMatcher, graph_rewrite, symbolic
+from tinyteach.runtime import cpu
+from tinyteach.runtime.numpy import NUMPY_OPS
+from tinyteach.uop import PRIMITIVE_OPS, Ops, UOp
+
+CHAPTERS = Path(__file__).resolve().parent.parent / "chapters"
+
+
+def cell_source(notebook: str, cell_id: str) -> str:
+    cells = json.loads((CHAPTERS / notebook).read_text())["cells"]
+    return "".join(next(cell["source"] for cell in cells if cell["id"] == cell_id))
+
+
+def code_cells(notebook: str) -> list[str]:
+    cells = json.loads((CHAPTERS / notebook).read_text())["cells"]
+    return ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
+
+
+def test_kaiming_uniform_takes_the_fan_in_from_shape_1():
+    """00 tour-03: kaiming_uniform's fan-in is shape[1:], nn.Linear's (out, in) layout."""
+    Tensor.manual_seed(0)
+    bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + 0.01 ** 2)) / math.sqrt(784)
+    weights = Tensor.kaiming_uniform(128, 784, device="NUMPY").numpy()
+    assert np.abs(weights).max() <= bound and np.abs(weights).max() > 0.99 * bound
+    assert "kaiming_uniform(128, 784).T" in cell_source("00_tour.ipynb", "tour-04")
+
+
+def _range(name: str, size: int) -> UOp:
+    return UOp(Ops.RANGE, dtypes.int32, (), (name, 0, size))
+
+
+def test_symbolic_alone_does_not_recombine_after_the_mod_rule():
+    """05 rewrite-22/rewrite-34: the MOD rule rewrites x%4's operand first, so recombine_divmod
+    misses (x//4)*4 + x%4; a recombining pass run first finds it. If symbolic learns to do it
+    alone, chapter 5's section on rule order needs a new example."""
+    x = _range("r", 2) * 6 + _range("g", 6)
+    expression = (x // 4) * 4 + x % 4
+    assert graph_rewrite(expression, symbolic) is not x
+    recombine = PatternMatcher("recombine", [rule for rule in symbolic.rules
+                                             if rule[0] == "(x//c)*c + x%c -> x"])
+    assert graph_rewrite(graph_rewrite(expression, recombine), symbolic) is x
+
+
+def test_chapter_6_lists_the_schedulers_limits_and_reasons():
+    """06 sched-19: the table names the limits with their values, and every reason
+    find_realized gives."""
+    table = cell_source("06_scheduling.ipynb", "sched-19")
+    assert f"broadcast {schedule.BROADCAST_RECOMPUTE_LIMIT}×" in table
+    assert f"{schedule.MAX_KERNEL_DEPTH:,} deep" in table
+    source = inspect.getsource(schedule)
+    reasons = re.findall(r'"(it is an output|contiguous\(\) asks|a copy between devices|'
+                         r'assign\(\) writes|the reduction feeds another|'
+                         r"the reduction's result is padded)", source)
+    assert len(set(reasons)) == 6
+    for words in ("it is an output", "contiguous()", "a copy between devices", "assign()",
+                  "feeds another reduction", "padded", "broadcast back", "several kernels",
+                  "1,000 deep"):
+        assert words in table, words
+
+
+def test_the_numpy_table_lacks_exactly_buffer_and_copy():
+    """09 dev-21: 26 numpy functions for 28 primitive ops; BUFFER and COPY compute nothing."""
+    assert {op for op in PRIMITIVE_OPS if op not in NUMPY_OPS} == {Ops.BUFFER, Ops.COPY}
+
+
+def test_gradients_do_not_depend_on_training_mode_but_step_does():
+    """11 dl-37: backward() gives the same gradient in and out of training mode; step() needs it."""
+    grads = []
+    for training in (False, True):
+        weight = Tensor([2.0, -1.0], requires_grad=True, device="NUMPY")
+        with Tensor.train(training):
+            ((weight - 3) ** 2).sum().backward()
+        grads.append(weight.grad.numpy())
+    np.testing.assert_array_equal(grads[0], grads[1])
+    with pytest.raises(RuntimeError, match="training mode"):
+        nn.optim.SGD([weight], lr=0.1).step()
+
+
+def test_the_cpu_device_compiles_with_fwrapv():
+    """12 ex-a-rules: -fwrapv is what makes signed overflow wrap in the C backend."""
+    assert "-fwrapv" in cpu.C_FLAGS
+    assert "-fwrapv" in cell_source("12_exercise_backend.ipynb", "ex-a-rules")
+
+
+@pytest.mark.parametrize("notebook", sorted(path.name for path in CHAPTERS.glob("*.ipynb")))
+def test_every_chapter_pins_its_device_and_seeds(notebook: str):
+    """Stored outputs must not depend on the devices present or on a random seed."""
+    setup = "\n".join(code_cells(notebook)[:3])
+    if notebook.startswith("12_"):
+        pytest.skip("the exercise chooses its devices itself (its grader pins them)")
+    assert re.search(r'Device\.DEFAULT = "CPU"', setup), notebook
+    assert "Tensor.manual_seed(0)" in setup, notebook
