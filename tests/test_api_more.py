@@ -530,3 +530,11 @@ def test_topk(device: str, largest: bool) -> None:
     assert Tensor.ones(3, device=device).topk(0)[0].shape == (0,)
     with pytest.raises(ValueError, match="k=4"):
         Tensor.ones(3).topk(4)
+
+
+@pytest.mark.parametrize("name", ["floor", "ceil", "trunc", "round", "sign"])
+def test_step_functions_have_zero_gradients(device: str, name: str) -> None:
+    """PyTorch's gradient of a step function is 0 (not 1, not missing)."""
+    x = np.array([-2.5, -1.2, 0.3, 1.5, 7.0, 1e9, np.inf], dtype=np.float32)
+    check(lambda t: getattr(t, name)(), getattr(torch, name), [x], device)
+    check(lambda t: t.abs(), torch.abs, [x], device)

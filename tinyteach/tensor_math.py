@@ -122,7 +122,7 @@ class TensorMath(TensorMovement):
         positive = (self > 0).cast(self.dtype)
         if self.dtype.kind in ("uint", "bool"):
             return positive
-        return positive - (self < 0).cast(self.dtype)
+        return _step_gradient(positive - (self < 0).cast(self.dtype), as_tensor(self))
 
     def clip(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Tensor:
         if min_ is None and max_ is None:
@@ -142,7 +142,7 @@ class TensorMath(TensorMovement):
             return as_tensor(self)
         whole = self - self._binary(Ops.MOD, 1.0)
         limit = 2.0 ** {2: 10, 4: 23, 8: 52}[self.dtype.itemsize]
-        return (self.abs() < limit).where(whole, self)
+        return _step_gradient((self.abs() < limit).where(whole, self), as_tensor(self))
 
     def floor(self) -> Tensor:
         whole = self.trunc()
@@ -741,6 +741,15 @@ def _log1p(u: Tensor) -> Tensor:
 def _stable_softplus(x: Tensor) -> Tensor:
     """log(1 + e^x) = max(x, 0) + log1p(e^-|x|): e^x cannot overflow."""
     return x.maximum(0) + _log1p((-x.abs()).exp())
+
+
+def _step_gradient(value: Tensor, source: Tensor) -> Tensor:
+    """`value`, a step function of `source` (sign, trunc and the roundings built on it), with
+    the gradient PyTorch gives it: 0, where the graph alone would give 1 (x - fmod(x, 1)) or
+    no gradient at all (comparisons). Costs nothing when no gradient is wanted."""
+    if not source.requires_grad:
+        return value
+    return value.detach() + _zero_with_gradient(source) * 0.0
 
 
 def _zero_with_gradient(x: Tensor) -> Tensor:
