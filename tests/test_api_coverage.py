@@ -25,8 +25,6 @@ NOT_DONE = {
     "schedule", "schedule_with_vars",
     # needs a gradient rule of its own (contiguous in the backward pass only)
     "contiguous_backward",
-    # not written yet
-    "interpolate",
 }
 
 

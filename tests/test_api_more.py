@@ -538,3 +538,36 @@ def test_step_functions_have_zero_gradients(device: str, name: str) -> None:
     x = np.array([-2.5, -1.2, 0.3, 1.5, 7.0, 1e9, np.inf], dtype=np.float32)
     check(lambda t: getattr(t, name)(), getattr(torch, name), [x], device)
     check(lambda t: t.abs(), torch.abs, [x], device)
+
+
+# ---- interpolate ----
+
+TORCH_LINEAR = {1: "linear", 2: "bilinear", 3: "trilinear"}
+
+
+@pytest.mark.parametrize("size", [(7,), (3,), (1,), (5, 3), (2, 8), (3, 2, 5)])
+@pytest.mark.parametrize("mode, align_corners", [("linear", False), ("linear", True),
+                                                  ("nearest", False), ("nearest-exact", False)])
+def test_interpolate(device: str, size: tuple[int, ...], mode: str, align_corners: bool) -> None:
+    shape = (2, 2) + (4, 5, 3)[:len(size)]
+    theirs_mode = TORCH_LINEAR[len(size)] if mode == "linear" else mode
+    extra = {"align_corners": align_corners} if mode == "linear" else {}
+    check(lambda t: t.interpolate(size, mode, align_corners),
+          lambda t: F.interpolate(t, size, mode=theirs_mode, **extra), [shape], device)
+
+
+def test_interpolate_edges_and_errors(device: str) -> None:
+    x = np.array([[[1.0, np.inf, 3.0, -2.0]]], dtype=np.float32)
+    check(lambda t: t.interpolate((9,), "nearest"), lambda t: F.interpolate(t, 9),
+          [x], device, grad=False)
+    check(lambda t: t.interpolate((9,)), lambda t: F.interpolate(t, 9, mode="linear"),
+          [x], device, grad=False)
+    ints = Tensor([[[1, 2, 3]]], device=device).interpolate((6,), "nearest")
+    assert ints.dtype == dtypes.float32
+    compare(ints, [[[1, 1, 2, 2, 3, 3]]], 0, 0)
+    with pytest.raises(ValueError, match="mode"):
+        Tensor.ones(1, 1, 4).interpolate((2,), "cubic")
+    with pytest.raises(ValueError, match="positive int sizes"):
+        Tensor.ones(1, 1, 4).interpolate((0,))
+    with pytest.raises(ValueError, match="align_corners"):
+        Tensor.ones(1, 1, 4).interpolate((2,), "nearest", align_corners=True)

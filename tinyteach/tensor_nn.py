@@ -151,6 +151,31 @@ class TensorNN(TensorMath):
         x = self.pad([(0, 0)] * (self.ndim - 2) + list(pad_pairs), value=-math.inf)
         return pool(x, kernel, _pair(stride or kernel), _pair(dilation)).max((-2, -1))
 
+    def interpolate(self, size: Sequence[int], mode: str = "linear",
+                    align_corners: bool = False) -> Tensor:
+        """Resample the last len(size) axes to `size` (PyTorch's F.interpolate with its linear,
+        bilinear and trilinear modes all called "linear", and "nearest", "nearest-exact").
+
+        One axis at a time: output o reads the input at a source coordinate, src(o) =
+        (o + 1/2) * n/out - 1/2 (clamped at 0), or o * (n-1)/(out-1) with align_corners;
+        "linear" mixes the two neighbours floor(src) and the next one, "nearest" takes
+        floor(o * n/out), "nearest-exact" floor((o + 1/2) * n/out). The choice is a mask of
+        shape (out, n) built from aranges, so a resample is a `where` and a sum over n."""
+        if mode not in ("linear", "nearest", "nearest-exact"):
+            raise ValueError(f"interpolate mode must be 'linear', 'nearest' or "
+                             f"'nearest-exact', not {mode!r}")
+        sizes = list(size)
+        if not 0 < len(sizes) <= self.ndim or not all(isinstance(s, int) and s > 0
+                                                        for s in sizes):
+            raise ValueError(f"interpolate needs 1 to {self.ndim} positive int sizes for shape "
+                             f"{self.shape}, got {size}")
+        if align_corners and mode != "linear":
+            raise ValueError("interpolate: align_corners only applies to mode 'linear'")
+        x = self._to_float()
+        for axis, out in zip(range(self.ndim - len(sizes), self.ndim), sizes):
+            x = _resample_axis(x.transpose(axis, -1), out, mode, align_corners).transpose(axis, -1)
+        return x
+
     # ---- softmax and its relatives: subtract the max first, so exp cannot overflow ----
 
     def softmax(self, axis: int = -1) -> Tensor:
@@ -409,6 +434,27 @@ def _einsum_diagonals(letters: str, tensor: Tensor) -> tuple[str, Tensor]:
         tensor = tensor.diagonal(0, first, second)  # the diagonal becomes the last axis
         letters = letters[:first] + letters[first + 1:second] + letters[second + 1:] + letter
     return letters, tensor
+
+def _resample_axis(x: Tensor, out: int, mode: str, align_corners: bool) -> Tensor:
+    """Resample the last axis of x (size n) to `out` elements (see Tensor.interpolate)."""
+    n = x.shape[-1]
+    o = type(x).arange(out, device=x.device).cast(x.dtype).reshape(out, 1)
+    column = type(x).arange(n, device=x.device).cast(x.dtype).reshape(1, n)
+    rows = x.unsqueeze(-2)                                    # (..., 1, n)
+    if mode != "linear":
+        start = o + 0.5 if mode == "nearest-exact" else o
+        nearest = (start * (n / out)).floor().minimum(n - 1)
+        return (column == nearest).where(rows, 0.0).sum(-1)
+    if align_corners:
+        source = o * ((n - 1) / (out - 1)) if out > 1 else o * 0.0
+    else:
+        source = ((o + 0.5) * (n / out) - 0.5).maximum(0.0)
+    low = source.floor()
+    high = (low + 1).minimum(n - 1)
+    weight = source - low
+    mixed = (column == low).where(rows * (1 - weight), 0.0) + \
+        (column == high).where(rows * weight, 0.0)
+    return mixed.sum(-1)
 
 def _pair(value: int | Sequence[int] | None) -> tuple[int, int]:
     if isinstance(value, int):
