@@ -20,6 +20,7 @@ MATMUL_SIZES = (512, 1024)
 FUSED_N = 4096
 NORM_SHAPE = (4096, 1024)
 TINY_N = 16
+DEEP_LENGTHS = (10_000, 100_000)  # x = x + 1 chained this many times
 
 
 def _uniform_init(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> np.ndarray:
@@ -63,6 +64,7 @@ GENERATORS: dict[str, Callable[[np.random.Generator], dict[str, np.ndarray]]] = 
                           for name in "abc"},
     "softmax": lambda rng: {"norm_x": rng.standard_normal(NORM_SHAPE, dtype=np.float32)},
     "tiny": lambda rng: {"tiny_x": rng.standard_normal(TINY_N, dtype=np.float32)},
+    "deep": lambda rng: {"deep_x": rng.standard_normal(TINY_N, dtype=np.float32)},
 }
 GENERATORS["layernorm"] = GENERATORS["softmax"]  # the same 4096x1024 input
 

@@ -129,3 +129,9 @@ class TinyImpl:
 
     def jit_add_one(self) -> Callable[[Any], Any]:
         return self.lib.TinyJit(lambda x: (x + 1).realize())
+
+    def deep_chain(self, x: Any, length: int) -> Any:
+        """`x + 1` chained `length` times, then realized: one lazy graph `length` ops deep."""
+        for _ in range(length):
+            x = x + 1
+        return x.realize()

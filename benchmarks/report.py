@@ -49,6 +49,9 @@ ROWS = [
     Row("layernorm kernels", "layernorm", "steady", "kernels", "lower", "{:.0f}"),
     Row("tiny kernel, eager (µs/realize)", "tiny", "steady", "eager_us", "lower", "{:.1f}"),
     Row("tiny kernel, JIT replay (µs/call)", "tiny", "steady", "jit_us", "lower", "{:.1f}"),
+    Row("deep chain, 10k x+1 (ms per 1k ops)", "deep", "steady", "ms_per_1k_10k", "lower"),
+    Row("deep chain, 100k x+1 (ms per 1k ops)", "deep", "steady", "ms_per_1k_100k", "lower"),
+    Row("deep chain, 100k/10k per op (1 = linear)", "deep", "steady", "linearity", "lower"),
 ]
 
 

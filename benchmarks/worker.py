@@ -19,7 +19,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.data import FUSED_N, MATMUL_SIZES, NORM_SHAPE, Data  # noqa: E402
+from benchmarks.data import DEEP_LENGTHS, FUSED_N, MATMUL_SIZES, NORM_SHAPE, Data  # noqa: E402
 from benchmarks.timing import time_batches, time_runs  # noqa: E402
 
 # tinyteach on its other devices: the same implementation, in its own process with DEV=<device>
@@ -27,7 +27,7 @@ DEVICE_FRAMEWORKS = {"tinyteach-OPENCL": "OPENCL", "tinyteach-WEBGPU": "WEBGPU"}
 FRAMEWORKS = ("tinyteach", "tinygrad", "torch", "numpy") + tuple(DEVICE_FRAMEWORKS)
 TRAIN_WORKLOADS = ("mlp", "cnn")
 WORKLOADS = TRAIN_WORKLOADS + tuple(f"matmul{n}" for n in MATMUL_SIZES) + (
-    "fused", "softmax", "layernorm", "tiny")
+    "fused", "softmax", "layernorm", "tiny", "deep")
 RESULT_PREFIX = "BENCH_RESULT "
 
 # (default, --quick) repetition counts
@@ -55,7 +55,10 @@ def load_impl(framework: str) -> Any:
     """The implementation object of `framework` (imported only in this process)."""
     if framework in ("tinyteach", "tinygrad"):
         from benchmarks.impl_tiny import TinyImpl
-        return TinyImpl(framework)
+        try:
+            return TinyImpl(framework)
+        except ModuleNotFoundError as error:  # a peer that is not installed: n/a, not an error
+            raise NotImplementedError(f"{framework} is not installed ({error})") from error
     if framework in DEVICE_FRAMEWORKS:
         from benchmarks.impl_tiny import TinyImpl
         return TinyImpl("tinyteach", device=DEVICE_FRAMEWORKS[framework])
@@ -175,6 +178,31 @@ def tiny(impl: Any, data: Data, quick: bool) -> dict[str, Any]:
     return {"metrics": metrics, "extra": extra}
 
 
+def deep(impl: Any, data: Data) -> dict[str, Any]:
+    """Graph depth: build `x = x + 1` chained 10,000 and 100,000 times on a fresh input and
+    realize it, once each (the 100,000 chain takes seconds). ms per 1,000 ops for both, and
+    their ratio: 1.0 when the time grows linearly with the depth."""
+    chain = getattr(impl, "deep_chain", None)
+    if chain is None:
+        raise NotImplementedError(f"{impl.name} runs eagerly: it builds no graph to be deep")
+    x = data["deep_x"]
+    impl.sync(chain(impl.tensor(x), 10))  # imports and the first launch outside the clock
+    metrics: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for length in DEEP_LENGTHS:
+        start_tensor = impl.tensor(x)
+        start = time.perf_counter()
+        result = chain(start_tensor, length)
+        impl.sync(result)
+        seconds = time.perf_counter() - start
+        metrics[f"ms_per_1k_{length // 1000}k"] = ms(seconds) / (length / 1000)
+        extra[f"seconds_{length // 1000}k"] = seconds
+        extra[f"max_error_{length // 1000}k"] = float(abs(result.numpy() - (x + length)).max())
+    short, long = (f"ms_per_1k_{length // 1000}k" for length in DEEP_LENGTHS)
+    metrics["linearity"] = metrics[long] / metrics[short]
+    return {"metrics": metrics, "extra": extra}
+
+
 def run_workload(framework: str, workload: str, data: Data, quick: bool,
                  first: bool) -> dict[str, Any]:
     """Measure one workload; a framework that cannot run it gets {"skipped": reason}."""
@@ -191,6 +219,8 @@ def run_workload(framework: str, workload: str, data: Data, quick: bool,
             result = norm(impl, workload, data, quick)
         elif workload == "tiny":
             result = tiny(impl, data, quick)
+        elif workload == "deep":
+            result = deep(impl, data)
         else:
             raise ValueError(f"unknown workload {workload!r}; choose from {WORKLOADS}")
     except NotImplementedError as error:

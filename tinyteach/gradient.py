@@ -97,18 +97,29 @@ GRADIENT_RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
 
 def graph_before_realize(root: UOp, graph_behind: Mapping[UOp, UOp]) -> UOp:
     """`root` with each realized buffer in `graph_behind` replaced by the lazy graph that
-    computed it: a tensor that was realized half-way still passes gradients back."""
+    computed it: a tensor that was realized half-way still passes gradients back.
+    (That graph may hold realized buffers in turn: a loop realized 5,000 times nests 5,000
+    deep, so the walk keeps its own stack, and treats a buffer's graph as its one source.)"""
     if not graph_behind:
         return root
+
+    def inputs(node: UOp) -> tuple[UOp, ...]:
+        return (graph_behind[node],) if node in graph_behind else node.src
+
     rebuilt: dict[UOp, UOp] = {}
-    for node in root.toposort:
-        if node in graph_behind:
-            rebuilt[node] = graph_before_realize(graph_behind[node], graph_behind)
-        elif node.src:
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    while stack:
+        node, inputs_done = stack.pop()
+        if node in rebuilt:
+            continue
+        if not inputs_done:
+            stack.append((node, True))
+            stack.extend((s, False) for s in reversed(inputs(node)) if s not in rebuilt)
+        elif node in graph_behind:
+            rebuilt[node] = rebuilt[graph_behind[node]]
+        else:
             sources = tuple(rebuilt[s] for s in node.src)
             rebuilt[node] = node if sources == node.src else node.replace(src=sources)
-        else:
-            rebuilt[node] = node
     return rebuilt[root]
 
 

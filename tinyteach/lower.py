@@ -41,6 +41,7 @@ Builds on: uop.py, view.py, rewrite.py. Used by: render/, realize.py.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tinyteach.dtype import DType, dtypes
@@ -81,29 +82,42 @@ class _Lowerer:
     reduce_ranges: dict[UOp, list[UOp]] = field(default_factory=dict)
 
     def lower(self, node: UOp, index: Index, valid: Valid) -> UOp:
-        key = (node, index, valid)
-        if key not in self.memo:
-            self.memo[key] = self._lower(node, index, valid)
-        return self.memo[key]
+        """`node`'s value at `index`; `valid`: where the element exists (padding), or None.
+        An explicit stack instead of recursion: a kernel may be a 100,000-op chain. Each task
+        is planned (what it needs lowered first, and how to combine those), then finished."""
+        root: Task = (node, index, valid)
+        plans: dict[Task, tuple[list[Task], Combine]] = {}
+        stack = [root]
+        while stack:
+            task = stack[-1]
+            if task in self.memo:
+                stack.pop()
+                continue
+            if task not in plans:  # first visit: plan it, lower what it needs first
+                plans[task] = self._plan(*task)
+                stack.extend(reversed([t for t in plans[task][0] if t not in self.memo]))
+                continue
+            stack.pop()
+            needs, combine = plans.pop(task)
+            self.memo[task] = combine([self.memo[t] for t in needs])
+        return self.memo[root]
 
-    def _lower(self, node: UOp, index: Index, valid: Valid) -> UOp:
+    def _plan(self, node: UOp, index: Index, valid: Valid) -> tuple[list[Task], Combine]:
+        """What lowering `node` at `index` needs lowered first, and how to combine those."""
         if node.op is Ops.CONST:
-            return node
-        if node.op in MOVEMENT and _reads_buffer_directly(node):
-            return self._load(node, index, valid)
+            return [], lambda values: node
+        if node.op is Ops.DEFINE_GLOBAL or (node.op in MOVEMENT and _reads_buffer_directly(node)):
+            load = self._load(node, index, valid)
+            return [], lambda values: load
         if node.op in MOVEMENT:
             inner_index, condition = view_index(node, index)
-            value = self.lower(node.src[0], inner_index, and_valid(valid, condition))
-            if condition is None:
-                return value
-            return condition.where(value, UOp.const(value.dtype, 0))
+            return [(node.src[0], inner_index, and_valid(valid, condition))], \
+                lambda values: _guarded(values[0], condition)
         if node.op is Ops.REDUCE_AXIS:
-            return self._reduce(node, index, valid)
+            return self._plan_reduce(node, index, valid)
         if node.op in ALU:
-            sources = tuple(self.lower(s, index, valid) for s in node.src)
-            return UOp(node.op, node.dtype, sources)
-        if node.op is Ops.DEFINE_GLOBAL:
-            return self._load(node, index, valid)
+            return [(s, index, valid) for s in node.src], \
+                lambda values: UOp(node.op, node.dtype, tuple(values))
         raise NotImplementedError(f"cannot lower {node.op.name}")
 
     def _load(self, node: UOp, index: Index, valid: Valid) -> UOp:
@@ -112,7 +126,8 @@ class _Lowerer:
         sources = (define, position) if condition is None else (define, position, condition)
         return UOp(Ops.LOAD, node.dtype, sources)
 
-    def _reduce(self, node: UOp, index: Index, valid: Valid) -> UOp:
+    def _plan_reduce(self, node: UOp, index: Index, valid: Valid) -> tuple[list[Task], Combine]:
+        """A reduction's source is lowered at the index with its loops in the reduced axes."""
         reduce_op, axes = node.arg
         source_shape = node.src[0].shape
         if node not in self.reduce_ranges:
@@ -123,8 +138,17 @@ class _Lowerer:
         inner_index = list(index)
         for axis, loop in zip(axes, ranges):
             inner_index[axis] = loop
-        value = self.lower(node.src[0], tuple(inner_index), valid)
-        return UOp(Ops.REDUCE, node.dtype, (value, *ranges), reduce_op)
+        return [(node.src[0], tuple(inner_index), valid)], \
+            lambda values: UOp(Ops.REDUCE, node.dtype, (values[0], *ranges), reduce_op)
+
+
+Task = tuple[UOp, Index, Valid]  # lower this node at this index, under this condition
+Combine = Callable[[list[UOp]], UOp]
+
+
+def _guarded(value: UOp, condition: Valid) -> UOp:
+    """The value where `condition` holds, 0 elsewhere (padding)."""
+    return value if condition is None else condition.where(value, UOp.const(value.dtype, 0))
 
 
 def _reads_buffer_directly(node: UOp) -> bool:
@@ -309,17 +333,22 @@ class _Linearizer:
     vectorize: bool = True
     range_memo: dict[UOp, frozenset[UOp]] = field(default_factory=dict)
 
-    def place(self, node: UOp) -> None:
-        """Emit `node` after everything it needs (REDUCE emits its loop around its value)."""
-        if node in self.placed:
-            return
-        if node.op is Ops.REDUCE:
-            self._place_reduce(node)
-            return
-        for source in node.src:
-            self.place(source)
-        self.uops.append(node)
-        self.placed.add(node)
+    def place(self, root: UOp) -> None:
+        """Emit `root` after everything it needs (REDUCE emits its loop around its value).
+        An explicit stack, as the value may be a chain 100,000 ops deep."""
+        stack: list[tuple[UOp, bool]] = [(root, False)]
+        while stack:
+            node, sources_placed = stack.pop()
+            if node in self.placed:
+                continue
+            if node.op is Ops.REDUCE:
+                self._place_reduce(node)  # (nests only as deep as reductions in one kernel)
+            elif not sources_placed:
+                stack.append((node, True))
+                stack.extend((s, False) for s in reversed(node.src) if s not in self.placed)
+            else:
+                self.uops.append(node)
+                self.placed.add(node)
 
     def _place_reduce(self, node: UOp) -> None:
         """Place every reduction over the same loops as `node` in one loop nest:

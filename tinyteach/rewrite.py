@@ -190,39 +190,49 @@ class _Rewriter:
     steps: int = 0
 
     def rewrite(self, root: UOp) -> UOp:
-        for node in self._pending(root):
-            new_sources = tuple(self.done[s] for s in node.src)
-            current = node if new_sources == node.src else node.replace(src=new_sources)
-            while (found := self.matcher.rewrite(current)) is not None:
-                rule_name, result = found
-                _note(self.matcher.name, rule_name, current, result)
-                # count before recursing: a rule that never finishes must stop here, not at
-                # Python's recursion limit
-                self.steps += 1
-                if self.steps > self.max_steps:
-                    raise RuntimeError(f"rewrite pass {self.matcher.name} did not finish")
-                # the result may contain new nodes: rewrite them too before going on
-                current = self.rewrite(result)
-            self.done[node] = current
-            self.done[current] = current
+        # an explicit stack, not recursion: graphs are as deep as the user's chain of ops, and
+        # a rule's result may need rewriting in turn (a distributed 10,000-term sum nests
+        # 10,000 deep). Each entry is (node, what to do next): VISIT pushes its sources,
+        # REBUILD rebuilds it from rewritten sources and applies the rules, and FINISH takes
+        # over what a rule's (now rewritten) result became, and tries the rules on that again.
+        stack: list[tuple[UOp, int, UOp | None]] = [(root, _VISIT, None)]
+        while stack:
+            node, stage, result = stack.pop()
+            if stage == _VISIT:
+                if node not in self.done:
+                    stack.append((node, _REBUILD, None))
+                    stack.extend((s, _VISIT, None) for s in reversed(node.src)
+                                 if s not in self.done)
+            elif stage == _REBUILD:
+                if node not in self.done:
+                    new_sources = tuple(self.done[s] for s in node.src)
+                    current = node if new_sources == node.src else node.replace(src=new_sources)
+                    self._apply_rules(node, current, stack)
+            else:
+                assert result is not None
+                self._apply_rules(node, self.done[result], stack)
         return self.done[root]
 
-    def _pending(self, root: UOp) -> list[UOp]:
-        """The nodes under `root` not rewritten yet, sources before users."""
-        order: list[UOp] = []
-        seen: set[UOp] = set()
-        stack: list[tuple[UOp, bool]] = [(root, False)]
-        while stack:
-            node, sources_done = stack.pop()
-            if node in self.done or (node in seen and not sources_done):
-                continue
-            if sources_done:
-                order.append(node)
-                continue
-            seen.add(node)
-            stack.append((node, True))
-            stack.extend((s, False) for s in reversed(node.src) if s not in self.done)
-        return order
+    def _apply_rules(self, node: UOp, current: UOp,
+                     stack: list[tuple[UOp, int, UOp | None]]) -> None:
+        """`node` is `current` unless a rule matches it; then the rule's result is rewritten
+        first (its new nodes may match rules too), and `node` becomes what that becomes."""
+        found = self.matcher.rewrite(current)
+        if found is None:
+            self.done[node] = current
+            self.done[current] = current
+            return
+        rule_name, result = found
+        _note(self.matcher.name, rule_name, current, result)
+        # count here: a rule that never finishes must stop with this error, not run forever
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise RuntimeError(f"rewrite pass {self.matcher.name} did not finish")
+        stack.append((node, _FINISH, result))
+        stack.append((result, _VISIT, None))
+
+
+_VISIT, _REBUILD, _FINISH = 0, 1, 2  # the stages of a node in _Rewriter.rewrite
 
 
 # ---- constant folding: the reference meaning of each ALU op on Python scalars ----
@@ -273,10 +283,16 @@ def fold_constants(node: UOp) -> UOp | None:
 # ---- symbolic: simplification of index arithmetic and algebra ----
 
 def sum_terms(node: UOp) -> list[UOp]:
-    """The terms of a sum: (a + b) + c -> [a, b, c]."""
-    if node.op is Ops.ADD:
-        return sum_terms(node.src[0]) + sum_terms(node.src[1])
-    return [node]
+    """The terms of a sum, left to right: (a + b) + c -> [a, b, c]."""
+    terms: list[UOp] = []
+    stack = [node]  # (a sum of 10,000 terms is a chain 10,000 deep: no recursion)
+    while stack:
+        current = stack.pop()
+        if current.op is Ops.ADD:
+            stack.extend(reversed(current.src))
+        else:
+            terms.append(current)
+    return terms
 
 
 def _factor(term: UOp) -> int:

@@ -22,13 +22,14 @@ Builds on: uop.py, device.py (Buffer). Used by: realize.py (runs the schedule), 
 """
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tinyteach.device import Buffer
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import prod
-from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
+from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, toposort_of
 
 # movement ops through which a reduction's result can still be read inside the same kernel:
 # each output element needs at most one element of the reduction, so nothing is recomputed
@@ -67,10 +68,7 @@ def _users(roots: list[UOp]) -> dict[UOp, list[UOp]]:
 
 
 def _toposort(roots: list[UOp]) -> list[UOp]:
-    order: dict[UOp, None] = {}
-    for root in roots:
-        order.update(dict.fromkeys(root.toposort))
-    return list(order)
+    return toposort_of(roots)
 
 
 def is_view_of_buffer(node: UOp) -> bool:
@@ -118,11 +116,35 @@ def find_realized(outputs: list[UOp]) -> dict[UOp, str]:
         if reason is not None:
             realized[node] = reason
             kernels_of[node] = {node}
+    _cut_deep_chains(order, realized)
     for node in order:  # now that every other kernel is known, the in-place writes
         if node.op is Ops.ASSIGN and _reads_target_through_view(node, realized):
             realized.setdefault(node.src[1], "the assigned value reads its own target through "
                                 "a view, so it is computed into a fresh buffer first")
     return realized
+
+
+# the most ALU ops one kernel computes one after the other. A renderer writes a chain of values
+# used once as one nested expression, (((x + 1) + 1) + ...), and the text of every level is kept
+# while rendering: memory and time grow with the square of the depth (a chain of 100,000 would
+# need ~35 GB). A deeper chain is stored part-way and continued by the next kernel.
+MAX_KERNEL_DEPTH = 1000
+
+
+def _cut_deep_chains(order: list[UOp], realized: dict[UOp, str]) -> None:
+    """Store a node wherever the ALU ops computed in one kernel would chain deeper than
+    MAX_KERNEL_DEPTH: `x = x + 1` done 100,000 times becomes 100 kernels of 1,000 adds each.
+    (Sources first: a node's depth is that of its deepest source computed in the same kernel;
+    a reduction's result is an accumulator, so the chain starts again above it.)"""
+    depth: dict[UOp, int] = {}
+    for node in order:
+        below = max((depth[s] for s in node.src if s not in realized), default=0)
+        if node.op is Ops.REDUCE_AXIS:
+            below = 0
+        depth[node] = below + (1 if node.op in ALU else 0)
+        if depth[node] >= MAX_KERNEL_DEPTH and node not in realized:
+            realized[node] = (f"the chain of ops is {MAX_KERNEL_DEPTH} deep here: cut so each "
+                              "kernel's source stays small enough to render and compile")
 
 
 # elementwise work broadcast this many times (or more) into a reduction is stored, not recomputed
@@ -263,20 +285,37 @@ class _KernelBuilder:
     input_reasons: list[str] = field(default_factory=list)
     memo: dict[UOp, UOp] = field(default_factory=dict)
 
-    def build(self, node: UOp, is_root: bool, realized: dict[UOp, str]) -> UOp:
-        if node in self.memo:
-            return self.memo[node]
+    def build(self, root: UOp, realized: dict[UOp, str]) -> UOp:
+        """The kernel's value: `root`'s graph down to its inputs, which become DEFINE_GLOBALs.
+        (An explicit stack: the graph may be a chain of 100,000 elementwise ops.)"""
+        stack: list[tuple[UOp, bool]] = [(root, False)]
+        while stack:
+            node, sources_done = stack.pop()
+            if node in self.memo:
+                continue
+            inputs = self._copied_sources(node, node is root, realized)
+            if inputs is None:
+                self.memo[node] = self._input(node, realized)
+            elif not sources_done:
+                stack.append((node, True))
+                stack.extend((s, False) for s in reversed(inputs) if s not in self.memo)
+            elif node.op in (Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN):
+                self.memo[node] = self.memo[inputs[0]]  # the value passes through
+            else:
+                self.memo[node] = node.replace(src=tuple(self.memo[s] for s in inputs))
+        return self.memo[root]
+
+    @staticmethod
+    def _copied_sources(node: UOp, is_root: bool,
+                        realized: dict[UOp, str]) -> tuple[UOp, ...] | None:
+        """The sources the kernel's copy of `node` is built from; None for a kernel input."""
         if not is_root and (node in realized or node.op is Ops.BUFFER):
-            result = self._input(node, realized)
-        elif node.op in (Ops.CONTIGUOUS, Ops.DETACH):
-            result = self.build(node.src[0], False, realized)
-        elif node.op is Ops.ASSIGN:
-            result = self.build(node.src[1], False, realized)
-        else:
-            sources = tuple(self.build(s, False, realized) for s in node.src)
-            result = node.replace(src=sources)
-        self.memo[node] = result
-        return result
+            return None
+        if node.op in (Ops.CONTIGUOUS, Ops.DETACH):
+            return node.src[:1]
+        if node.op is Ops.ASSIGN:
+            return node.src[1:2]  # the value written, not the target
+        return node.src
 
     def _input(self, node: UOp, realized: dict[UOp, str]) -> UOp:
         buffer = node.arg if node.op is Ops.BUFFER else self.buffer_of[node]
@@ -349,12 +388,23 @@ def estimate_ops(ast: UOp) -> int:
 # ---- the schedule ----
 
 def device_of(node: UOp, default: str) -> str:
-    for n in node.toposort[::-1]:
-        if n.op is Ops.BUFFER:
-            return n.arg.device
-        if n.op is Ops.COPY:
-            return n.arg
-    return default
+    """The device of the buffers `node` reads (or of a copy that brings them there)."""
+    return devices_of([node], default)[node]
+
+
+def devices_of(roots: list[UOp], default: str) -> dict[UOp, str]:
+    """The device of every node of the graph, in one pass from the sources up: a buffer's own,
+    a copy's target, else that of its last source that has one (`default` for constants)."""
+    found: dict[UOp, str | None] = {}
+    for node in toposort_of(roots):
+        if node.op is Ops.BUFFER:
+            found[node] = node.arg.device
+        elif node.op is Ops.COPY:
+            found[node] = node.arg
+        else:
+            found[node] = next((found[s] for s in reversed(node.src) if found[s] is not None),
+                               None)
+    return {node: default if device is None else device for node, device in found.items()}
 
 
 def create_schedule(outputs: list[UOp], default_device: str) -> tuple[list[ScheduleItem],
@@ -364,10 +414,11 @@ def create_schedule(outputs: list[UOp], default_device: str) -> tuple[list[Sched
     realized = find_realized(outputs)
     buffer_of: dict[UOp, Buffer] = {}
     items: list[ScheduleItem] = []
+    devices = devices_of(outputs, default_device)
     for node in _toposort(outputs):
         if node not in realized:
             continue
-        device = node.arg if node.op is Ops.COPY else device_of(node, default_device)
+        device = devices[node]
         if node.op is Ops.ASSIGN:
             buffer_of[node] = assign_target(node)
         else:
@@ -380,24 +431,45 @@ def create_schedule(outputs: list[UOp], default_device: str) -> tuple[list[Sched
 
 def order_items(items: list[ScheduleItem]) -> list[ScheduleItem]:
     """Order kernels so each runs after the kernels whose outputs it reads, and every kernel
-    that reads a buffer's *old* contents runs before an assign overwrites that buffer."""
+    that reads a buffer's *old* contents runs before an assign overwrites that buffer. Of the
+    kernels ready to run, the one listed first goes first."""
     item_of = {item.node: k for k, item in enumerate(items)}
+    assigns_to: dict[int, list[int]] = defaultdict(list)  # buffer id -> the assigns into it
+    for w, writer in enumerate(items):
+        if writer.node is not None and writer.node.op is Ops.ASSIGN:
+            assigns_to[id(writer.output)].append(w)
     after: dict[int, set[int]] = {k: set() for k in range(len(items))}
     for k, item in enumerate(items):
         after[k] |= {item_of[n] for n in item.input_nodes if n in item_of}
         for buffer in item.old_contents_read:
-            for w, writer in enumerate(items):
-                if w != k and writer.output is buffer and writer.node is not None \
-                        and writer.node.op is Ops.ASSIGN:
+            for w in assigns_to[id(buffer)]:
+                if w != k:
                     after[w].add(k)  # the assign waits for this reader of the old contents
+    return [items[k] for k in _ready_first_order(after)]
+
+
+def _ready_first_order(after: dict[int, set[int]]) -> list[int]:
+    """A topological order of 0..n-1 (k runs after every item in after[k]) that always picks
+    the smallest ready item; a heap keeps it linear in the number of edges, times log n."""
+    waiting = {k: len(before) for k, before in after.items()}
+    unblocks: dict[int, list[int]] = defaultdict(list)
+    for k, before in after.items():
+        for b in before:
+            unblocks[b].append(k)
+    ready = [k for k, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
     ordered: list[int] = []
-    while len(ordered) < len(items):
-        ready = [k for k in range(len(items)) if k not in ordered and after[k] <= set(ordered)]
-        if not ready:
-            raise RuntimeError("cannot order this schedule: a kernel needs both the old and the "
-                               "new value of an assigned buffer; realize() between the two uses")
-        ordered.append(ready[0])
-    return [items[k] for k in ordered]
+    while ready:
+        k = heapq.heappop(ready)
+        ordered.append(k)
+        for user in unblocks[k]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, user)
+    if len(ordered) < len(after):
+        raise RuntimeError("cannot order this schedule: a kernel needs both the old and the "
+                           "new value of an assigned buffer; realize() between the two uses")
+    return ordered
 
 
 def _buffer_node(buffer: Buffer, node: UOp) -> UOp:
@@ -415,7 +487,7 @@ def _make_item(node: UOp, device: str, realized: dict[UOp, str],
                             [buffer_of[node], source_buffer], device, realized[node],
                             node=node, input_nodes=[source] if source in buffer_of else [])
     builder = _KernelBuilder(buffer_of, output=buffer_of[node])
-    value = builder.build(node, True, realized)
+    value = builder.build(node, realized)
     output = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, prod(node.shape)))
     ast = UOp(Ops.SINK, dtypes.bool, (UOp(Ops.STORE, node.dtype, (output, value)),))
     return ScheduleItem("kernel", kernel_name(value), ast, [buffer_of[node], *builder.inputs],

@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -259,6 +260,7 @@ class UOp(metaclass=UOpMetaClass):
 
     @cached_property
     def shape(self) -> tuple[int, ...]:
+        fill_sources_first(self, "shape")
         return SHAPE_RULES.get(self.op, _same_shape)(self)
 
     @property
@@ -274,28 +276,23 @@ class UOp(metaclass=UOpMetaClass):
     def _ancestors(self) -> tuple[UOp, ...]:
         # the cache leaves the node itself out: a node holding itself would be a reference
         # cycle, freed only by Python's cycle collector, and the buffers of dead tensors would
-        # linger until it runs
-        order: dict[UOp, None] = {}
-        stack: list[tuple[UOp, bool]] = [(self, False)]
-        while stack:
-            node, sources_done = stack.pop()
-            if node in order:
-                continue
-            if sources_done:
-                order[node] = None
-                continue
-            stack.append((node, True))
-            stack.extend((s, False) for s in reversed(node.src) if s not in order)
-        del order[self]
-        return tuple(order)
+        # linger until it runs. (It holds every ancestor: a pass that wants the order of many
+        # nodes of one graph calls `toposort_of` once, not `.toposort` on each of them.)
+        return tuple(toposort_of([self])[:-1])
 
-    @cached_property
+    @property
     def vmin(self) -> float | int:
-        return value_bounds(self)[0]
+        return self.bounds[0]
+
+    @property
+    def vmax(self) -> float | int:
+        return self.bounds[1]
 
     @cached_property
-    def vmax(self) -> float | int:
-        return value_bounds(self)[1]
+    def bounds(self) -> tuple[float | int, float | int]:
+        """(vmin, vmax): the smallest and largest value this node can take."""
+        fill_sources_first(self, "bounds", _bounds_inputs)
+        return value_bounds(self)
 
     def replace(self, **changes: Any) -> UOp:
         fields = {"op": self.op, "dtype": self.dtype, "src": self.src, "arg": self.arg}
@@ -311,6 +308,44 @@ class UOp(metaclass=UOpMetaClass):
                 sources = tuple(done[s] for s in node.src)
                 done[node] = node if sources == node.src else node.replace(src=sources)
         return done[self]
+
+
+# ---- walking a graph without recursion ----
+# A 100,000-op chain is an ordinary graph, and Python allows only ~1,000 nested calls: every
+# walk over a graph keeps its own stack of nodes to visit.
+
+def toposort_of(roots: list[UOp]) -> list[UOp]:
+    """Every node the roots depend on, sources before users, each once (the roots included,
+    each after its sources). Nothing is cached on the nodes."""
+    order: dict[UOp, None] = {}
+    stack: list[tuple[UOp, bool]] = [(root, False) for root in reversed(roots)]
+    while stack:
+        node, sources_done = stack.pop()
+        if node in order:
+            continue
+        if sources_done:
+            order[node] = None
+            continue
+        stack.append((node, True))
+        stack.extend((s, False) for s in reversed(node.src) if s not in order)
+    return list(order)
+
+
+def fill_sources_first(node: UOp, name: str, inputs: Callable[[UOp], tuple[UOp, ...]] =
+                       lambda node: node.src) -> None:
+    """Compute the cached property `name` of everything below `node` that lacks it, deepest
+    first: a property whose rule reads its sources' values then never recurses more than one
+    level (asked at the top of a 100,000-deep chain, it would otherwise recurse 100,000 deep).
+    `inputs(n)`: the sources whose value n's rule reads."""
+    stack = [s for s in inputs(node) if name not in s.__dict__]
+    while stack:
+        current = stack[-1]
+        missing = [s for s in inputs(current) if name not in s.__dict__]
+        if missing:
+            stack.extend(missing)
+            continue
+        stack.pop()
+        getattr(current, name)  # its inputs are known: computing it is one shallow step
 
 
 # ---- shapes: each op's rule for the shape it produces ----
@@ -354,6 +389,11 @@ for _op in (Ops.RANGE, Ops.LOAD, Ops.STORE, Ops.SINK, Ops.DEFINE_ACC, Ops.ACCUMU
 
 
 # ---- value bounds of integer index arithmetic (used by the simplifier) ----
+
+def _bounds_inputs(node: UOp) -> tuple[UOp, ...]:
+    """The sources whose bounds `node`'s rule reads (a LOAD's index says nothing about it)."""
+    return node.src if node.op in BOUNDS_FROM_SOURCES else ()
+
 
 def value_bounds(node: UOp) -> tuple[float | int, float | int]:
     """The smallest and largest value `node` can take, or the dtype's limits if unknown."""
@@ -402,6 +442,7 @@ BOUNDS_RULES = {
     Ops.CMPLT: lambda node: (False, True),
     Ops.CMPNE: lambda node: (False, True),
 }
+BOUNDS_FROM_SOURCES = (Ops.ADD, Ops.NEG, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX)
 
 
 # ---- printing ----
