@@ -571,3 +571,31 @@ def test_interpolate_edges_and_errors(device: str) -> None:
         Tensor.ones(1, 1, 4).interpolate((0,))
     with pytest.raises(ValueError, match="align_corners"):
         Tensor.ones(1, 1, 4).interpolate((2,), "nearest", align_corners=True)
+
+
+# ---- from outside ----
+
+def test_from_blob(device: str) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) * 1.5
+    ours = Tensor.from_blob(x.ctypes.data, (3, 4), device=device)
+    assert ours.device == device and ours.dtype == dtypes.float32
+    compare(ours, x, 0, 0)
+    ints = np.array([-5, 7, 2**40], dtype=np.int64)
+    compare(Tensor.from_blob(ints.ctypes.data, (3,), dtype=dtypes.int64), ints, 0, 0)
+    half = Tensor.from_blob(x.ctypes.data, (2, 2))  # the first 4 elements
+    compare(half, x.reshape(-1)[:4].reshape(2, 2), 0, 0)
+    with pytest.raises(ValueError, match="non-null"):
+        Tensor.from_blob(0, (2,))
+
+
+def test_from_url(tmp_path: object, device: str) -> None:
+    import gzip
+    from pathlib import Path
+    payload = bytes(range(256)) * 3
+    plain, packed = Path(str(tmp_path)) / "data.bin", Path(str(tmp_path)) / "data.bin.gz"
+    plain.write_bytes(payload)
+    packed.write_bytes(gzip.compress(payload))
+    ours = Tensor.from_url(plain.as_uri(), device=device)
+    assert ours.dtype == dtypes.uint8 and ours.device == device
+    compare(ours, np.frombuffer(payload, dtype=np.uint8), 0, 0)
+    compare(Tensor.from_url(packed.as_uri(), gunzip=True), np.frombuffer(payload, np.uint8), 0, 0)

@@ -25,9 +25,14 @@ tensor_movement.py and everything that makes a tensor.
 """
 from __future__ import annotations
 
+import ctypes
+import gzip
 import math
+import urllib.request
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+
+import numpy as np
 
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes
@@ -207,6 +212,28 @@ class TensorCreation(_Core):
         if requires_grad is not None:
             result = type(result)(result.uop, result.device, requires_grad=requires_grad)
         return result
+
+    # ---- from outside: raw memory and URLs (copied into a buffer, as host data always is) ----
+
+    @classmethod
+    def from_blob(cls, ptr: int, shape: ShapeArg, **kwargs: Any) -> Tensor:
+        """A tensor holding a copy of prod(shape) elements of `dtype` (default float32) read
+        from host memory at address `ptr`. (tinygrad's shares the memory with no copy; here
+        the values are copied once, so later writes to the memory are not seen.)"""
+        dims = _shape_from((shape,))
+        dtype = dtypes.as_dtype(kwargs.pop("dtype", dtypes.default_float))
+        if not isinstance(ptr, int) or ptr <= 0:
+            raise ValueError(f"from_blob needs a non-null integer address, got {ptr!r}")
+        raw = ctypes.string_at(ptr, prod(dims) * dtype.itemsize)   # a copy of the bytes
+        values = np.frombuffer(raw, dtype=dtype.np).reshape(dims)
+        return as_tensor(cls(values, dtype=dtype, **kwargs))
+
+    @classmethod
+    def from_url(cls, url: str, gunzip: bool = False, **kwargs: Any) -> Tensor:
+        """The bytes at `url` (http(s):// or file://) as a uint8 tensor, gunzipped if asked."""
+        with urllib.request.urlopen(url, timeout=60) as response:
+            data = response.read()
+        return as_tensor(cls(gzip.decompress(data) if gunzip else data, **kwargs))
 
     # ---- random numbers: a counter-based hash, computed on the device itself ----
 
