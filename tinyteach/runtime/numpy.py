@@ -43,6 +43,15 @@ def _where(condition: np.ndarray, if_true: np.ndarray, if_false: np.ndarray) -> 
     return np.asarray(np.where(condition, if_true, if_false))
 
 
+def _max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a if a > b or a is NaN, else b: NaN wins, and of two equal values (-0.0 and 0.0) the
+    second. Spelled out because numpy's own maximum keeps the first of a tie for float16 and
+    the second for float32 (the compiled backends all use this rule)."""
+    if a.dtype.kind != "f":
+        return np.maximum(a, b)
+    return np.asarray(np.where((a > b) | np.isnan(a), a, b))
+
+
 def _reciprocal(a: np.ndarray) -> np.ndarray:
     return np.divide(np.ones_like(a), a)
 
@@ -86,7 +95,7 @@ NUMPY_OPS: dict[Ops, Callable[..., np.ndarray]] = {
     Ops.MUL: lambda node, a, b: np.multiply(a, b, dtype=a.dtype),
     Ops.IDIV: lambda node, a, b: _idiv(a, b),
     Ops.MOD: lambda node, a, b: _mod(a, b),
-    Ops.MAX: lambda node, a, b: np.maximum(a, b),
+    Ops.MAX: lambda node, a, b: _max(a, b),
     Ops.CMPLT: lambda node, a, b: np.less(a, b),
     Ops.CMPNE: lambda node, a, b: np.not_equal(a, b),
     Ops.AND: lambda node, a, b: np.bitwise_and(a, b),
