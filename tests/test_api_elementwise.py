@@ -242,6 +242,9 @@ def test_shifts_by_tensors(device: str) -> None:
     compare(ours >> Tensor(shifts, device=device), theirs >> torch.tensor(shifts), 0, 0)
     column = np.array([[1], [2]], dtype=np.int32)  # broadcast to (2, 4)
     compare(ours << Tensor(column, device=device), theirs << torch.tensor(column), 0, 0)
+    amounts = Tensor(shifts, device=device)
+    compare(1 << amounts, 1 << torch.tensor(shifts), 0, 0)
+    compare(-1000 >> amounts, -1000 >> torch.tensor(shifts), 0, 0)
 
 
 def test_shift_errors(device: str) -> None:

@@ -211,7 +211,7 @@ def test_meshgrid(device: str, indexing: str) -> None:
     ours = Tensor(a, device=device).meshgrid(Tensor(b, device=device), Tensor(c, device=device),
                                             indexing=indexing)
     theirs = torch.meshgrid(torch.tensor(a), torch.tensor(b), torch.tensor(c), indexing=indexing)
-    assert len(ours) == 3
+    assert isinstance(ours, tuple) and len(ours) == 3
     for o, t in zip(ours, theirs):
         compare(o, t, 0, 0)
     check(lambda x, y: x.meshgrid(y, indexing=indexing),

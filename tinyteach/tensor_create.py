@@ -7,7 +7,8 @@ What this teaches:
   follow from it;
 - random numbers are a hash of (counter, seed): integer xor, multiply and shift, computed by the
   kernels themselves, so a seed gives the same numbers on every device. Uniform floats keep the
-  top 24 bits of the hash; normal ones come from two uniforms (Box-Muller).
+  top 24 bits of the hash; normal ones come from two uniforms (Box-Muller); a random
+  permutation is the rank of each of n random keys (randperm).
 
 Each part of chapter 1 after tensor.py is a class that Tensor inherits (a "mixin"): the methods
 live here, and `Tensor.zeros(2, 3)` finds them. This part is the first of the chain

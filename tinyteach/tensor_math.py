@@ -9,9 +9,16 @@ What this teaches:
 - Python's `//`, `%` and `**` have exact rules (round toward -inf, the sign of the divisor,
   integer powers by repeated squaring) that the primitives IDIV and MOD do not: they are fixed
   up here with `where`;
+- functions with no primitive are polynomials and logs: asin from Abramowitz & Stegun's
+  polynomial (a Taylor series near 0), atan and acos from asin, erf from a series and
+  Numerical Recipes' erfc; a `where` that picks a branch must feed the branch it drops a safe
+  input, because the gradient of an unused 1/0 is still 0 * inf = NaN;
 - reductions: sum and max are the primitive REDUCE; mean, var, std, prod, any, all, argmax and
-  argmin are built on them. `cumsum` sums sliding windows, and `pool` makes sliding windows from
-  movement ops alone (tensor_nn.py's convolutions and pooling use it too).
+  argmin are built on them. `cumsum`, `cumprod` and `cummax` reduce prefix windows, and `pool`
+  makes sliding windows from movement ops alone (tensor_nn.py's convolutions and pooling use it
+  too);
+- sorting is a bitonic network: log2(n)(log2(n)+1)/2 rounds of compare-and-swap between the
+  two halves of a reshape, with `where` choosing.
 
 Builds on: tensor_movement.py (part 5). Used by: tensor_nn.py and everything above.
 
@@ -456,6 +463,14 @@ class TensorMath(TensorMovement):
 
     def __rshift__(self, shift: Any) -> Tensor:
         return self.rshift(shift)
+
+    def __rlshift__(self, value: Any) -> Tensor:  # 1 << t
+        self._check_bitwise("lshift", value)
+        return self.full_like(value).lshift(as_tensor(self))
+
+    def __rrshift__(self, value: Any) -> Tensor:  # 256 >> t
+        self._check_bitwise("rshift", value)
+        return self.full_like(value).rshift(as_tensor(self))
 
     def _power_of_two(self, name: str, shift: Any) -> Any:
         """2^shift, for a constant (checked against the dtype's width) or an integer tensor."""

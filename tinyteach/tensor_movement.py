@@ -7,7 +7,9 @@ What this teaches:
 - joining needs no new op either: `cat` pads each piece to the full length, zeros elsewhere, and
   adds them up (the scheduler fuses it into one kernel), `stack` is unsqueeze + cat;
 - `gather` selects with a comparison, as indexing.py does: `index == arange(n)` is a one-hot
-  mask, and a sum over the axis picks the element.
+  mask, and a sum over the axis picks the element; `triu`, `tril` and `diag` are masks from
+  two aranges too, `roll` is a split and a cat, and `diagonal` reads a flattened square with a
+  stride of n + 1 (pad by one row, reshape to (n, n + 1), keep the first column).
 
 Builds on: tensor_create.py (part 4; `arange` for gather). Used by: tensor_math.py and
 everything above.
@@ -241,7 +243,7 @@ class TensorMovement(TensorCreation):
         k = abs(diagonal)
         return square.pad([(0, k), (k, 0)] if diagonal >= 0 else [(k, 0), (0, k)])
 
-    def meshgrid(self, *others: Tensor, indexing: str = "ij") -> list[Tensor]:
+    def meshgrid(self, *others: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
         """Coordinate grids from 1-d tensors: the i-th result varies along axis i ("ij") and
         is broadcast along the others; "xy" swaps the first two axes (numpy's default)."""
         if indexing not in ("ij", "xy"):
@@ -259,7 +261,7 @@ class TensorMovement(TensorCreation):
             shape = [1] * len(tensors)
             shape[axis] = sizes[axis]
             grids.append(t.reshape(shape).expand(sizes))
-        return grids
+        return tuple(grids)
 
     def repeat_interleave(self, repeats: int, dim: int | None = None) -> Tensor:
         """Repeat each element `repeats` times along dim (flattened first when dim is None):

@@ -11,7 +11,9 @@ What this teaches:
 - softmax, log_softmax and logsumexp subtract the max first, so that exp cannot overflow; the
   max is detached, because the result does not depend on it;
 - layernorm, batchnorm, dropout and the losses (cross-entropy with label smoothing, binary
-  cross-entropy, also from logits) are a few lines each of what is above.
+  cross-entropy, also from logits, nll_loss) are a few lines each of what is above, and so
+  are attention (softmax(q k^T / sqrt(d)) v), einsum (permute, broadcast, multiply, sum) and
+  interpolate (a mask of the source positions, built from aranges, then a sum).
 
 Builds on: tensor_math.py (part 6). Used by: tensor.py's Tensor, nn/ and every training loop.
 
