@@ -16,7 +16,9 @@ WGSL looks like Rust more than C, and it is stricter than both:
   `x != x` to false, rewrites `!(a < b)` as `a >= b` and its `max` drops NaN. So float max,
   < and != call small helper functions (`max_f32`, `less_f32`, `not_equal_f32`) that find NaN
   with an integer test on the bits, `(bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u`, which no
-  optimizer may fold; a kernel gets only the helpers it uses (the example below shows two);
+  optimizer may fold; a kernel gets only the helpers it uses (the example below shows two).
+  The same compiler folds `x - x` and `x * 0.0` to 0 and mishandles subnormals in log2 and
+  exp2: those get helpers too (`minus_itself_f32`, `times_zero_f32`, `log2_f32`, `exp2_f32`);
 - a device allows a limited number of storage buffers per kernel (8 is guaranteed; lavapipe
   has 32): a kernel with more buffers is refused with an error that says so.
 
@@ -78,6 +80,8 @@ HELPERS = {
     "nan_f32": "fn nan_f32() -> f32 { var bits = 0x7fc00000u; return bitcast<f32>(bits); }",
     "is_nan_f32": "fn is_nan_f32(x: f32) -> bool "
                   "{ return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }",
+    "is_nan_or_inf_f32": "fn is_nan_or_inf_f32(x: f32) -> bool "
+                         "{ return (bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u; }",
     # naga cannot bitcast half floats; widening to f32 is exact and keeps NaN
     "is_nan_f16": "fn is_nan_f16(x: f16) -> bool { return is_nan_f32(f32(x)); }",
 }
@@ -105,14 +109,12 @@ HELPERS["exp2_f32"] = ("fn exp2_f32(x: f32) -> f32 {\n"
                        "  return exp2(x);\n}")
 # ... and it folds `x - x` to 0 and `x * 0.0` to 0, which are NaN when x is ±inf or NaN (and
 # x * 0.0 is -0.0 for a negative x): the renderer writes these two as integer bit tests too
-HELPERS["minus_itself_f32"] = (
-    "fn minus_itself_f32(x: f32) -> f32 "
-    "{ return select(0.0f, nan_f32(), (bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u); }")
+HELPERS["minus_itself_f32"] = ("fn minus_itself_f32(x: f32) -> f32 "
+                               "{ return select(0.0f, nan_f32(), is_nan_or_inf_f32(x)); }")
 HELPERS["times_zero_f32"] = (
     "fn times_zero_f32(x: f32, zero: f32) -> f32 {\n"
     "  var sign = (bitcast<u32>(x) ^ bitcast<u32>(zero)) & 0x80000000u;\n"
-    "  return select(bitcast<f32>(sign), nan_f32(), "
-    "(bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u);\n}")
+    "  return select(bitcast<f32>(sign), nan_f32(), is_nan_or_inf_f32(x));\n}")
 HELPERS["minus_itself_f16"] = ("fn minus_itself_f16(x: f16) -> f16 "
                                "{ return f16(minus_itself_f32(f32(x))); }")
 HELPERS["times_zero_f16"] = ("fn times_zero_f16(x: f16, zero: f16) -> f16 "
