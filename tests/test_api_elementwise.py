@@ -264,3 +264,63 @@ def test_bitwise_by_name_matches_the_operators(device: str) -> None:
     compare(a.bitwise_or(b), np.bitwise_or(INTS, OTHER), 0, 0)
     compare(a.bitwise_xor(b), np.bitwise_xor(INTS, OTHER), 0, 0)
     compare(a.xor(b), np.bitwise_xor(INTS, OTHER), 0, 0)
+
+
+# ---- bitcast: bits from arithmetic, checked against numpy's view ----
+
+FLOATS = {"float16": ("int16", "uint16"), "float32": ("int32", "uint32"),
+          "float64": ("int64", "uint64")}
+
+
+def _float_samples(name: str) -> np.ndarray:
+    """Every kind of float: zeros, infinities, subnormals, the extremes and random bit patterns."""
+    info = np.finfo(name)
+    specials = [0.0, -0.0, 1.0, -1.5, np.inf, -np.inf, info.tiny, -info.tiny, info.max,
+                -info.max, info.smallest_subnormal, -info.smallest_subnormal * 3, info.eps,
+                1 + info.eps, 0.1, -1e-3]
+    unsigned = np.dtype(FLOATS[name][1])
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, np.iinfo(unsigned).max, size=200, dtype=unsigned, endpoint=True)
+    random = bits.view(name)
+    return np.concatenate([np.array(specials, dtype=name), random[np.isfinite(random)]])
+
+
+@pytest.mark.parametrize("name", list(FLOATS))
+def test_bitcast_float_to_int_and_back(device: str, name: str) -> None:
+    x = _float_samples(name)
+    for int_name in FLOATS[name]:
+        bits = Tensor(x, device=device).bitcast(int_name)
+        assert bits.dtype == dtypes.as_dtype(int_name)
+        compare(bits, x.view(int_name), 0, 0, f"{name} -> {int_name}")
+        back = Tensor(x.view(int_name), device=device).bitcast(name)
+        assert back.dtype == dtypes.as_dtype(name)
+        np.testing.assert_array_equal(back.numpy().view(int_name), x.view(int_name))
+
+
+@pytest.mark.parametrize("name", list(FLOATS))
+def test_bitcast_nan(device: str, name: str) -> None:
+    """NaN becomes the quiet NaN (payload dropped); any NaN bit pattern reads back as NaN."""
+    unsigned = FLOATS[name][1]
+    quiet = np.array([np.nan], dtype=name).view(unsigned) & ~np.array(
+        [np.iinfo(unsigned).max // 2 + 1], dtype=unsigned)  # without the sign bit
+    compare(Tensor(np.array([np.nan, -np.nan], dtype=name), device=device).bitcast(unsigned)
+            % (np.iinfo(unsigned).max // 2 + 1), np.repeat(quiet, 2), 0, 0)
+    patterns = np.array([np.nan], dtype=name).view(unsigned) + np.arange(1, 4, dtype=unsigned)
+    assert Tensor(patterns, device=device).bitcast(name).isnan().all().item()
+
+
+def test_bitcast_between_integers(device: str) -> None:
+    x = np.array([-128, -1, 0, 1, 127], dtype=np.int8)
+    compare(Tensor(x, device=device).bitcast(dtypes.uint8), x.view(np.uint8), 0, 0)
+    u = np.array([0, 1, 2**31, 2**32 - 1], dtype=np.uint32)
+    compare(Tensor(u, device=device).bitcast("int32"), u.view(np.int32), 0, 0)
+
+
+def test_bitcast_errors_and_no_gradient(device: str) -> None:
+    with pytest.raises(ValueError, match="same size"):
+        Tensor([1.0], device=device).bitcast(dtypes.int16)
+    with pytest.raises(TypeError, match="bool"):
+        Tensor([True], device=device).bitcast(dtypes.uint8)
+    x = Tensor([1.5, -2.0], device=device, requires_grad=True)
+    assert not x.bitcast(dtypes.int32).requires_grad
+    assert Tensor.ones(0, 2, device=device).bitcast("uint32").shape == (0, 2)

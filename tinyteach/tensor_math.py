@@ -490,6 +490,31 @@ class TensorMath(TensorMovement):
             if name in ("lshift", "rshift") and dtype == dtypes.bool:
                 raise TypeError(f"{name} needs integer operands, not bool")
 
+    # ---- bitcast: the bits of a float, read and written with arithmetic ----
+
+    def bitcast(self, dtype: DType | str) -> Tensor:
+        """The same bits read as another dtype of the same size (numpy's `view`). There is no
+        primitive that reinterprets bits, so a float is taken apart with arithmetic: sign,
+        exponent e = floor(log2 |x|) (corrected by one where log2 rounds across a power of
+        two), mantissa |x| / 2^e - 1 scaled to an integer, and subnormals, zeros, infinities
+        and NaN by `where`; integers of one size reinterpret by a wrapping cast. Every NaN
+        becomes the quiet NaN (its payload bits are not kept), and a device that flushes
+        subnormal floats to zero (WebGPU on lavapipe) reads them as zero. No gradient, as in
+        tinygrad."""
+        wanted = dtypes.as_dtype(dtype)
+        if dtypes.bool in (wanted, self.dtype):
+            raise TypeError(f"bitcast between bool and {self.dtype.name}/{wanted.name} is "
+                            f"not supported")
+        if wanted.itemsize != self.dtype.itemsize:
+            raise ValueError(f"bitcast needs a dtype of the same size: {self.dtype.name} has "
+                             f"{self.dtype.itemsize} bytes, {wanted.name} {wanted.itemsize}")
+        x = as_tensor(self).detach()
+        if wanted == x.dtype:
+            return x
+        unsigned = _UNSIGNED[x.dtype.itemsize]
+        bits = _float_to_bits(x, unsigned) if dtypes.is_float(x.dtype) else x.cast(unsigned)
+        return _bits_to_float(bits, wanted) if dtypes.is_float(wanted) else bits.cast(wanted)
+
     # ---- reductions: sum and max are the primitive REDUCE; the rest are built on them ----
 
     def sum(self, axis: Any = None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
@@ -812,6 +837,50 @@ def _compare_and_swap(values: Tensor, index: Tensor, n: int, k: int, j: int,
     new_index = in_second.where(swap.where(i0, i1), swap.where(i1, i0))
     return (new_values.reshape(values.shape).contiguous(),
             new_index.reshape(index.shape).contiguous())
+
+# IEEE 754 formats by size in bytes: (exponent bits, mantissa bits)
+_FLOAT_FORMATS = {2: (5, 10), 4: (8, 23), 8: (11, 52)}
+_UNSIGNED = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
+
+
+def _float_to_bits(x: Tensor, unsigned: DType) -> Tensor:
+    """sign * 2^(n-1) + biased exponent * 2^m + mantissa, as an unsigned integer."""
+    exponent_bits, mantissa_bits = _FLOAT_FORMATS[x.dtype.itemsize]
+    bias, top = 2 ** (exponent_bits - 1) - 1, 2 ** exponent_bits - 1
+    work = x.cast(dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32)  # exact
+    magnitude = work.abs()
+    negative = (work < 0) | ((work == 0) & (work.reciprocal() < 0))   # -0.0 included
+    ordinary = magnitude.isfinite() & (magnitude > 0)
+    safe = ordinary.where(magnitude, 1.0)
+    e = safe.log2().floor()
+    e = (e.exp2() > safe).where(e - 1, e)
+    e = ((e + 1).exp2() <= safe).where(e + 1, e)
+    normal = e >= 1 - bias
+    fraction = (safe * (-e).exp2() - 1) * 2.0 ** mantissa_bits
+    subnormal = safe * 2.0 ** (bias - 1) * 2.0 ** mantissa_bits  # two exact power-of-2 steps
+    biased = (normal & ordinary).where(e + bias, 0.0)
+    mantissa = ordinary.where(normal.where(fraction, subnormal), 0.0)
+    biased = magnitude.isfinite().where(biased, float(top))
+    mantissa = work.isnan().where(2.0 ** (mantissa_bits - 1), mantissa)  # the quiet NaN
+    sign = negative.cast(unsigned) * 2 ** (8 * x.dtype.itemsize - 1)
+    return sign + biased.cast(unsigned) * 2 ** mantissa_bits + mantissa.cast(unsigned)
+
+
+def _bits_to_float(bits: Tensor, wanted: DType) -> Tensor:
+    """The float whose IEEE 754 bits are the unsigned integer `bits`."""
+    exponent_bits, mantissa_bits = _FLOAT_FORMATS[wanted.itemsize]
+    bias, top = 2 ** (exponent_bits - 1) - 1, 2 ** exponent_bits - 1
+    work = dtypes.float64 if wanted == dtypes.float64 else dtypes.float32
+    negative = bits // 2 ** (8 * wanted.itemsize - 1) == 1
+    biased = (bits // 2 ** mantissa_bits) % 2 ** exponent_bits
+    mantissa = bits % 2 ** mantissa_bits
+    fraction = mantissa.cast(work) * 2.0 ** -mantissa_bits
+    normal = (1 + fraction) * (biased.cast(work) - bias).exp2()
+    subnormal = fraction * 2.0 ** (1 - bias)
+    value = (biased == 0).where(subnormal, normal)
+    special = (mantissa == 0).where(math.inf, math.nan)
+    value = (biased == top).where(special, value)
+    return negative.where(-value, value).cast(wanted)
 
 def _sum_dtype(dtype: DType) -> DType:
     if dtype.kind == "bool" or (dtype.kind == "int" and dtype.itemsize < 4):
