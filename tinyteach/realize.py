@@ -143,11 +143,13 @@ def precompile(items: list[ScheduleItem]) -> None:
     if DEBUG >= 3:
         return
     waiting: dict[str, list[ScheduleItem]] = {}
+    queued: set[tuple[str, UOp]] = set()  # (a set: a deep chain's schedule has many kernels)
     for item in items:
         key = (item.device, item.ast, item.name)
         if item.kind == "kernel" and key not in _runner_cache and \
-                all(item.ast is not other.ast for other in waiting.get(item.device, [])):
+                (item.device, item.ast) not in queued:
             waiting.setdefault(item.device, []).append(item)
+            queued.add((item.device, item.ast))
     for device, group in waiting.items():
         backend = Device[device]
         if len(group) > 1 and hasattr(backend.compiler, "compile_many"):

@@ -369,6 +369,8 @@ def _reduce_factor(term: UOp, divisor: int) -> UOp:
 def recombine_divmod(total: UOp) -> UOp | None:
     """(x//c)*c + x%c -> x: a reshape splits an index into quotient and remainder, and a later
     reshape that merges them back produces exactly this sum."""
+    if not all(_may_pair(side) for side in total.src):
+        return None
     terms = sum_terms(total)
     for k, term in enumerate(terms):
         if term.op is not Ops.MUL or term.src[0].op is not Ops.IDIV:
@@ -382,6 +384,16 @@ def recombine_divmod(total: UOp) -> UOp | None:
             rest = [t for j, t in enumerate(terms) if j not in (k, remainder)]
             return _sum([x, *rest], total.dtype)
     return None
+
+
+def _may_pair(side: UOp) -> bool:
+    """Can one side of a sum hold a term of a new (x//c)*c, x%c pair? Rewriting goes bottom-up,
+    so each side is already simplified and holds no pair itself: a new pair needs a term from
+    each side, and a side that is a single other term rules it out. (So a sum grown one term
+    at a time costs one look per step, not a walk over all of its terms.)"""
+    if side.op is Ops.ADD:
+        return True
+    return side.op is Ops.MOD or (side.op is Ops.MUL and side.src[0].op is Ops.IDIV)
 
 
 def fold_compare_by_range(x: UOp, c: UOp) -> UOp | None:

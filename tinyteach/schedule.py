@@ -7,6 +7,8 @@ What this teaches:
   other (an elementwise node used by two kernels is simply recomputed in both — it is cheap);
 - a reduction must be stored in its own buffer when its result is broadcast back over the axes it
   reduced (softmax's max), feeds another reduction, or is needed by more than one kernel;
+- a very long chain of elementwise ops (`x = x + 1` in a loop of 100,000) is cut every
+  `MAX_KERNEL_DEPTH` ops, so that no kernel's source grows too big to render and compile;
 - every cut and every fusion is written down in plain words (`ScheduleItem.boundary_reason`,
   `.fusions`), so DEBUG=3 and viz can tell you *why* the kernels are what they are.
 
@@ -68,6 +70,8 @@ def _users(roots: list[UOp]) -> dict[UOp, list[UOp]]:
 
 
 def _toposort(roots: list[UOp]) -> list[UOp]:
+    if len(roots) == 1:
+        return roots[0].toposort  # (cached on the root: every step of the schedule asks)
     return toposort_of(roots)
 
 
@@ -389,14 +393,15 @@ def estimate_ops(ast: UOp) -> int:
 
 def device_of(node: UOp, default: str) -> str:
     """The device of the buffers `node` reads (or of a copy that brings them there)."""
-    return devices_of([node], default)[node]
+    return devices_of(node.toposort, default)[node]
 
 
-def devices_of(roots: list[UOp], default: str) -> dict[UOp, str]:
-    """The device of every node of the graph, in one pass from the sources up: a buffer's own,
-    a copy's target, else that of its last source that has one (`default` for constants)."""
+def devices_of(order: list[UOp], default: str) -> dict[UOp, str]:
+    """The device of every node of a graph (`order`: sources before users), in one pass from
+    the sources up: a buffer's own, a copy's target, else that of its last source that has
+    one (`default` for constants)."""
     found: dict[UOp, str | None] = {}
-    for node in toposort_of(roots):
+    for node in order:
         if node.op is Ops.BUFFER:
             found[node] = node.arg.device
         elif node.op is Ops.COPY:
@@ -414,8 +419,9 @@ def create_schedule(outputs: list[UOp], default_device: str) -> tuple[list[Sched
     realized = find_realized(outputs)
     buffer_of: dict[UOp, Buffer] = {}
     items: list[ScheduleItem] = []
-    devices = devices_of(outputs, default_device)
-    for node in _toposort(outputs):
+    order = _toposort(outputs)
+    devices = devices_of(order, default_device)
+    for node in order:
         if node not in realized:
             continue
         device = devices[node]

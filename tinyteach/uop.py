@@ -10,6 +10,8 @@ What this teaches:
   subgraphs are shared for free (common-subexpression elimination by construction);
 - every node knows its shape (derived from its sources and arg), and the integer nodes of index
   arithmetic know their smallest and largest value (`vmin`, `vmax`), which the simplifier uses.
+- a graph may be 100,000 ops deep, and Python allows only ~1,000 nested calls: every walk over
+  a graph keeps its own stack of nodes (`toposort_of`, `fill_sources_first`), never recursion.
 
 Builds on: dtype.py. Used by: every later chapter.
 
