@@ -324,3 +324,14 @@ def test_bitcast_errors_and_no_gradient(device: str) -> None:
     x = Tensor([1.5, -2.0], device=device, requires_grad=True)
     assert not x.bitcast(dtypes.int32).requires_grad
     assert Tensor.ones(0, 2, device=device).bitcast("uint32").shape == (0, 2)
+
+
+def test_binary_ops_on_empty_and_size_one(device: str) -> None:
+    empty = Tensor.ones(0, 3, device=device)
+    for name in ("fmod", "copysign", "logaddexp", "lerp"):
+        args = (empty, 0.5) if name == "lerp" else (empty,)
+        assert getattr(empty, name)(*args).shape == (0, 3), name
+    assert Tensor.ones(0, dtype=dtypes.int32, device=device).bitwise_and(3).shape == (0,)
+    assert (Tensor.ones(0, dtype=dtypes.int32, device=device) << 2).shape == (0,)
+    check(Tensor.logaddexp, torch.logaddexp, [(1, 1), (2, 1, 3)], device)
+    check(lambda a: a.fmod(-0.75), lambda a: torch.fmod(a, -0.75), [(1,)], device)

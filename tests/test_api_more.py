@@ -442,6 +442,8 @@ def test_nll_loss_ignore_index_and_errors(device: str, weighted: bool) -> None:
     check(lambda t: t.nll_loss(Tensor(y), None if w is None else Tensor(w), -100),
           lambda t: F.nll_loss(t, torch.tensor(y).long(), None if w is None else torch.tensor(w),
                                ignore_index=-100), [(5, 3)], device)
+    check(lambda t: t.nll_loss(Tensor(2)), lambda t: F.nll_loss(t, torch.tensor(2)), [(4,)],
+          device)  # one item: (C,) inputs, a 0-d target
     with pytest.raises(ValueError, match="do not fit"):
         Tensor.ones(4, 3).nll_loss(Tensor([0, 1]))
     with pytest.raises(TypeError, match="integer targets"):
@@ -463,6 +465,14 @@ def test_scaled_dot_product_attention(device: str) -> None:
     check(lambda q, k, v: q.scaled_dot_product_attention(k, v, attn_mask=Tensor(bias)),
           lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=torch.tensor(bias)),
           shapes, device)
+
+
+def test_attention_without_heads(device: str) -> None:
+    check(lambda q, k, v: q.scaled_dot_product_attention(k, v, is_causal=True),
+          lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+          [(2, 5, 4), (2, 5, 4), (2, 5, 3)], device)
+    check(lambda q, k, v: q.scaled_dot_product_attention(k, v),
+          F.scaled_dot_product_attention, [(1, 4), (3, 4), (3, 2)], device)
 
 
 def test_attention_gqa_dropout_and_errors(device: str) -> None:

@@ -375,9 +375,11 @@ class TensorNN(TensorMath):
         targets Y (N, ...), as PyTorch's: -weight[y] * self[n, y], averaged over the weights
         of the targets that are not ignore_index (None: none is ignored, tinygrad's default;
         PyTorch's is -100)."""
-        if self.ndim < 1 or Y.shape != self.shape[:1] + self.shape[2:]:
+        expected = () if self.ndim == 1 else self.shape[:1] + self.shape[2:]
+        if self.ndim < 1 or Y.shape != expected:
             raise ValueError(f"nll_loss: targets of shape {Y.shape} do not fit inputs "
-                             f"{self.shape} (N, C, ...), which need targets (N, ...)")
+                             f"{self.shape} (N, C, ...) or (C,), which need targets (N, ...) "
+                             f"or ()")
         if dtypes.is_float(Y.dtype):
             raise TypeError(f"nll_loss needs integer targets, not {Y.dtype.name}")
         classes = self.shape[1] if self.ndim > 1 else self.shape[0]
