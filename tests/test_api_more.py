@@ -399,6 +399,8 @@ def test_einsum_list_integers_and_errors(device: str) -> None:
         Tensor.einsum("...ij->...ji", x)
     with pytest.raises(ValueError, match="shape"):
         Tensor.einsum("ijk->i", x)
+    with pytest.raises(ValueError, match="shape"):
+        Tensor.einsum("iij->i", x)
     with pytest.raises(ValueError, match="output"):
         Tensor.einsum("ij->iz", x)
 

@@ -301,17 +301,8 @@ class TensorNN(TensorMath):
         tensors: list[Tensor] = list(operands[0]) if len(operands) == 1 and isinstance(
             operands[0], (list, tuple)) else list(operands)
         inputs, output = _parse_einsum(formula.replace(" ", ""), len(tensors))
-        sizes: dict[str, int] = {}
-        prepared = []
-        for letters, tensor in zip(inputs, tensors):
-            letters, tensor = _einsum_diagonals(letters, tensor)
-            if len(letters) != tensor.ndim:
-                raise ValueError(f"einsum: operand {letters!r} has shape {tensor.shape}")
-            for letter, size in zip(letters, tensor.shape):
-                if sizes.setdefault(letter, size) != size:
-                    raise ValueError(f"einsum: letter {letter!r} has sizes {sizes[letter]} "
-                                     f"and {size}")
-            prepared.append((letters, tensor))
+        prepared = [_einsum_diagonals(letters, t) for letters, t in zip(inputs, tensors)]
+        sizes = _einsum_sizes(prepared)
         order = sorted(sizes)
         product: Tensor | None = None
         for letters, tensor in prepared:
@@ -426,8 +417,21 @@ def _parse_einsum(formula: str, count: int) -> tuple[list[str], str]:
     return inputs, right
 
 
+def _einsum_sizes(operands: list[tuple[str, Tensor]]) -> dict[str, int]:
+    """Each letter's size, checked: one size per letter."""
+    sizes: dict[str, int] = {}
+    for letters, tensor in operands:
+        for letter, size in zip(letters, tensor.shape):
+            if sizes.setdefault(letter, size) != size:
+                raise ValueError(f"einsum: letter {letter!r} has sizes {sizes[letter]} and "
+                                 f"{size}")
+    return sizes
+
+
 def _einsum_diagonals(letters: str, tensor: Tensor) -> tuple[str, Tensor]:
     """A letter twice in one operand ("ii") keeps the diagonal of those two axes."""
+    if len(letters) != tensor.ndim:
+        raise ValueError(f"einsum: operand {letters!r} has shape {tensor.shape}")
     while len(set(letters)) != len(letters):
         letter = next(c for c in letters if letters.count(c) > 1)
         first = letters.index(letter)
