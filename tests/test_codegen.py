@@ -118,7 +118,9 @@ def test_debug_levels_add_information(capsys, level):
         fresh_computation().realize()
     out = capsys.readouterr().out
     (line,) = kernel_lines(out)
-    assert "CPU" in line and "r_3_5" in line and "arg  2" in line and "GB" in line
+    memory = (3 + 3 * 5) * 4  # the float32 output and input, in bytes
+    assert "CPU" in line and "r_3_5" in line and "arg  2" in line
+    assert line.split("mem")[1].split()[:2] == [str(memory), "B"]
     assert ("tm " in line) == (level >= 2)
     assert ("stored because" in out) == (level >= 3)
     assert ("REDUCE_AXIS" in out) == (level >= 3)
@@ -176,3 +178,9 @@ def test_global_counters(device):
     assert GlobalCounters.global_ops >= 32 + 32 + 32
     GlobalCounters.reset()
     assert GlobalCounters.kernel_count == 0 and GlobalCounters.time_sum_s == 0.0
+
+
+def test_debug_memory_reads_in_units():
+    from tinyteach.helpers import format_bytes
+    assert [format_bytes(n) for n in (0, 72, 1500, 4_194_304, 1_073_741_824)] == \
+        ["0 B", "72 B", "1.50 KB", "4.19 MB", "1.07 GB"]

@@ -87,6 +87,14 @@ def prod(values: Iterable[int]) -> int:
     return functools.reduce(operator.mul, values, 1)
 
 
+def format_bytes(count: int) -> str:
+    """A byte count a reader can take in: 48 B, 1.50 KB, 4.19 MB, 1.07 GB (powers of 1000)."""
+    for unit, size in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if count >= size:
+            return f"{count / size:.2f} {unit}"
+    return f"{count} B"
+
+
 def argsort(values: list[Any]) -> list[int]:
     return sorted(range(len(values)), key=values.__getitem__)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from tinyteach import search
 from tinyteach.device import Backend, Buffer, Device
-from tinyteach.helpers import DEBUG, GlobalCounters
+from tinyteach.helpers import DEBUG, GlobalCounters, format_bytes
 from tinyteach.lower import LinearProgram, lower
 from tinyteach.pack import pack_operands
 from tinyteach.schedule import ScheduleItem, create_schedule, estimate_ops
@@ -126,7 +126,7 @@ def _count(item: ScheduleItem, runner: Runner | None, seconds: float) -> None:
     if DEBUG >= 1:
         timing = f" tm {seconds * 1e6:9.2f}us" if DEBUG >= 2 else ""
         print(f"*** {item.device:<6} {GlobalCounters.kernel_count:4d} {item.name:<26} "
-              f"arg {len(item.buffers):2d} mem {memory / 1e9:.6f} GB{timing}")
+              f"arg {len(item.buffers):2d} mem {format_bytes(memory):>9}{timing}")
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
