@@ -120,7 +120,7 @@ def test_a_20000_deep_lazy_chain_draws_without_recursion() -> None:
         figure = viz.graph(out)
     finally:
         sys.setrecursionlimit(limit)
-    assert f"This graph has {total} nodes, too many to draw whole" in figure.text
+    assert f"This graph has {total} nodes and is {depth_of[out.uop]} deep" in figure.text
     drawn = [line for line in figure.text.splitlines() if line.startswith("n")]
     assert 0 < len(drawn) <= 90  # about max_nodes=80 boxes, not 40,000
     assert "left out: computed by nodes not drawn" in figure.text
@@ -140,7 +140,16 @@ def test_a_cut_graph_says_how_many_nodes_were_left_out() -> None:
     drawn = [line for line in figure.text.splitlines() if re.match(r"n\d+:", line)]
     stand_ins = [line for line in drawn if "left out: computed by nodes not drawn" in line]
     assert len(stand_ins) == 1  # a chain enters the drawn part through one value
-    assert len(drawn) == 40 + 2 + 1 - 0  # constants folded into one box each
+    assert len(drawn) == 40 + 2 + 1  # constants folded into one box each
+
+
+def test_a_cut_graph_draws_no_more_than_can_be_planned(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: object) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # the text view: `dot` takes minutes on 200 nodes
+    _, out = deep_chain(1_000)
+    figure = viz.graph(out, max_nodes=5_000)  # asks for more than viz plans at once
+    assert "drawn are the 200 nodes nearest the result" in figure.text
+    assert "left out: computed by nodes not drawn" in figure.text
 
 
 def test_launch_graph_draws_kernels_and_buffers() -> None:
@@ -192,6 +201,28 @@ def test_launch_graph_draws_the_last_launches_of_a_long_recording() -> None:
     assert "k4: E_4 on CPU" in figure.text and "k5: E_4 on CPU" in figure.text
     assert "k3:" not in figure.text
     assert "written by an earlier launch (left out)" in (figure.dot or "")
+
+
+def test_limits_must_be_positive_and_launches_must_be_launches() -> None:
+    out = seed_example()
+    with pytest.raises(ValueError, match="max_nodes must be at least 1"):
+        viz.graph(out, max_nodes=0)
+    with pytest.raises(ValueError, match="max_kernels must be at least 1"):
+        viz.schedule(out, max_kernels=0)
+    with pytest.raises(ValueError, match="max_launches must be at least 1"):
+        viz.launch_graph([], max_launches=-1)
+    with pytest.raises(TypeError, match="what record_launches"):
+        viz.launch_graph([out])  # type: ignore[list-item]
+
+
+def test_a_too_deep_lazy_tensor_displays_without_planning() -> None:
+    pytest.importorskip("IPython")
+    from viz.magic import tensor_html
+
+    _, out = deep_chain(1_000)
+    html_text = tensor_html(out)
+    assert f"lazy: a graph of {len(out.uop.toposort)} nodes" in html_text
+    assert "not computed yet" in html_text
 
 
 def test_schedule_draws_the_last_kernels_of_a_long_schedule() -> None:

@@ -36,14 +36,18 @@ from viz.figure import (
     swatch,
     table,
 )
-from viz.plan import Plan, as_uops, device_of, graph_depth, graph_nodes, make_plan
+from viz.plan import (
+    MAX_PLANNED_DEPTH,
+    Plan,
+    as_uops,
+    device_of,
+    graph_depth,
+    graph_nodes,
+    is_plannable,
+    make_plan,
+)
 
 DEFAULT_MAX_NODES = 80
-# Graphs bigger or deeper than this are drawn cut, planned on the drawn part only. The depth
-# limit is for tinyteach's scheduler, which copies a kernel's graph recursively
-# (schedule.py, `_KernelBuilder.build`, two Python frames per level of the graph).
-MAX_PLANNED_NODES = 5_000
-MAX_PLANNED_DEPTH = 200
 
 
 @dataclass
@@ -69,10 +73,13 @@ class Box:
 
 def graph(*tensors: Any, device: str | None = None, max_nodes: int | None = DEFAULT_MAX_NODES,
           collapse_movement: bool = True, group: bool = True) -> Figure:
-    """Draw the lazy graph of one or more Tensors (or UOps) as SVG; nothing is computed."""
+    """Draw the lazy graph of one or more Tensors (or UOps) as SVG; nothing is computed.
+    Graphs of more than `max_nodes` boxes are drawn one box per kernel, or cut if they are too
+    big to plan whole (`viz.plan.is_plannable`); `max_nodes=None` plans and draws every node."""
+    if max_nodes is not None and max_nodes < 1:
+        raise ValueError(f"max_nodes must be at least 1 (or None for no limit), got {max_nodes}")
     nodes = graph_nodes(as_uops(tensors))
-    too_big = len(nodes) > MAX_PLANNED_NODES or graph_depth(nodes) > MAX_PLANNED_DEPTH
-    if max_nodes is not None and too_big:
+    if max_nodes is not None and not is_plannable(nodes):
         return _cut_graph(tensors, nodes, device, max_nodes, collapse_movement, group)
     plan = make_plan(tensors, device)
     boxes = make_boxes(plan, collapse_movement)
@@ -138,13 +145,15 @@ def view_of_leaf(node: UOp) -> list[UOp]:
 def _cut_graph(tensors: tuple[Any, ...], nodes: list[UOp], device: str | None, max_nodes: int,
                collapse_movement: bool, group: bool) -> Figure:
     target_device = device_of(tensors, device)
-    roots, stand_ins, left_out = cut(as_uops(tensors), nodes, max_nodes, target_device)
+    keep = min(max_nodes, MAX_PLANNED_DEPTH)  # the drawn part is planned: it must be plannable
+    roots, stand_ins, left_out = cut(as_uops(tensors), nodes, keep, target_device)
     plan = make_plan(tuple(roots), target_device, left_out=stand_ins)
     boxes = make_boxes(plan, collapse_movement)
-    message = (f"This graph has {len(nodes)} nodes, too many to draw whole "
-               f"(max_nodes={max_nodes}): drawn are the nodes nearest the result; the "
-               f"{left_out} before them are left out, and the values they pass in are dashed "
-               "'left out' inputs. The kernels shown are planned for the drawn part alone.")
+    message = (f"This graph has {len(nodes)} nodes and is {graph_depth(nodes)} deep, too big to "
+               f"plan and draw whole (max_nodes={max_nodes}): drawn are the {keep} nodes "
+               f"nearest the result; the {left_out} before them are left out, and the values "
+               "they pass in are dashed 'left out' inputs. The kernels shown are planned for "
+               "the drawn part alone.")
     title = (f"lazy graph, cut: {len(boxes)} boxes for the last part of {len(nodes)} nodes, "
              f"{len(plan.items)} kernel(s)")
     figure = graph_figure(title, _graph_dot(plan, boxes, group), text_view(plan, boxes),

@@ -19,9 +19,9 @@ Builds on: viz/figure.py. Used by: viz/report.py (`%%tinyteach --show graph`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from tinyteach.device import Buffer
+from tinyteach.realize import Launch
 from tinyteach.schedule import ScheduleItem
 from tinyteach.uop import Ops
 from viz.figure import DotWriter, Figure, escape, graph_figure, kernel_color, swatch, table
@@ -118,14 +118,19 @@ class _Builder:
         return node
 
 
-def build_launch_graph(launches: list[Any], max_launches: int | None = DEFAULT_MAX_LAUNCHES
+def build_launch_graph(launches: list[Launch], max_launches: int | None = DEFAULT_MAX_LAUNCHES
                        ) -> LaunchGraph:
     """Buffer versions and launches, in the order they ran (the last `max_launches` of them)."""
+    if max_launches is not None and max_launches < 1:
+        raise ValueError(f"max_launches must be at least 1 (or None for no limit), "
+                         f"got {max_launches}")
+    if not all(isinstance(launch, Launch) for launch in launches):
+        raise TypeError("launch_graph draws what record_launches() recorded: a list of Launch")
     first_drawn = 0 if max_launches is None else max(0, len(launches) - max_launches)
     builder = _Builder()
     drawn: list[LaunchNode] = []
     for number, launch in enumerate(launches):
-        item: ScheduleItem = launch.item
+        item = launch.item
         if number < first_drawn:
             builder.skip(item)
             continue
@@ -240,7 +245,7 @@ def text_view(graph: LaunchGraph) -> str:
     return "\n".join(lines)
 
 
-def launch_graph(launches: list[Any], max_launches: int | None = DEFAULT_MAX_LAUNCHES) -> Figure:
+def launch_graph(launches: list[Launch], max_launches: int | None = DEFAULT_MAX_LAUNCHES) -> Figure:
     """Draw recorded launches (`record_launches()`) and the buffers between them as SVG."""
     graph = build_launch_graph(launches, max_launches)
     return graph_figure(launch_title(graph), _launch_dot(graph), text_view(graph),

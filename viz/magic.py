@@ -162,8 +162,11 @@ def tensor_values(tensor: Tensor, limit: int = 8) -> str:
 def tensor_state(tensor: Tensor) -> str:
     if is_contiguous_buffer(tensor.uop):
         return "realized"
-    from viz.plan import make_plan
+    from viz.plan import graph_nodes, is_plannable, make_plan
 
+    nodes = graph_nodes([tensor.uop])
+    if not is_plannable(nodes):
+        return f"lazy: a graph of {len(nodes)} nodes, planned into kernels when it is realized"
     items = make_plan((tensor,)).items
     names = ", ".join(item.name for item in items)
     noun = "kernel" if len(items) == 1 else "kernels"

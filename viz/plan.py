@@ -45,6 +45,18 @@ def graph_nodes(roots: list[UOp]) -> list[UOp]:
     return list(order)
 
 
+# Graphs bigger or deeper than this are not planned whole: viz draws them cut (viz/graph.py).
+# The depth limit is for tinyteach's scheduler, which copies a kernel's graph recursively
+# (schedule.py, `_KernelBuilder.build`: two Python frames per level of the graph).
+MAX_PLANNED_NODES = 5_000
+MAX_PLANNED_DEPTH = 200
+
+
+def is_plannable(nodes: list[UOp]) -> bool:
+    """Whether a graph (its nodes in graph order) is small and shallow enough to plan whole."""
+    return len(nodes) <= MAX_PLANNED_NODES and graph_depth(nodes) <= MAX_PLANNED_DEPTH
+
+
 def graph_depth(nodes: list[UOp]) -> int:
     """The longest path from a leaf to a root, in nodes (`nodes` in graph order)."""
     depth: dict[UOp, int] = {}

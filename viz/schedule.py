@@ -40,6 +40,9 @@ DEFAULT_MAX_KERNELS = 40
 def schedule(*targets: Any, device: str | None = None,
              max_kernels: int | None = DEFAULT_MAX_KERNELS) -> Figure:
     """Draw the kernels of Tensors/UOps (or of ScheduleItems / Launches) as clusters."""
+    if max_kernels is not None and max_kernels < 1:
+        raise ValueError(f"max_kernels must be at least 1 (or None for no limit), "
+                         f"got {max_kernels}")
     items = schedule_items(targets, device)
     first = 0 if max_kernels is None else max(0, len(items) - max_kernels)
     noun = "kernel" if len(items) == 1 else "kernels"
