@@ -685,14 +685,16 @@ class TensorMath(TensorMovement):
         """(values, indices) sorted along dim, stably (ties keep their order), NaN last when
         ascending and first when descending, as PyTorch's sort(stable=True).
 
-        A bitonic sorting network (Batcher): pad the axis to m = 2^p elements, then for each
-        block size k = 2, 4, ..., m and each distance j = k/2, ..., 1, compare element i with
-        element i + j (i in the first half of a block of 2j) and swap the pair when it is out
-        of order, ascending in even blocks of k, descending in odd ones. A pair is two views of
-        one reshape, (m/2j, 2, j), so every step is movement ops, comparisons and `where`;
-        p(p+1)/2 steps, each one kernel (`contiguous`: an unrealized step would recompute the
-        steps before it twice over). The indices travel with the values, and the gradient
-        flows through the `where`s to the element each output came from."""
+        A bitonic sorting network (Batcher's), in the form with no directions: pad the axis to
+        m = 2^p elements; then for each block size k = 2, 4, ..., m, first compare element i
+        of each block with its mirror image k-1-i, then, for each distance j = k/4, ..., 1,
+        element i with i + j (i in the first half of a block of 2j), and swap every pair that
+        is out of order. A pair is two views of one reshape, (m/2j, 2, j), the mirror a flip
+        of the second view, so every step is movement ops, comparisons and `where`: p(p+1)/2
+        steps, each one kernel (`contiguous`: an unrealized step would recompute the steps
+        before it twice over), and the steps with one j share a compiled kernel. The indices
+        travel with the values, and the gradient flows through the `where`s to the element
+        each output came from."""
         if self.ndim == 0:
             values, indices = self.reshape(1).sort(0, descending)
             return values.reshape(()), indices.reshape(())
@@ -708,9 +710,10 @@ class TensorMath(TensorMovement):
         values, index = moved.pad(pad), index.pad(pad, value=size)  # index >= n: padding
         k = 2
         while k <= size:
-            j = k // 2
+            values, index = _compare_and_swap(values, index, n, k // 2, True, descending)
+            j = k // 4
             while j >= 1:
-                values, index = _compare_and_swap(values, index, n, k, j, descending)
+                values, index = _compare_and_swap(values, index, n, j, False, descending)
                 j //= 2
             k *= 2
         keep = [None] * (self.ndim - 1) + [(0, n)]
@@ -817,26 +820,32 @@ def _comes_after(a: tuple[Tensor, Tensor, Tensor], b: tuple[Tensor, Tensor, Tens
     return (group_a > group_b) | ((group_a == group_b) & later)
 
 
-def _compare_and_swap(values: Tensor, index: Tensor, n: int, k: int, j: int,
+def _compare_and_swap(values: Tensor, index: Tensor, n: int, j: int, mirror: bool,
                       descending: bool) -> tuple[Tensor, Tensor]:
-    """One step of the bitonic network: elements i and i + j (i in the first half of each block
-    of 2j) swap when out of order; blocks where (i & k) != 0 are ordered the other way."""
+    """One step of the bitonic network: in every block of 2j elements, element i of the first
+    half is compared with element i of the second half (with element j-1-i of it, when
+    `mirror`), and the two swap when they are out of order."""
     lead, size = values.shape[:-1], values.shape[-1]
     pairs = (*lead, size // (2 * j), 2, j)
-    v, i = values.reshape(pairs), index.reshape(pairs)
     first = [None] * len(lead) + [None, (0, 1), None]
     second = [None] * len(lead) + [None, (1, 2), None]
-    v0, v1, i0, i1 = v.shrink(first), v.shrink(second), i.shrink(first), i.shrink(second)
-    entry0 = (*_sort_key(v0, i0, n, descending), i0)
-    entry1 = (*_sort_key(v1, i1, n, descending), i1)
-    block = type(values).arange(size // (2 * j), device=values.device) * (2 * j)
-    upward = ((block // k) % 2 == 0).reshape(size // (2 * j), 1, 1)
-    swap = upward.where(_comes_after(entry0, entry1), _comes_after(entry1, entry0))
+    halves = []
+    for tensor in (values.reshape(pairs), index.reshape(pairs)):
+        low, high = tensor.shrink(first), tensor.shrink(second)
+        halves.append((low, high.flip(-1) if mirror else high))
+    (v0, v1), (i0, i1) = halves
+    swap = _comes_after((*_sort_key(v0, i0, n, descending), i0),
+                        (*_sort_key(v1, i1, n, descending), i1))
     in_second = type(values).arange(2, device=values.device).reshape(1, 2, 1) == 1
-    new_values = in_second.where(swap.where(v0, v1), swap.where(v1, v0))
-    new_index = in_second.where(swap.where(i0, i1), swap.where(i1, i0))
-    return (new_values.reshape(values.shape).contiguous(),
-            new_index.reshape(index.shape).contiguous())
+    results = []
+    for low, high in halves:
+        new_high = swap.where(low, high)
+        if mirror:
+            new_high = new_high.flip(-1)
+        joined = in_second.where(new_high, swap.where(high, low))
+        results.append(joined.reshape(values.shape).contiguous())
+    return results[0], results[1]
+
 
 # IEEE 754 formats by size in bytes: (exponent bits, mantissa bits)
 _FLOAT_FORMATS = {2: (5, 10), 4: (8, 23), 8: (11, 52)}
