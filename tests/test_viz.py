@@ -320,6 +320,29 @@ def test_rewrite_explorer_steps_through_rules() -> None:
     assert bundle["text/plain"].startswith("rewrite explorer: step")
 
 
+def test_rewrite_formulas_of_deep_expressions_are_cut_without_recursion() -> None:
+    import importlib
+
+    from tinyteach.dtype import dtypes
+    from tinyteach.uop import Ops, UOp
+
+    rewrites_module = importlib.import_module("viz.rewrites")  # `viz.rewrites` is the function
+    index = UOp(Ops.RANGE, dtypes.int32, (), ("g", 0, 4))
+    for _ in range(5_000):
+        index = UOp(Ops.ADD, dtypes.int32, (index, UOp(Ops.CONST, dtypes.int32, (), 1)))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)  # Python's default
+    try:
+        formula = rewrites_module.expression(index)
+    finally:
+        sys.setrecursionlimit(limit)
+    # 13 levels are written out (depths 0..12); below them everything is `…`
+    assert formula == "(" * 12 + "(…+…)" + "+1)" * 12
+    short = UOp(Ops.ADD, dtypes.int32, (UOp(Ops.RANGE, dtypes.int32, (), ("r", 1, 4)),
+                                        UOp(Ops.CONST, dtypes.int32, (), 3)))
+    assert rewrites_module.expression(short) == "(ridx1+3)"
+
+
 def test_rewrites_from_a_recorded_log() -> None:
     pytest.importorskip("ipywidgets")
     from tinyteach.lower import lower

@@ -42,20 +42,46 @@ def collect_steps(target: Any, device: str | None = None) -> list[RewriteStep]:
 
 # ---- one step, as text and as graphs ----
 
-def expression(node: UOp, depth: int = 0) -> str:
-    """A node as a formula: ADD(MUL(gidx0, 4), ridx0) -> ((gidx0*4)+ridx0)."""
-    if depth > 12:
-        return "…"
+MAX_DEPTH = 12  # deeper sub-expressions are written `…`
+
+
+def _leaf_text(node: UOp) -> str | None:
     if node.op is Ops.CONST:
         return str(node.arg)
     if node.op is Ops.RANGE:
         return ("gidx" if node.arg[0] == "g" else "ridx") + str(node.arg[1])
-    sources = [expression(s, depth + 1) for s in node.src]
+    return None
+
+
+def _formula(node: UOp, sources: list[str]) -> str:
     if node.op in SYMBOLS and len(sources) == 2:
         return f"({sources[0]}{SYMBOLS[node.op]}{sources[1]})"
     if node.op is Ops.WHERE:
         return f"({sources[0]} ? {sources[1]} : {sources[2]})"
     return f"{node.op.name.lower()}({', '.join(sources)})"
+
+
+def expression(root: UOp) -> str:
+    """A node as a formula: ADD(MUL(gidx0, 4), ridx0) -> ((gidx0*4)+ridx0).
+
+    Written with a stack, not recursion: each (node, depth) is turned into text once its
+    sources have been."""
+    text: dict[tuple[UOp, int], str] = {}
+    stack: list[tuple[UOp, int, bool]] = [(root, 0, False)]
+    while stack:
+        node, depth, sources_done = stack.pop()
+        if (node, depth) in text:
+            continue
+        leaf = "…" if depth > MAX_DEPTH else _leaf_text(node)
+        if leaf is not None:
+            text[(node, depth)] = leaf
+        elif sources_done:
+            sources = [text[(source, depth + 1)] for source in node.src]
+            text[(node, depth)] = _formula(node, sources)
+        else:
+            stack.append((node, depth, True))
+            stack.extend((source, depth + 1, False) for source in node.src)
+    return text[(root, 0)]
 
 
 def node_label(node: UOp) -> str:
