@@ -164,7 +164,7 @@ def test_show_graph_draws_the_kernels_of_a_cell_ending_in_numpy(shell: Interacti
     assert "r_4_4_4" in expected  # the matmul: 4x4 outputs, each a sum over 4
     # the matmul reads the two inputs (the first two buffers) and writes a third
     assert {"b0->k1", "b1->k1", "k1->b2"} <= set(titles)
-    assert html.count("input: it was there before the cell ran") >= 2
+    assert html.count("input: there before these launches ran") >= 2
     assert "buffer (4, 4) float32 on CPU" in html
 
 

@@ -12,9 +12,10 @@ What a student sees:
 
 It draws what `record_launches()` (tinyteach/realize.py) recorded: the ScheduleItem and buffers
 of every launch. Nothing is run again. Output is deterministic: names come from the order of the
-launches, never from `id()`.
+launches, never from `id()` (used only as a key, to tell memories apart).
 
-Builds on: viz/figure.py. Used by: viz/report.py (`%%tinyteach --show graph`).
+Builds on: tinyteach.realize (Launch), viz/figure.py. Used by: viz/report.py
+(`%%tinyteach --show graph`).
 """
 from __future__ import annotations
 
@@ -162,7 +163,7 @@ def buffer_role(node: BufferNode) -> str:
         return f"written by k{node.writer + 1}{again}"
     if node.left_out_writer:
         return "written by an earlier launch (left out)"
-    return "input: it was there before the cell ran"
+    return "input: there before these launches ran"
 
 
 def buffer_label(node: BufferNode) -> str:
