@@ -198,3 +198,30 @@ def test_freeing_a_100k_deep_graph() -> None:
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "freed"
+
+
+def test_sum_of_many_reductions() -> None:
+    """Each of 3,000 reductions sits under the rest of a 3,000-deep sum: the scheduler must not
+    walk up that sum once per reduction."""
+    arrays = np.random.default_rng(1).standard_normal((3_000, 4)).astype(np.float32)
+    tensors = [Tensor(a, device="NUMPY") for a in arrays]
+    total = tensors[0].sum()
+    for t in tensors[1:]:
+        total = total + t.sum()
+    np.testing.assert_allclose(total.numpy(), arrays.astype(np.float64).sum(), rtol=1e-4,
+                               atol=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chain_reading_each_step_through_two_views(device: str) -> None:
+    """Each step reads the last one twice, through different views: fused naively, step k
+    would be lowered (and computed) 2^k times. The scheduler stores a value once it is read
+    through MAX_VIEWS_PER_NODE different views, so the work stays linear in the depth."""
+    data = np.linspace(-1, 1, 6, dtype=np.float32)
+    x, ref = Tensor(data, device=device), data
+    for _ in range(2_000):
+        x = x.pad(((1, 0),)).shrink(((0, 6),)) * 0.5 + x.flip(0) * 0.5
+        ref = np.pad(ref, (1, 0))[:6] * np.float32(0.5) + ref[::-1] * np.float32(0.5)
+    items, _ = create_schedule([x.uop], device)
+    assert any("different views" in item.boundary_reason for item in items)
+    np.testing.assert_allclose(x.numpy(), ref, rtol=1e-4, atol=1e-6)

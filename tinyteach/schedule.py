@@ -108,15 +108,20 @@ def find_realized(outputs: list[UOp]) -> dict[UOp, str]:
             realized.setdefault(node, "assign() writes the value into the tensor's own buffer")
     # walk from the outputs down, so each node's users are decided before the node itself
     kernels_of: dict[UOp, set[UOp]] = {}
+    ops_above: dict[UOp, frozenset[Ops]] = {}
+    views: dict[UOp, frozenset[int]] = {}
     for node in reversed(order):
+        ops_above[node] = _ops_between(node, users, realized, ops_above)
+        views[node] = _views_read(node, users, realized, views)
         if node in realized or node.op is Ops.BUFFER:
             kernels_of[node] = {node}
             continue
         kernels_of[node] = set().union(*(kernels_of[u] for u in users[node]))
         if node.op is Ops.REDUCE_AXIS:
-            reason = _reduce_must_be_stored(node, users, realized, kernels_of)
+            reason = _reduce_must_be_stored(node, realized, kernels_of, ops_above)
         else:
-            reason = _recomputed_by_broadcast(node, users, realized)
+            reason = _recomputed_by_broadcast(node, users, realized) or \
+                _read_through_many_views(node, views[node])
         if reason is not None:
             realized[node] = reason
             kernels_of[node] = {node}
@@ -149,6 +154,36 @@ def _cut_deep_chains(order: list[UOp], realized: dict[UOp, str]) -> None:
         if depth[node] >= MAX_KERNEL_DEPTH and node not in realized:
             realized[node] = (f"the chain of ops is {MAX_KERNEL_DEPTH} deep here: cut so each "
                               "kernel's source stays small enough to render and compile")
+
+
+# a computed value read through this many different views (or more) within its kernels is stored:
+# each view lowers, and computes, the whole graph below it once more, and views of views multiply
+# (`x = x.pad(...).shrink(...) + x.flip(0)`, repeated, doubles the work at every step)
+MAX_VIEWS_PER_NODE = 64
+
+
+def _views_read(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str],
+                views: dict[UOp, frozenset[int]]) -> frozenset[int]:
+    """The different index paths (as numbers) by which the kernels above read `node`: an
+    elementwise user reads it at its own index, a movement op or a reduction maps each of its
+    paths through one more index function, and a stored user starts a kernel of its own.
+    (From the users' own sets: the walk from the outputs down visits users first.)"""
+    found = []
+    for user in dict.fromkeys(users[node]):
+        if user in realized:
+            found.append(frozenset((id(user),)))
+        elif user.op in MOVEMENT or user.op is Ops.REDUCE_AXIS:
+            found.append(frozenset(hash((user, path)) for path in views[user]))
+        else:
+            found.append(views[user])
+    return found[0] if len(found) == 1 else frozenset().union(*found)
+
+
+def _read_through_many_views(node: UOp, paths: frozenset[int]) -> str | None:
+    if node.op not in ALU or len(paths) < MAX_VIEWS_PER_NODE:
+        return None
+    return (f"it is read through {len(paths)} different views: stored once instead of "
+            "computed again for each (views of views multiply)")
 
 
 # elementwise work broadcast this many times (or more) into a reduction is stored, not recomputed
@@ -210,13 +245,13 @@ def _alu_work(node: UOp, realized: dict[UOp, str], limit: int = 2) -> int:
     return count
 
 
-def _reduce_must_be_stored(node: UOp, users: dict[UOp, list[UOp]],
-                           realized: dict[UOp, str], kernels_of: dict[UOp, set[UOp]]) -> str | None:
+def _reduce_must_be_stored(node: UOp, realized: dict[UOp, str], kernels_of: dict[UOp, set[UOp]],
+                           ops_above: dict[UOp, frozenset[Ops]]) -> str | None:
     if len(kernels_of[node]) > 1:
         return (f"the reduction is used by {len(kernels_of[node])} kernels: computed once "
                 "and stored, not recomputed in each")
     # sorted: a set of Ops iterates in an order that changes from process to process
-    for path_op in sorted(_ops_between(node, users, realized), key=lambda op: op.value):
+    for path_op in sorted(ops_above[node], key=lambda op: op.value):
         if path_op is Ops.EXPAND:
             return ("the reduction's result is broadcast back (EXPAND): storing it avoids "
                     "recomputing the reduction for every element")
@@ -227,21 +262,19 @@ def _reduce_must_be_stored(node: UOp, users: dict[UOp, list[UOp]],
     return None
 
 
-def _ops_between(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str]) -> set[Ops]:
+def _ops_between(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str],
+                 ops_above: dict[UOp, frozenset[Ops]]) -> frozenset[Ops]:
     """The ops on the paths from `node` up to the buffers it is stored into (not through ALU ops
-    that merely combine, nor the fusable movement ops)."""
+    that merely combine, nor the fusable movement ops). Made from its users' own sets, which
+    the walk from the outputs down has already found: walking up from every reduction instead
+    would cost the square of the depth (a sum of 10,000 sums)."""
     found: set[Ops] = set()
-    stack, seen = list(users[node]), set()
-    while stack:
-        user = stack.pop()
-        if user in seen:
-            continue
-        seen.add(user)
+    for user in users[node]:
         if user.op not in ALU and user.op not in FUSABLE_AFTER_REDUCE and user.op is not Ops.DETACH:
             found.add(user.op)
         if user not in realized:
-            stack.extend(users[user])
-    return found
+            found |= ops_above[user]
+    return frozenset(found)
 
 
 def assign_target(node: UOp) -> Buffer:

@@ -333,8 +333,12 @@ def toposort_of(roots: list[UOp]) -> list[UOp]:
     return list(order)
 
 
-def fill_sources_first(node: UOp, name: str, inputs: Callable[[UOp], tuple[UOp, ...]] =
-                       lambda node: node.src) -> None:
+def all_sources(node: UOp) -> tuple[UOp, ...]:
+    return node.src
+
+
+def fill_sources_first(node: UOp, name: str,
+                       inputs: Callable[[UOp], tuple[UOp, ...]] = all_sources) -> None:
     """Compute the cached property `name` of everything below `node` that lacks it, deepest
     first: a property whose rule reads its sources' values then never recurses more than one
     level (asked at the top of a 100,000-deep chain, it would otherwise recurse 100,000 deep).
