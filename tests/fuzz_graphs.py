@@ -5,10 +5,11 @@ ops (with broadcasting), movement ops (reshape, permute, pad, shrink, flip, expa
 and high-level ops (softmax, matmul, cumsum, cat, layernorm). About one graph in five is on
 int32 instead of float32 (integer +, *, //, %, max, comparisons, argmax).
 
-About two inputs in five carry special values: NaN, ±inf, -0.0, huge (±1e30) and subnormal
-(±1e-40) floats, or the int32 limits (which wrap on overflow, and INT_MIN // -1). The float
-ops include unbounded ones (log, sqrt and 1/x of anything, so NaN, ±inf and the sign of zero
-reach the output); the ops that bound their inputs (exp of tanh, ...) stay as they were.
+About two inputs in five carry special values: NaN, ±inf, -0.0, huge (1e30 or -1e30, one sign
+per graph) and subnormal (±1e-40) floats, or the int32 limits (which wrap on overflow, and
+INT_MIN // -1). The float ops include unbounded ones (log, sqrt and 1/x of anything, so NaN,
+±inf and the sign of zero reach the output); the ops that bound their inputs (exp of tanh, ...)
+stay as they were.
 
 A graph is first built on NUMPY, the reference; its recipe (the list of steps) is then replayed
 on each device and the results compared. NaN must be where the reference has NaN and
@@ -109,6 +110,7 @@ class Graph:
     inputs: list[np.ndarray]
     steps: list[Step] = field(default_factory=list)
     is_int: bool = False
+    huge_sign: float = 1.0  # the sign of every huge input value (see random_input)
 
     def build(self, device: str) -> list[Tensor]:
         """Every value the steps compute (not the inputs), realized together."""
@@ -171,22 +173,26 @@ def random_shape(rng: np.random.Generator) -> tuple[int, ...]:
     return tuple(int(s) for s in rng.integers(1, 7, size=ndim))
 
 
-FLOAT_SPECIALS = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e30, 1e-40, -1e-40],
+FLOAT_SPECIALS = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, 1e-40, -1e-40],
                           dtype=np.float32)
+HUGE = 1e30  # its square overflows to inf; sums of a few of them do not
 _INT32 = np.iinfo(np.int32)
 INT_SPECIALS = np.array([_INT32.min, _INT32.max, _INT32.min + 1, _INT32.max - 1, 0, -1],
                         dtype=np.int32)
 
 
-def random_input(rng: np.random.Generator, shape: tuple[int, ...], is_int: bool) -> np.ndarray:
+def random_input(rng: np.random.Generator, shape: tuple[int, ...], is_int: bool,
+                 huge_sign: float = 1.0) -> np.ndarray:
     """Uniform values; two inputs in five have a quarter of their elements replaced by special
-    values."""
+    values. The huge ones have one sign in a whole graph: a sum of 1e30, x and -1e30 is x or 0
+    depending on the order of the additions, which each device may choose."""
     if is_int:
         values = rng.integers(-20, 21, size=shape).astype(np.int32)
     else:
         values = rng.uniform(-2, 2, size=shape).astype(np.float32)
     if rng.random() < 0.4:
-        specials = INT_SPECIALS if is_int else FLOAT_SPECIALS
+        specials = INT_SPECIALS if is_int else FLOAT_SPECIALS * np.where(
+            FLOAT_SPECIALS == HUGE, np.float32(huge_sign), np.float32(1))
         chosen = rng.random(size=shape) < 0.25
         values[chosen] = rng.choice(specials, size=int(chosen.sum()))
     return values
@@ -215,7 +221,8 @@ def random_step(rng: np.random.Generator, graph: Graph, values: list[Tensor]) ->
     if kind == "binary":
         partner = broadcast_partner(rng, shape)
         if rng.random() < 0.5:  # broadcast against a fresh input
-            fresh = add_input(graph, values, random_input(rng, partner, graph.is_int))
+            fresh = add_input(graph, values, random_input(rng, partner, graph.is_int,
+                                                              graph.huge_sign))
             order = (index, fresh) if rng.random() < 0.5 else (fresh, index)
             return (str(rng.choice(sorted(binary))), order, ())
         other = int(rng.integers(0, len(values)))
@@ -282,7 +289,8 @@ def _high_level_step(rng: np.random.Generator, graph: Graph, values: list[Tensor
         return ("layernorm" if rng.random() < 0.5 else "cumsum", (index,), (axis,))
     if choice == 2 and len(x.shape) == 2:
         columns = int(rng.integers(1, 6))
-        weights = add_input(graph, values, random_input(rng, (x.shape[1], columns), False))
+        weights = add_input(graph, values, random_input(rng, (x.shape[1], columns), False,
+                                                        graph.huge_sign))
         return ("matmul", (index, weights), ())
     same = [k for k, v in enumerate(values) if v.shape == x.shape]
     if choice == 3:
@@ -292,9 +300,9 @@ def _high_level_step(rng: np.random.Generator, graph: Graph, values: list[Tensor
 
 def random_graph(rng: np.random.Generator) -> Graph:
     is_int = bool(rng.random() < 0.2)
-    graph = Graph([], is_int=is_int)
+    graph = Graph([], is_int=is_int, huge_sign=1.0 if rng.random() < 0.5 else -1.0)
     values: list[Tensor] = []
-    add_input(graph, values, random_input(rng, random_shape(rng), is_int))
+    add_input(graph, values, random_input(rng, random_shape(rng), is_int, graph.huge_sign))
     for _ in range(int(rng.integers(1, 7))):
         step = random_step(rng, graph, values)  # may add an input step first
         graph.steps.append(step)
