@@ -110,9 +110,11 @@ def find_realized(outputs: list[UOp]) -> dict[UOp, str]:
     kernels_of: dict[UOp, set[UOp]] = {}
     ops_above: dict[UOp, frozenset[Ops]] = {}
     views: dict[UOp, frozenset[int]] = {}
+    feeds_reduction: dict[UOp, bool] = {}
     for node in reversed(order):
         ops_above[node] = _ops_between(node, users, realized, ops_above)
         views[node] = _views_read(node, users, realized, views)
+        feeds_reduction[node] = _feeds_reduction(node, users, realized, feeds_reduction)
         if node in realized or node.op is Ops.BUFFER:
             kernels_of[node] = {node}
             continue
@@ -120,7 +122,7 @@ def find_realized(outputs: list[UOp]) -> dict[UOp, str]:
         if node.op is Ops.REDUCE_AXIS:
             reason = _reduce_must_be_stored(node, realized, kernels_of, ops_above)
         else:
-            reason = _recomputed_by_broadcast(node, users, realized) or \
+            reason = _recomputed_by_broadcast(node, users, realized, feeds_reduction) or \
                 _read_through_many_views(node, views[node])
         if reason is not None:
             realized[node] = reason
@@ -190,8 +192,8 @@ def _read_through_many_views(node: UOp, paths: frozenset[int]) -> str | None:
 BROADCAST_RECOMPUTE_LIMIT = 16
 
 
-def _recomputed_by_broadcast(node: UOp, users: dict[UOp, list[UOp]],
-                             realized: dict[UOp, str]) -> str | None:
+def _recomputed_by_broadcast(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str],
+                             feeds_reduction: dict[UOp, bool]) -> str | None:
     """An elementwise result read through an EXPAND by a reduction (dW = dH.T @ X reads dH once
     per column of X) would be recomputed for every broadcast copy: store it once instead."""
     if node.op not in ALU or prod(node.shape) < BROADCAST_RECOMPUTE_LIMIT or \
@@ -199,7 +201,7 @@ def _recomputed_by_broadcast(node: UOp, users: dict[UOp, list[UOp]],
         return None  # (a few elements are cheaper to recompute than a kernel is to launch)
     for expand in _expands_above(node, users):
         factor = prod(expand.shape) // max(prod(node.shape), 1)
-        if factor >= BROADCAST_RECOMPUTE_LIMIT and _reaches_reduction(expand, users, realized):
+        if factor >= BROADCAST_RECOMPUTE_LIMIT and feeds_reduction[expand]:
             return (f"it is broadcast {factor}x into a reduction: stored once instead of "
                     f"recomputed for each copy")
     return None
@@ -217,17 +219,16 @@ def _expands_above(node: UOp, users: dict[UOp, list[UOp]]) -> list[UOp]:
     return found
 
 
-def _reaches_reduction(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str]) -> bool:
-    stack, seen = list(users[node]), set()
-    while stack:
-        user = stack.pop()
+def _feeds_reduction(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str],
+                     feeds_reduction: dict[UOp, bool]) -> bool:
+    """Is `node` read by a reduction in its own kernel (through elementwise and movement ops)?
+    From its users' answers, which the walk from the outputs down has already found."""
+    for user in users[node]:
         if user.op is Ops.REDUCE_AXIS:  # (stored or not, it reads the broadcast inside its loop)
             return True
-        if user in seen or user in realized:
-            continue
-        seen.add(user)
-        if user.op in ALU or user.op in MOVEMENT:
-            stack.extend(users[user])
+        if user not in realized and (user.op in ALU or user.op in MOVEMENT) and \
+                feeds_reduction[user]:
+            return True
     return False
 
 
