@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report.format_table(results))
     print("\nratio tt/peer = tinyteach / peer: below 1 is better for 'lower' rows, above 1 for "
-          "'higher' rows. n/a: not applicable (no JIT, no kernel counter, no autograd).")
+          "'higher' rows. n/a: not applicable (no JIT, no kernel counter, no autograd, no lazy "
+          "graph, or not installed).")
     notes, footnotes = report.device_notes(results), report.device_footnotes(results)
     if notes or footnotes:
         print("device columns: tinyteach itself, each in its own process with DEV=<device> "
