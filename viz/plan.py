@@ -46,8 +46,9 @@ def graph_nodes(roots: list[UOp]) -> list[UOp]:
 
 
 # Graphs bigger or deeper than this are not planned whole: viz draws them cut (viz/graph.py).
-# The depth limit is for tinyteach's scheduler, which copies a kernel's graph recursively
-# (schedule.py, `_KernelBuilder.build`: two Python frames per level of the graph).
+# Planning runs the scheduler over the whole graph (any depth works: it keeps its own stack),
+# while a drawing shows at most a few hundred nodes, so past these sizes viz plans only the
+# part it draws and stays quick.
 MAX_PLANNED_NODES = 5_000
 MAX_PLANNED_DEPTH = 200
 
