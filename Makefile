@@ -11,7 +11,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # the CPU device with that width on every machine, so the kernels it prints are the same
 BOOK_VECTOR_WIDTH := 16
 
-.PHONY: course course-deps demo setup-test system-deps test lint typecheck unit clean
+.PHONY: course course-deps demo student-copy setup-test system-deps test lint typecheck unit clean
 
 # ---- course ---------------------------------------------------------------
 
@@ -38,6 +38,16 @@ course-deps:
 demo:
 	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-course
 	$(PY) examples/demo.py
+
+# the student copy of the exercise, generated from the chapter: each solution becomes
+# `raise NotImplementedError()` and outputs are cleared. Run it after changing a solution
+# (tests/test_exercises.py fails while the committed copy is out of date)
+EXERCISE     := chapters/12_exercise_backend.ipynb
+STUDENT_COPY := exercises/12_exercise_backend_student.ipynb
+
+student-copy:
+	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-course
+	$(PY) -m tinyteach.exercises.student_version $(EXERCISE) $(STUDENT_COPY)
 
 # ---- virtual environment (idempotent: stamps are redone only when pyproject.toml changes)
 

@@ -1,7 +1,7 @@
 """The exercises: the grader on the reference solutions (pass), on broken and stubbed backends
-(fail / not implemented, with input, expected, received and hint), student devices, the
-student version of the notebook (with our markers and, where installed, with nbgrader), and the
-command line."""
+(fail / not implemented, with input, expected, received and hint), student devices, the stretch
+exercise's rewrite rules, the student version of the notebook (with our markers and, where
+installed, with nbgrader), the committed student copy, and the command line."""
 from __future__ import annotations
 
 import json
@@ -15,15 +15,34 @@ import pytest
 
 from tinyteach import Tensor
 from tinyteach.device import Device
-from tinyteach.exercises import CODEGEN_OPS, INTERPRETER_OPS, grade
+from tinyteach.exercises import CODEGEN_OPS, INTERPRETER_OPS, RULE_NAMES, RewriteRules, grade
 from tinyteach.exercises.autograder import notebook_namespace
 from tinyteach.exercises.cases import CASES, HINTS
-from tinyteach.exercises.reference import reference_codegen, reference_interpreter
-from tinyteach.exercises.student_version import strip_solutions, write_student_version
-from tinyteach.uop import ALU, PRIMITIVE_OPS, Ops
+from tinyteach.exercises.reference import reference_codegen, reference_interpreter, reference_rules
+from tinyteach.exercises.rewrites import (
+    RULE_CASES,
+    RULE_HINTS,
+    TOGETHER,
+    TOGETHER_CASES,
+    a,
+    evaluate,
+    i,
+    inputs_of,
+    mul,
+)
+from tinyteach.exercises.student_version import (
+    MARKER_WORDS,
+    STUB,
+    strip_solutions,
+    student_text,
+    write_student_version,
+)
+from tinyteach.rewrite import UPat, graph_rewrite, symbolic
+from tinyteach.uop import ALU, PRIMITIVE_OPS, Ops, UOp
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "chapters" / "12_exercise_backend.ipynb"
+STUDENT_COPY = ROOT / "exercises" / "12_exercise_backend_student.ipynb"
 
 
 def rows_by_name(report):
@@ -39,7 +58,7 @@ def test_the_exercises_cover_the_pinned_op_set():
 
 
 def test_reference_solutions_pass():
-    for backend in (reference_interpreter(), reference_codegen()):
+    for backend in (reference_interpreter(), reference_codegen(), reference_rules()):
         report = grade(backend)
         assert report.passed, str(report)
         assert report.count("pass") == len(report.rows)
@@ -121,21 +140,23 @@ def test_strip_solutions_keeps_indentation():
 
 def backends_of(notebook: Path):
     namespace = notebook_namespace(notebook)
-    return namespace["StudentInterpreter"], namespace["StudentCompiled"]
+    return namespace["StudentInterpreter"], namespace["StudentCompiled"], namespace["StudentRules"]
 
 
 def assert_stubs_not_implemented(notebook: Path) -> None:
-    interpreter, compiled = backends_of(notebook)
-    report_a, report_b = grade(interpreter), grade(compiled)
+    interpreter, compiled, rules = backends_of(notebook)
+    report_a, report_b, report_s = grade(interpreter), grade(compiled), grade(rules)
     assert report_a.count("not implemented") == len(INTERPRETER_OPS), str(report_a)
     assert report_b.count("not implemented") == len(CODEGEN_OPS) + 2, str(report_b)  # + glue
     assert rows_by_name(report_b)["Program"].status == "not implemented"
-    assert report_a.count("pass") == report_b.count("pass") == 0
+    assert report_s.count("not implemented") == len(RULE_NAMES), str(report_s)
+    assert rows_by_name(report_s)[TOGETHER].status == "skipped"
+    assert report_a.count("pass") == report_b.count("pass") == report_s.count("pass") == 0
 
 
 def test_notebook_solutions_pass_and_student_version_stubs_are_not_implemented(tmp_path):
-    interpreter, compiled = backends_of(NOTEBOOK)
-    assert grade(interpreter).passed and grade(compiled).passed
+    interpreter, compiled, rules = backends_of(NOTEBOOK)
+    assert grade(interpreter).passed and grade(compiled).passed and grade(rules).passed
     student = write_student_version(NOTEBOOK, tmp_path)
     cells = json.loads(student.read_text())["cells"]
     assert all(cell.get("outputs", []) == [] for cell in cells)
@@ -170,10 +191,12 @@ def test_command_line_grades_a_module_and_a_student_notebook(tmp_path):
                              text=True, cwd=ROOT, timeout=120)
     assert passing.returncode == 0, passing.stdout + passing.stderr
     assert "28 of 28 pass" in passing.stdout and "RuntimeWarning" not in passing.stderr
+    assert "Stretch (rewrite rules): 6 of 6 pass" in passing.stdout
     student = write_student_version(NOTEBOOK, tmp_path)
     failing = subprocess.run([*command, str(student)], capture_output=True, text=True,
                              cwd=ROOT, timeout=120)
     assert failing.returncode == 1 and "26 not implemented" in failing.stdout
+    assert "Stretch (rewrite rules): 0 of 6 pass, 0 fail, 5 not implemented" in failing.stdout
 
 
 def test_no_submodule_shadows_an_exported_name():
@@ -193,3 +216,160 @@ def test_no_submodule_shadows_an_exported_name():
 def test_console_script_is_declared():
     assert 'tinyteach-grade = "tinyteach.exercises.autograder:main"' in \
         (ROOT / "pyproject.toml").read_text()
+
+
+# ---- the committed student copy ----
+
+def solution_lines(notebook: Path) -> list[str]:
+    """Every line between BEGIN and END SOLUTION in the notebook, stripped."""
+    lines, inside = [], False
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        for line in "".join(cell["source"]).splitlines():
+            if MARKER_WORDS[0] in line:
+                inside = True
+            elif MARKER_WORDS[1] in line:
+                inside = False
+            elif inside and line.strip():
+                lines.append(line.strip())
+    return lines
+
+
+def test_the_committed_student_copy_is_generated_from_the_current_solutions():
+    assert STUDENT_COPY.exists(), "run `make student-copy`"
+    committed = STUDENT_COPY.read_text(encoding="utf-8")
+    assert committed == student_text(NOTEBOOK), \
+        f"{STUDENT_COPY.name} is out of date with {NOTEBOOK.name}: run `make student-copy`"
+
+
+def test_the_student_copy_holds_no_solution_and_a_stub_for_each():
+    solution = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+    student = json.loads(STUDENT_COPY.read_text(encoding="utf-8"))["cells"]
+    assert [cell["id"] for cell in student] == [cell["id"] for cell in solution]
+    student_lines = {line.strip() for cell in student
+                     for line in "".join(cell["source"]).splitlines()}
+    hidden = solution_lines(NOTEBOOK)
+    assert len(hidden) > 60  # the solutions of A, B and the stretch exercise
+    assert [line for line in hidden if line in student_lines] == []
+    markers = sum("".join(cell["source"]).count(MARKER_WORDS[0]) for cell in solution)
+    code = [line.strip() for cell in student if cell["cell_type"] == "code"
+            for line in "".join(cell["source"]).splitlines()]
+    assert code.count(STUB[0]) == code.count(STUB[1]) == markers > 40  # one stub per solution
+    assert all(code[k + 1] == STUB[1] for k, line in enumerate(code) if line == STUB[0])
+    assert not any(word in line for line in code for word in MARKER_WORDS)
+    for before, after in zip(solution, student):  # cells without a solution are unchanged
+        if not any(word in "".join(before["source"]) for word in MARKER_WORDS):
+            assert after["source"] == before["source"], before["id"]
+        assert after.get("outputs", []) == [] and "execution" not in after["metadata"]
+
+
+def test_the_student_copy_grades_as_not_implemented():
+    assert_stubs_not_implemented(STUDENT_COPY)
+
+
+def test_student_version_writes_a_named_file_and_never_its_source(tmp_path):
+    target = write_student_version(NOTEBOOK, tmp_path / "copies" / "student.ipynb")
+    assert target == tmp_path / "copies" / "student.ipynb"
+    assert target.read_text(encoding="utf-8") == student_text(NOTEBOOK)
+    with pytest.raises(ValueError, match="overwrite"):
+        write_student_version(NOTEBOOK, NOTEBOOK.parent)
+
+
+# ---- the stretch exercise: rewrite rules ----
+
+def rule_row(rules: RewriteRules, name: str):
+    return rows_by_name(grade(rules))[name]
+
+
+def test_rule_cases_cover_the_rules_and_the_default_simplifier_lacks_them():
+    assert set(RULE_CASES) == set(RULE_HINTS) == set(RULE_NAMES) and len(RULE_NAMES) == 5
+    for cases in RULE_CASES.values():
+        assert any(case.expected is not None for case in cases)
+        for case in cases:  # symbolic leaves every graph as it is: these rules are new
+            assert graph_rewrite(case.graph, symbolic) is case.graph, case.label
+
+
+def test_the_evaluator_computes_what_numpy_computes():
+    inputs = inputs_of(mul(a, 2.0) + (-a))
+    values = inputs[a]
+    assert np.isnan(values).any() and np.isinf(values).any() and np.signbit(values).any()
+    with np.errstate(all="ignore"):
+        expected = values * np.float32(2) + np.negative(values)
+    assert np.array_equal(evaluate(mul(a, 2.0) + (-a), inputs), expected, equal_nan=True)
+    integers = inputs_of(mul(i, -1))[i]
+    assert integers.min() == -2**31 and integers.dtype == np.int32
+    assert np.array_equal(evaluate(mul(i, -1), {i: integers}), integers * np.int32(-1))
+
+
+def test_every_expected_form_keeps_the_value_and_is_smaller():
+    for case in [*TOGETHER_CASES, *(c for cases in RULE_CASES.values() for c in cases)]:
+        if case.expected is None:
+            continue
+        inputs = inputs_of(case.graph)
+        before, after = evaluate(case.graph, inputs), evaluate(case.expected, inputs)
+        assert before.dtype == after.dtype
+        assert np.array_equal(before, after, equal_nan=True), case.label
+        if before.dtype.kind == "f":  # -0.0 stays -0.0 (a NaN's sign bit means nothing)
+            numbers = ~np.isnan(before)
+            assert np.array_equal(np.signbit(before[numbers]), np.signbit(after[numbers]))
+        assert len(case.expected.toposort) < len(case.graph.toposort), case.label
+
+
+def test_a_rule_that_changes_the_value_fails_with_the_input_and_a_hint():
+    rules = reference_rules()
+    any_dtype = lambda: (UPat(Ops.ADD, src=(UPat.var("x"), UPat(Ops.NEG, src=(UPat.var("x"),)))),  # noqa: E731
+                         lambda x: UOp.const(x.dtype, 0))
+    rules.rules["x+(-x) -> 0 (ints)"] = any_dtype
+    row = rule_row(rules, "x+(-x) -> 0 (ints)")
+    assert row.status == "fail" and row.note == "changes the value"
+    assert "inf-inf is NaN" in row.failure.case
+    assert "a = inf (float32)" in row.failure.inputs  # the first input where the value changes
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(np.float32(np.inf) - np.float32(np.inf))
+    assert row.failure.expected == "nan (float32)" and row.failure.received == "0. (float32)"
+    assert "inf + -inf" in row.hint
+    assert rule_row(rules, "x*2 -> x+x").status == "pass"  # one bug never hides another rule
+
+
+def test_wrong_rules_fail_with_a_reason():
+    rules = reference_rules()
+    x = UPat.var("x")
+    rules.rules["x*2 -> x+x"] = lambda: (UPat(Ops.MUL, src=(x, UPat.cvar("k"))), lambda x, k: x + x)
+    rules.rules["x*-1 -> -x"] = lambda: (UPat(Ops.MUL, src=(x, UPat.const(-1))),
+                                         lambda x: UOp.const(x.dtype, 0) + (-x))
+    rules.rules["where(c, x, x) -> x"] = lambda: (UPat(Ops.WHERE, src=(UPat.var("c"), x, x)),
+                                                  lambda c, x: x * 1)
+    rules.rules["x!=x -> False (not floats)"] = lambda: "x != x"
+    rows = rows_by_name(grade(rules))
+    assert "x*3 stays as it is" in rows["x*2 -> x+x"].failure.case
+    assert rows["x*-1 -> -x"].failure.expected == "-0. (float32)"  # 0.0*-1, but 0.0-0.0 is 0.0
+    assert rows["where(c, x, x) -> x"].note == "not the expected graph"
+    assert rows["where(c, x, x) -> x"].failure.received == "(a*1.0)"
+    assert rows["x!=x -> False (not floats)"].note == "not a rule"
+    not_a_rule = rows["x!=x -> False (not floats)"].failure
+    assert "must return (UPat, build function)" in not_a_rule.received
+    assert rows[TOGETHER].status == "skipped"
+
+
+def test_a_rule_that_never_finishes_is_a_failure_not_a_hang():
+    rules = reference_rules()
+    grows = lambda: (UPat(Ops.MUL, src=(UPat.var("x"), UPat.const(2))), lambda x: (x + x) * 2)  # noqa: E731
+    rules.rules["x*2 -> x+x"] = grows
+    row = rule_row(rules, "x*2 -> x+x")
+    assert row.status == "fail" and "did not finish" in row.failure.received
+
+
+def test_missing_and_stubbed_rules_are_not_implemented_and_names_are_checked():
+    rules = reference_rules()
+    del rules.rules["x*2 -> x+x"]
+
+    def stub():
+        raise NotImplementedError()
+    rules.rules["where(c, x, x) -> x"] = stub
+    rows = rows_by_name(grade(rules))
+    assert rows["x*2 -> x+x"].status == rows["where(c, x, x) -> x"].status == "not implemented"
+    assert rows["x*-1 -> -x"].status == "pass" and rows[TOGETHER].status == "skipped"
+    assert rules.missing() == ["x*2 -> x+x"]
+    with pytest.raises(ValueError, match="unknown rule name"):
+        RewriteRules({"x*4 -> x<<2": stub})
+    with pytest.raises(TypeError, match="RewriteRules"):
+        grade({"x*2 -> x+x": stub})

@@ -8,6 +8,9 @@ What this teaches:
 - Exercise B (codegen.py): write `code_for_op`, the C snippet of every ALU op, plus the Compiler
   and Program glue; the renderer writes the loops and the indexing, the system C compiler does
   the rest (render/c.py and runtime/cpu.py are the solution);
+- the stretch exercise (rewrites.py): an optimization pass as rewrite rules (chapter 5's
+  pattern matcher), such as the strength reduction x*2 -> x+x; each rule must give the expected
+  graph and keep every value, NaN and inf included;
 - autograder.py checks each op on its own, on edge cases (negative integers, division by zero, NaN,
   broadcasting, padding masks), shows what went wrong with a hint, and finally trains a small
   model on the student's device.
@@ -23,6 +26,7 @@ True
 from tinyteach.exercises.autograder import GradeReport, grade
 from tinyteach.exercises.codegen import CODEGEN_OPS, CodegenBackend
 from tinyteach.exercises.interpreter import INTERPRETER_OPS, InterpreterBackend
+from tinyteach.exercises.rewrites import RULE_NAMES, RewriteRules
 
-__all__ = ["CODEGEN_OPS", "INTERPRETER_OPS", "CodegenBackend", "GradeReport",
-           "InterpreterBackend", "grade"]
+__all__ = ["CODEGEN_OPS", "INTERPRETER_OPS", "RULE_NAMES", "CodegenBackend", "GradeReport",
+           "InterpreterBackend", "RewriteRules", "grade"]

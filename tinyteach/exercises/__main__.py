@@ -1,8 +1,8 @@
 """The grader's command line: `python -m tinyteach.exercises <module or file> [--train]`.
 
 It loads a module, a .py file or an .ipynb notebook (skipping cells tagged skip-when-grading),
-grades every InterpreterBackend and CodegenBackend defined there, prints one table each, and
-exits with 0 when everything passes. The grader itself is autograder.py.
+grades every InterpreterBackend, CodegenBackend and RewriteRules defined there, prints one table
+each, and exits with 0 when everything passes. The grader itself is autograder.py.
 
 (The file is the package's `__main__`, not a module named after the command: a submodule
 `grade` would replace the function `grade` that the package exports, as soon as it was imported.)

@@ -10,13 +10,16 @@ What this teaches:
   reference renderer wrote — so a bug in one part never hides the others;
 - when every op passes, the backend runs real programs as a device: a fused softmax of a
   matmul, a TinyJit replay, and with `train=True` a digits classifier (an MLP trained with Adam)
-  that must reach the reference accuracy within one percentage point.
+  that must reach the reference accuracy within one percentage point;
+- the stretch exercise's rewrite rules (rewrites.py) are graded the same way: one row per rule,
+  pass, fail or not implemented, with the graph, the expected and the received result and a hint.
 
 Everything runs offline. From a terminal: `python -m tinyteach.exercises <module or file>`
 (a module name, a .py file or an .ipynb notebook; __main__.py is that command line, and
 `tinyteach-grade` the same as a console script) grades every backend the file defines.
 
-Builds on: exercises/cases.py, interpreter.py, codegen.py, report.py; tensor, jit, nn.
+Builds on: exercises/cases.py, interpreter.py, codegen.py, rewrites.py, report.py; tensor,
+jit, nn.
 Used by: chapters/12_exercise_backend.ipynb.
 
 >>> from tinyteach.exercises.reference import reference_interpreter
@@ -54,6 +57,7 @@ from tinyteach.exercises.report import (
     Row,
     show,
 )
+from tinyteach.exercises.rewrites import RewriteRules, grade_rules
 from tinyteach.jit import TinyJit
 from tinyteach.runtime.cpu import CPUProgram
 from tinyteach.runtime.numpy import NUMPY_OPS
@@ -61,6 +65,7 @@ from tinyteach.tensor import Tensor
 from tinyteach.uop import Ops
 
 StudentBackend = InterpreterBackend | CodegenBackend
+Gradable = InterpreterBackend | CodegenBackend | RewriteRules  # what grade() takes
 SKIP_TAG = "skip-when-grading"  # notebook cells that use the backend instead of defining it
 
 
@@ -409,8 +414,11 @@ def grade_training(device: str, steps: int) -> Row:
 
 # ---- grade(): everything together ----
 
-def grade(backend: StudentBackend, train: bool = False, steps: int = 300) -> GradeReport:
-    """Grade a student backend; in a notebook the report shows as an HTML table."""
+def grade(backend: Gradable, train: bool = False, steps: int = 300) -> GradeReport:
+    """Grade a student backend (or the stretch exercise's rewrite rules); in a notebook the
+    report shows as an HTML table."""
+    if isinstance(backend, RewriteRules):
+        return GradeReport("Stretch (rewrite rules)", grade_rules(backend))
     if isinstance(backend, InterpreterBackend):
         report = GradeReport("Exercise A (interpreter)", grade_interpreter_ops(backend))
     elif isinstance(backend, CodegenBackend):
@@ -419,8 +427,8 @@ def grade(backend: StudentBackend, train: bool = False, steps: int = 300) -> Gra
             rows += grade_glue(with_default_glue(backend))
         report = GradeReport("Exercise B (code generation)", rows)
     else:
-        raise TypeError(f"grade() takes an InterpreterBackend or a CodegenBackend, not "
-                        f"{type(backend).__name__}")
+        raise TypeError(f"grade() takes an InterpreterBackend, a CodegenBackend or RewriteRules, "
+                        f"not {type(backend).__name__}")
     report.rows += grade_whole_backend(backend, report.passed, train, steps)
     return report
 
@@ -470,10 +478,10 @@ def load_target(target: str) -> dict[str, Any]:
     return vars(importlib.import_module(target))
 
 
-def find_backends(namespace: dict[str, Any]) -> dict[str, StudentBackend]:
-    found: dict[str, StudentBackend] = {}
+def find_backends(namespace: dict[str, Any]) -> dict[str, Gradable]:
+    found: dict[str, Gradable] = {}
     for name, value in namespace.items():
-        is_backend = isinstance(value, (InterpreterBackend, CodegenBackend))
+        is_backend = isinstance(value, (InterpreterBackend, CodegenBackend, RewriteRules))
         if is_backend and not name.startswith("_") and value not in found.values():
             found[name] = value
     return found
@@ -487,7 +495,7 @@ def main(arguments: list[str] | None = None) -> int:
     options = parser.parse_args(arguments)
     backends = find_backends(load_target(options.target))
     if not backends:
-        print(f"{options.target} defines no InterpreterBackend or CodegenBackend")
+        print(f"{options.target} defines no InterpreterBackend, CodegenBackend or RewriteRules")
         return 2
     reports = []
     for name, backend in backends.items():

@@ -11,15 +11,19 @@ What this teaches:
 
   and the student version replaces each marked block with a stub at the same indentation:
   `# YOUR CODE HERE` and `raise NotImplementedError()`;
-- outputs are cleared, so the student version gives nothing away; the grader then reports every
-  stubbed op as "not implemented".
+- outputs (and the times each cell ran) are cleared, so the student version gives nothing away;
+  the grader then reports every stubbed op as "not implemented".
 
 Instructors with nbgrader installed run `nbgrader generate_assignment` (see README.md); this
 module applies the same markers with nothing but the standard library:
 
     python -m tinyteach.exercises.student_version chapters/12_exercise_backend.ipynb release/
 
-Builds on: nothing. Used by: tests/test_exercises.py and instructors.
+The repository ships the result as exercises/12_exercise_backend_student.ipynb (`make
+student-copy` regenerates it; a test checks that it is exactly what this module writes from the
+current solutions).
+
+Builds on: nothing. Used by: the Makefile, tests/test_exercises.py and instructors.
 
 >>> solution = "def f():\\n    ### BEGIN SOLUTION\\n    return 1\\n    ### END SOLUTION"
 >>> print(strip_solutions(solution))
@@ -77,15 +81,26 @@ def student_notebook(notebook: dict[str, Any]) -> dict[str, Any]:
             cell["source"] = source.splitlines(keepends=True)
         if cell["cell_type"] == "code":
             cell["outputs"], cell["execution_count"] = [], None
+        # when each cell last ran (nbconvert's timestamps): not the student's business, and it
+        # would change the student version every time the chapter is executed
+        cell.get("metadata", {}).pop("execution", None)
     return student
 
 
+def student_text(source: Path) -> str:
+    """The student version of the notebook `source`, as the text of an .ipynb file."""
+    notebook = json.loads(source.read_text(encoding="utf-8"))
+    return json.dumps(student_notebook(notebook), indent=1, ensure_ascii=False) + "\n"
+
+
 def write_student_version(source: Path, destination: Path) -> Path:
-    """Write the student version of `source` into the folder `destination`."""
-    notebook = json.loads(source.read_text())
-    destination.mkdir(parents=True, exist_ok=True)
-    target = destination / source.name
-    target.write_text(json.dumps(student_notebook(notebook), indent=1, ensure_ascii=False) + "\n")
+    """Write the student version of `source` to `destination`: a file if it ends in .ipynb,
+    else a folder (the file keeps the notebook's name)."""
+    target = destination if destination.suffix == ".ipynb" else destination / source.name
+    if target.resolve() == source.resolve():
+        raise ValueError(f"the student version would overwrite its source {source}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(student_text(source), encoding="utf-8")
     return target
 
 
@@ -93,7 +108,8 @@ def main(arguments: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write the student version of a notebook.")
     parser.add_argument("notebook", type=Path, help="the notebook with its solutions")
     parser.add_argument("destination", type=Path, nargs="?", default=Path("release"),
-                        help="folder for the student version (default: release/)")
+                        help="folder for the student version (default: release/), or the "
+                             "path of the .ipynb file to write")
     options = parser.parse_args(arguments)
     print(f"wrote {write_student_version(options.notebook, options.destination)}")
     return 0
