@@ -24,6 +24,8 @@ from typing import Final, Literal
 
 import numpy as np
 
+from tinyteach.helpers import ContextVar
+
 Kind = Literal["bool", "int", "uint", "float"]
 
 
@@ -130,7 +132,8 @@ class dtypes:
 
     @staticmethod
     def as_dtype(value: DType | str | type | np.dtype) -> DType:
-        """Accept a DType, a name ('float32') or a numpy dtype."""
+        """Accept a DType, a name ("float32"), a numpy dtype or a Python type (float is
+        float64, int int64, as in numpy and PyTorch)."""
         if isinstance(value, DType):
             return value
         if isinstance(value, str):
@@ -138,6 +141,17 @@ class dtypes:
                 raise TypeError(f"unknown dtype {value!r}; use one of {sorted(ALL_DTYPES)}")
             return ALL_DTYPES[value]
         return dtypes.from_np(np.dtype(value))
+
+    @staticmethod
+    def named(name: str | DType) -> DType:
+        """A dtype from its name in any case ("HALF", "float16"), as the DEFAULT_FLOAT setting
+        is written."""
+        if isinstance(name, DType):
+            return name
+        found = getattr(dtypes, str(name).lower(), None)
+        if not isinstance(found, DType):
+            raise ValueError(f"unknown dtype {name!r}; use one of {sorted(ALL_DTYPES)}")
+        return found
 
 
 ALL_DTYPES: dict[str, DType] = {
@@ -188,3 +202,15 @@ def truncate_to(dtype: DType, value: float | int | bool) -> float | int | bool:
     if dtype.kind == "int" and wrapped >= 1 << (bits - 1):
         wrapped -= 1 << bits
     return wrapped
+
+
+def _set_default_float(name: str | DType) -> None:
+    """DEFAULT_FLOAT=HALF (environment) or `Context(DEFAULT_FLOAT=dtypes.half)`: the dtype that
+    float data and float results of integer ops get. An empty name keeps float32."""
+    wanted = dtypes.float32 if name == "" else dtypes.named(name)
+    if not dtypes.is_float(wanted):
+        raise ValueError(f"DEFAULT_FLOAT must be a float dtype, not {wanted.name}")
+    dtypes.default_float = wanted
+
+
+DEFAULT_FLOAT = ContextVar("DEFAULT_FLOAT", "", apply=_set_default_float)

@@ -19,19 +19,33 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def getenv(key: str, default: int = 0) -> int:
-    """Read an integer setting from the environment."""
-    return int(os.environ.get(key, default))
+def getenv(key: str, default: Any = 0) -> Any:
+    """Read a setting from the environment, as the type of `default` (tinygrad's helper):
+    `getenv("DEBUG")` is an int, `getenv("DEV", "")` a string."""
+    if key not in os.environ:
+        return default
+    return type(default)(os.environ[key])
 
 
 class ContextVar:
-    """A named setting with a value taken from the environment; `Context` changes it for a block."""
+    """A named setting with a value taken from the environment; `Context` changes it for a block.
+    `apply`, if given, is called with every new value (DEFAULT_FLOAT sets dtypes.default_float)."""
 
     registry: dict[str, ContextVar] = {}
 
-    def __init__(self, key: str, default: int):
-        self.key, self.value = key, getenv(key, default)
+    def __init__(self, key: str, default: Any, apply: Callable[[Any], Any] | None = None):
+        self.key, self.apply = key, apply
+        self.value = default
+        self.set(getenv(key, default))
         ContextVar.registry[key] = self
+
+    def set(self, value: Any) -> None:
+        """Change the value: ints stay ints, other settings are checked by `apply`."""
+        if isinstance(self.value, int) and not isinstance(value, int):
+            value = int(value)
+        if self.apply is not None:
+            self.apply(value)
+        self.value = value
 
     def __bool__(self) -> bool:
         return bool(self.value)
@@ -53,19 +67,20 @@ TRAINING = ContextVar("TRAINING", 0)  # 1: dropout and batchnorm behave as in tr
 
 
 @contextlib.contextmanager
-def Context(**settings: int) -> Iterator[None]:
-    """Set settings for the duration of a `with` block: `with Context(DEBUG=4): ...`."""
+def Context(**settings: Any) -> Iterator[None]:
+    """Set settings for the duration of a `with` block: `with Context(DEBUG=4): ...`,
+    `with Context(DEFAULT_FLOAT="float16"): ...`."""
     unknown = [key for key in settings if key not in ContextVar.registry]
     if unknown:
         raise KeyError(f"unknown setting(s) {unknown}; known: {sorted(ContextVar.registry)}")
     saved = {key: ContextVar.registry[key].value for key in settings}
-    for key, value in settings.items():
-        ContextVar.registry[key].value = int(value)
     try:
+        for key, value in settings.items():
+            ContextVar.registry[key].set(value)
         yield
     finally:
         for key, value in saved.items():
-            ContextVar.registry[key].value = value
+            ContextVar.registry[key].set(value)
 
 
 class GlobalCounters:

@@ -342,13 +342,21 @@ class Tensor(TensorNN, metaclass=_TensorType):
         reshaped = self.reshape(current)
         return self._apply(reshaped.uop.expand(target), self)
 
-    def pad(self, padding: Sequence[Any], value: Scalar = 0) -> Tensor:
+    def pad(self, padding: Sequence[Any], mode: str = "constant", value: Scalar = 0) -> Tensor:
         """`padding` is ((before, after) or None per axis), or PyTorch's flat form
-        (left, right, top, bottom, ...) that starts from the last axis."""
+        (left, right, top, bottom, ...) that starts from the last axis. `mode` is "constant"
+        (fill with `value`), or "reflect", "replicate", "circular" (tensor_movement.py)."""
+        if isinstance(mode, (int, float)):  # tinygrad's old pad(padding, value) order
+            mode, value = "constant", mode
         pairs = _padding_pairs(padding, self.ndim)
+        if mode != "constant":
+            if value != 0:
+                raise ValueError(f"pad mode {mode!r} takes no fill value (got value={value})")
+            return self._pad_edges(pairs, mode)
         if any(b < 0 or a < 0 for b, a in pairs):
             cropped = tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape))
-            return self.shrink(cropped).pad([(max(0, b), max(0, a)) for b, a in pairs], value)
+            return self.shrink(cropped).pad([(max(0, b), max(0, a)) for b, a in pairs],
+                                            value=value)
         padded = self._apply(self.uop.pad(tuple(pairs)), self)
         if value == 0:
             return padded
@@ -371,8 +379,20 @@ class Tensor(TensorNN, metaclass=_TensorType):
         return self._apply(self.uop.flip(tuple(a for a in axes if self.shape[a] > 1)), self)
 
     def __getitem__(self, index: Any) -> Tensor:
+        """Ints, slices, None, ..., and (fancy indexing) lists and tensors of indices: `t[[0, 2]]`,
+        `t[rows, cols]`. Lists become index tensors on this tensor's device."""
         from tinyteach.indexing import getitem
-        return getitem(self, index)
+        if isinstance(index, tuple):
+            return getitem(self, tuple(self._index_tensor(item) for item in index))
+        return getitem(self, self._index_tensor(index))
+
+    def _index_tensor(self, item: Any) -> Any:
+        if not isinstance(item, list):
+            return item
+        if any(isinstance(part, Tensor) for part in item):
+            return Tensor.stack(*[part if isinstance(part, Tensor) else Tensor(part, self.device)
+                                  for part in item]).cast(dtypes.int32)
+        return Tensor(item, self.device, dtype=dtypes.int32)
 
     # ---- elementwise: broadcasting and promotion, then one primitive op ----
 
@@ -399,7 +419,7 @@ class Tensor(TensorNN, metaclass=_TensorType):
     def _unary(self, op: Ops) -> Tensor:
         return self._apply(self.uop.alu(op), self)
 
-    def cast(self, dtype: DType | str) -> Tensor:
+    def cast(self, dtype: DType | str | type) -> Tensor:
         wanted = dtypes.as_dtype(dtype)
         return self if wanted == self.dtype else self._apply(self.uop.cast(wanted), self)
 
@@ -416,8 +436,19 @@ class Tensor(TensorNN, metaclass=_TensorType):
         x, y = self._broadcasted(other, reverse)
         return x + (-y)
 
-    def div(self, other: Any, reverse: bool = False) -> Tensor:
-        """True division: integers are divided as floats."""
+    def div(self, other: Any, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+        """True division: integers are divided as floats. PyTorch's `rounding_mode` rounds the
+        quotient toward zero ("trunc") or down ("floor"); integers then stay integers."""
+        if rounding_mode == "floor":
+            return self.floordiv(other, reverse)
+        if rounding_mode == "trunc":
+            x, y = self._broadcasted(other, reverse)
+            if dtypes.is_float(x.dtype):
+                return (x * y.reciprocal()).trunc()
+            return x._apply(x.uop.alu(Ops.IDIV, y.uop), x, y)  # IDIV rounds toward zero, as C
+        if rounding_mode is not None:
+            raise ValueError(f"div rounding_mode must be None, 'trunc' or 'floor', "
+                             f"not {rounding_mode!r}")
         x, y = self._broadcasted(other, reverse, float_result=True)
         return x * y.reciprocal()
 

@@ -103,8 +103,14 @@ class TensorMath(TensorMovement):
     def leaky_relu(self, neg_slope: float = 0.01) -> Tensor:
         return (self < 0).where(self * neg_slope, self)
 
-    def gelu(self) -> Tensor:
-        """The tanh approximation (PyTorch's gelu(approximate='tanh'), tinygrad's gelu)."""
+    def gelu(self, approximate: str = "tanh") -> Tensor:
+        """x * Phi(x), Phi the normal distribution's CDF. By default its tanh approximation
+        (tinygrad's gelu, PyTorch's gelu(approximate='tanh')); approximate="none" is the exact
+        x/2 (1 + erf(x/sqrt 2)) (PyTorch's default)."""
+        if approximate == "none":
+            return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
+        if approximate != "tanh":
+            raise ValueError(f"gelu approximate must be 'none' or 'tanh', not {approximate!r}")
         inner = math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)
         return 0.5 * self * (1 + inner.tanh())
 
@@ -517,10 +523,12 @@ class TensorMath(TensorMovement):
 
     # ---- reductions: sum and max are the primitive REDUCE; the rest are built on them ----
 
-    def sum(self, axis: Any = None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
-        """Sums accumulate in at least 32 bits (half floats in float32), as in tinygrad."""
-        accumulate = dtype or _sum_dtype(self.dtype)
-        wide = accumulate if dtype else (dtypes.float32 if self.dtype == dtypes.float16
+    def sum(self, axis: Any = None, keepdim: bool = False,
+            dtype: DType | str | type | None = None) -> Tensor:
+        """Sums accumulate in at least 32 bits (half floats in float32), as in tinygrad;
+        `dtype` casts the input first and sums in that dtype (PyTorch's)."""
+        accumulate = _sum_dtype(self.dtype) if dtype is None else dtypes.as_dtype(dtype)
+        wide = accumulate if dtype is not None else (dtypes.float32 if self.dtype == dtypes.float16
                                          else accumulate)
         return self.cast(wide)._reduce(Ops.ADD, axis, keepdim).cast(accumulate)
 
@@ -530,7 +538,14 @@ class TensorMath(TensorMovement):
     def min(self, axis: Any = None, keepdim: bool = False) -> Tensor:
         return self._order_reversed().max(axis, keepdim)._order_reversed()
 
-    def mean(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+    def mean(self, axis: Any = None, keepdim: bool = False,
+             dtype: DType | str | type | None = None) -> Tensor:
+        """Integers are averaged in the default float; `dtype` (a float) casts the input first."""
+        if dtype is not None:
+            wanted = dtypes.as_dtype(dtype)
+            if not dtypes.is_float(wanted):
+                raise TypeError(f"mean needs a float dtype, got {wanted.name}")
+            return self.cast(wanted).mean(axis, keepdim)
         total = self._to_float().sum(axis, keepdim)
         count = prod(s for i, s in enumerate(self.shape) if i in self._axes(axis))
         return total / max(count, 1) if count else total * math.nan
@@ -543,8 +558,12 @@ class TensorMath(TensorMovement):
     def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
         return self.var(axis, keepdim, correction).sqrt()
 
-    def prod(self, axis: Any = None, keepdim: bool = False) -> Tensor:
-        """Multiply pairs of halves until one element is left (log2(n) elementwise steps)."""
+    def prod(self, axis: Any = None, keepdim: bool = False,
+             dtype: DType | str | type | None = None) -> Tensor:
+        """Multiply pairs of halves until one element is left (log2(n) elementwise steps).
+        `dtype` casts the input first (PyTorch's)."""
+        if dtype is not None:
+            return self.cast(dtypes.as_dtype(dtype)).prod(axis, keepdim)
         axes = self._axes(axis)
         moved = self.permute([i for i in range(self.ndim) if i not in axes] + list(axes))
         kept = moved.shape[: self.ndim - len(axes)]

@@ -165,7 +165,21 @@ class TensorMovement(TensorCreation):
 
     def pad2d(self, padding: Sequence[int], value: float = 0.0) -> Tensor:
         """PyTorch's flat padding (left, right, top, bottom, ...) from the last axis."""
-        return self.pad(list(padding), value)
+        return self.pad(list(padding), value=value)
+
+    def _pad_edges(self, pairs: Sequence[tuple[int, int]], mode: str) -> Tensor:
+        """Pad from the tensor's own edges, one axis at a time (PyTorch's F.pad modes):
+        "reflect" mirrors without repeating the edge (d c b | a b c d | c b a), "replicate"
+        repeats the edge element, "circular" wraps around. Each side is a shrink (and a flip
+        or an expand) joined with `cat`, so gradients need nothing new."""
+        if mode not in _EDGE_PADS:
+            raise ValueError(f"pad mode must be 'constant', 'reflect', 'replicate' or "
+                             f"'circular', not {mode!r}")
+        x = as_tensor(self)
+        for axis, (before, after) in enumerate(pairs):
+            if before or after:
+                x = _EDGE_PADS[mode](x, axis, before, after)
+        return x
 
     def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Tensor:
         """Shift elements along `dims`, wrapping around: the last `s` move to the front (a
@@ -282,3 +296,48 @@ class TensorMovement(TensorCreation):
         if mask.dtype != dtypes.bool:
             raise TypeError(f"masked_fill needs a bool mask, not {mask.dtype.name}")
         return mask.where(value, self)
+
+
+def _slice(x: Tensor, axis: int, start: int, end: int) -> Tensor:
+    bounds: list[tuple[int, int] | None] = [None] * x.ndim
+    bounds[axis] = (start, end)
+    return x.shrink(bounds)
+
+
+def _check_edge_pad(x: Tensor, axis: int, before: int, after: int, mode: str,
+                    limit: int) -> None:
+    if before < 0 or after < 0:
+        raise ValueError(f"pad mode {mode!r} takes no negative padding, got {(before, after)}")
+    if max(before, after) > limit:
+        raise ValueError(f"pad mode {mode!r}: padding {(before, after)} of axis {axis} must be "
+                         f"at most {limit} for its size {x.shape[axis]}")
+
+
+def _reflect(x: Tensor, axis: int, before: int, after: int) -> Tensor:
+    n = x.shape[axis]
+    _check_edge_pad(x, axis, before, after, "reflect", n - 1)
+    head = _slice(x, axis, 1, before + 1).flip(axis)
+    tail = _slice(x, axis, n - 1 - after, n - 1).flip(axis)
+    return head.cat(x, tail, dim=axis)
+
+
+def _replicate(x: Tensor, axis: int, before: int, after: int) -> Tensor:
+    n = x.shape[axis]
+    if n == 0:
+        raise ValueError(f"pad mode 'replicate' cannot pad axis {axis} of size 0")
+    _check_edge_pad(x, axis, before, after, "replicate", max(before, after))
+    sizes = list(x.shape)
+    sizes[axis] = before
+    head = _slice(x, axis, 0, 1).expand(*sizes)
+    sizes[axis] = after
+    tail = _slice(x, axis, n - 1, n).expand(*sizes)
+    return head.cat(x, tail, dim=axis)
+
+
+def _circular(x: Tensor, axis: int, before: int, after: int) -> Tensor:
+    n = x.shape[axis]
+    _check_edge_pad(x, axis, before, after, "circular", n)
+    return _slice(x, axis, n - before, n).cat(x, _slice(x, axis, 0, after), dim=axis)
+
+
+_EDGE_PADS = {"reflect": _reflect, "replicate": _replicate, "circular": _circular}

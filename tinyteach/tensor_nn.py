@@ -43,11 +43,12 @@ class TensorNN(TensorMath):
 
     # ---- matmul: multiply, then sum over the shared axis ----
 
-    def dot(self, other: Tensor) -> Tensor:
-        return self.matmul(other)
+    def dot(self, other: Tensor, dtype: DType | str | type | None = None) -> Tensor:
+        return self.matmul(other, dtype=dtype)
 
-    def matmul(self, other: Tensor) -> Tensor:
-        """Multiply then sum over the shared axis: (n, 1, k) * (1, m, k) -> sum -> (n, m)."""
+    def matmul(self, other: Tensor, dtype: DType | str | type | None = None) -> Tensor:
+        """Multiply then sum over the shared axis: (n, 1, k) * (1, m, k) -> sum -> (n, m).
+        `dtype` (tinygrad's) is the dtype the products are summed in, and the result's."""
         if not isinstance(other, type(self)):  # type(self) is Tensor
             raise TypeError(f"matmul needs a Tensor, got {type(other).__name__}")
         if self.ndim == 0 or other.ndim == 0:
@@ -59,40 +60,48 @@ class TensorNN(TensorMath):
             raise ValueError(f"matmul shape mismatch: {self.shape} @ {other.shape} "
                              f"(inner dimensions {x.shape[-1]} != {w.shape[-2]})")
         product = x.unsqueeze(-2) * w.transpose(-1, -2).unsqueeze(-3)
-        result = product.sum(-1, dtype=least_upper_dtype(x.dtype, w.dtype))
+        result = product.sum(-1, dtype=dtype or least_upper_dtype(x.dtype, w.dtype))
         if self.ndim == 1:
             result = result.squeeze(-2)
         if other.ndim == 1:
             result = result.squeeze(-1)
         return result
 
-    def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-        out = self * weight if weight.ndim == 1 else self.dot(weight)
+    def linear(self, weight: Tensor, bias: Tensor | None = None,
+               dtype: DType | str | type | None = None) -> Tensor:
+        """x @ weight + bias (weight is (in, out), as tinygrad; 1-d weight: x * weight)."""
+        if weight.ndim == 1:
+            out = self * weight if dtype is None else (self * weight).cast(dtype)
+        else:
+            out = self.dot(weight, dtype=dtype)
         return out if bias is None else out + bias
 
     # ---- convolution and pooling: sliding windows (tensor_math.pool), then one reduce ----
 
     def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
                stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
-               padding: int | Sequence[int] = 0) -> Tensor:
-        """2-d convolution (cross-correlation, as PyTorch): windows from `pool`, one reduce."""
-        if self.ndim != 4 or weight.ndim != 4:
-            raise ValueError(f"conv2d needs (N, C, H, W) input and (O, C/groups, kH, kW) weight, "
-                             f"got {self.shape} and {weight.shape}")
-        batch, channels = self.shape[:2]
-        out_channels, group_channels, kh, kw = weight.shape
-        if channels != group_channels * groups or out_channels % groups:
-            raise ValueError(f"conv2d: input has {channels} channels, weight {weight.shape} with "
-                             f"groups={groups} expects {group_channels * groups}")
-        pad_pairs = _conv_padding(padding, 2)
+               padding: int | str | Sequence[int] = 0,
+               dtype: DType | str | type | None = None) -> Tensor:
+        """Convolution (cross-correlation, as PyTorch) over any number of spatial axes, as in
+        tinygrad: input (N, C, *spatial), weight (O, C/groups, *kernel). Windows from `pool`,
+        then one multiply and one sum over (C/groups, *kernel), in `dtype` if given.
+        `padding` is as in PyTorch: an int, one per axis, (left, right, top, bottom, ...),
+        "valid" (none) or "same" (the output keeps the input's size; stride 1 only)."""
+        dims = _check_conv(as_tensor(self), weight, bias, groups)
+        batch = self.shape[0]
+        out_channels, group_channels, *kernel = weight.shape
+        dilations = _ints(dilation, dims, "dilation")
+        pad_pairs = _named_padding(padding, kernel, dilations, _ints(stride, dims, "stride"))
         x = self.pad([(0, 0), (0, 0), *pad_pairs])
-        windows = pool(x, (kh, kw), _pair(stride), _pair(dilation))  # (N, C, oh, ow, kh, kw)
-        oh, ow = windows.shape[2:4]
+        _check_window_fits("conv2d", x.shape[2:], kernel, dilations)
+        windows = pool(x, kernel, _ints(stride, dims, "stride"), dilations)  # (N, C, *out, *k)
+        out = windows.shape[2:2 + dims]
         per_group = out_channels // groups
-        x = windows.reshape(batch, groups, 1, group_channels, oh, ow, kh, kw)
-        w = weight.reshape(1, groups, per_group, group_channels, 1, 1, kh, kw)
-        out = (x * w).sum((3, 6, 7)).reshape(batch, out_channels, oh, ow)
-        return out if bias is None else out + bias.reshape(1, -1, 1, 1)
+        x = windows.reshape(batch, groups, 1, group_channels, *out, *kernel)
+        w = weight.reshape(1, groups, per_group, group_channels, *[1] * dims, *kernel)
+        summed = (3, *range(4 + dims, 4 + 2 * dims))
+        result = (x * w).sum(summed, dtype=dtype).reshape(batch, out_channels, *out)
+        return result if bias is None else result + bias.reshape(1, -1, *[1] * dims)
 
     def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
                          stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
@@ -134,24 +143,62 @@ class TensorNN(TensorMath):
 
     def avg_pool2d(self, kernel_size: int | Sequence[int] = 2,
                    stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
-                   count_include_pad: bool = True) -> Tensor:
-        kernel = _pair(kernel_size)
-        pad_pairs = _conv_padding(padding, 2)
-        x = self.pad([(0, 0)] * (self.ndim - 2) + list(pad_pairs))
-        windows = pool(x, kernel, _pair(stride or kernel))
-        if count_include_pad or not any(p != (0, 0) for p in pad_pairs):
-            return windows.mean((-2, -1))
-        ones = type(self).ones(*self.shape[-2:], device=self.device).pad(pad_pairs)
-        counts = pool(ones, kernel, _pair(stride or kernel)).sum((-2, -1))
-        return windows.sum((-2, -1)) / counts
+                   ceil_mode: bool = False, count_include_pad: bool = True,
+                   divisor_override: int | None = None,
+                   dilation: int | Sequence[int] = 1) -> Tensor:
+        """Average over windows of the last len(kernel_size) axes (2 for an int), PyTorch's
+        arguments: `ceil_mode` adds a last, partial window where floor would drop it (its
+        divisor counts only what it covers); `count_include_pad=False` divides by the number
+        of input elements, not zeros of the padding, in each window. `dilation` (tinygrad's)
+        spaces the window's taps."""
+        kernel = _pool_kernel(kernel_size)
+        strides = _ints(stride or kernel, len(kernel), "stride")
+        dilations = _ints(dilation, len(kernel), "dilation")
+        pads, extra = _pool_padding(as_tensor(self), kernel, strides, dilations, padding,
+                                    ceil_mode)
+        lead = [(0, 0)] * (self.ndim - len(kernel))
+        x = self.pad(lead + [(b, a + e) for (b, a), e in zip(pads, extra)])
+        windows = pool(x, kernel, strides, dilations)
+        axes = tuple(range(-len(kernel), 0))
+        if divisor_override is not None:
+            if divisor_override == 0:
+                raise ValueError("avg_pool2d: divisor_override must not be 0")
+            return windows.sum(axes) / divisor_override
+        if not any(extra) and (count_include_pad or not any(p != (0, 0) for p in pads)):
+            return windows.mean(axes)
+        counted = type(self).ones(*self.shape[-len(kernel):], device=self.device)
+        if count_include_pad:
+            counted = counted.pad(pads, value=1)
+            pads = [(0, 0)] * len(kernel)
+        counted = counted.pad([(b, a + e) for (b, a), e in zip(pads, extra)])
+        return windows.sum(axes) / pool(counted, kernel, strides, dilations).sum(axes)
 
     def max_pool2d(self, kernel_size: int | Sequence[int] = 2,
                    stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
-                   dilation: int | Sequence[int] = 1) -> Tensor:
-        kernel = _pair(kernel_size)
-        pad_pairs = _conv_padding(padding, 2)
-        x = self.pad([(0, 0)] * (self.ndim - 2) + list(pad_pairs), value=-math.inf)
-        return pool(x, kernel, _pair(stride or kernel), _pair(dilation)).max((-2, -1))
+                   dilation: int | Sequence[int] = 1, ceil_mode: bool = False,
+                   return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Max over windows of the last len(kernel_size) axes (2 for an int). `ceil_mode` as
+        in avg_pool2d; `return_indices` also returns where each max came from, as PyTorch: an
+        index into the flattened spatial axes of the input, the first one on a tie."""
+        kernel = _pool_kernel(kernel_size)
+        strides = _ints(stride or kernel, len(kernel), "stride")
+        dilations = _ints(dilation, len(kernel), "dilation")
+        pads, extra = _pool_padding(as_tensor(self), kernel, strides, dilations, padding, ceil_mode)
+        full = [(0, 0)] * (self.ndim - len(kernel)) + [(b, a + e)
+                                                       for (b, a), e in zip(pads, extra)]
+        x = self.pad(full, value=-math.inf)
+        axes = tuple(range(-len(kernel), 0))
+        windows = pool(x, kernel, strides, dilations)
+        values = windows.max(axes)
+        if not return_indices:
+            return values
+        spatial = self.shape[-len(kernel):]
+        positions = type(self).arange(math.prod(spatial), device=self.device).reshape(spatial)
+        position_windows = pool(positions.pad(full[-len(kernel):], value=-1), kernel,
+                                strides, dilations)
+        hit = windows == values.reshape(*values.shape, *[1] * len(kernel))
+        first = hit.where(position_windows, math.prod(spatial)).min(axes)
+        return values, first.detach()
 
     def interpolate(self, size: Sequence[int], mode: str = "linear",
                     align_corners: bool = False) -> Tensor:
@@ -180,12 +227,17 @@ class TensorNN(TensorMath):
 
     # ---- softmax and its relatives: subtract the max first, so exp cannot overflow ----
 
-    def softmax(self, axis: int = -1) -> Tensor:
+    def softmax(self, axis: int = -1, dtype: DType | str | type | None = None) -> Tensor:
+        """exp(x - max) / sum(exp(x - max)); `dtype` casts the input first (PyTorch's)."""
+        if dtype is not None:
+            return self.cast(dtypes.as_dtype(dtype)).softmax(axis)
         shifted = self._to_float() - self._shift(axis)
         e = shifted.exp()
         return e / e.sum(axis, keepdim=True)
 
-    def log_softmax(self, axis: int = -1) -> Tensor:
+    def log_softmax(self, axis: int = -1, dtype: DType | str | type | None = None) -> Tensor:
+        if dtype is not None:
+            return self.cast(dtypes.as_dtype(dtype)).log_softmax(axis)
         shifted = self._to_float() - self._shift(axis)
         return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
@@ -273,8 +325,20 @@ class TensorNN(TensorMath):
         # (a reduction that feeds another reduction is stored)
         return _reduce_loss(per_class, reduction, counted)
 
-    def cross_entropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
-        return self.sparse_categorical_crossentropy(Y, reduction=reduction)
+    def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
+                      ignore_index: int = -1) -> Tensor:
+        """Cross-entropy of logits (..., C) against class indices (...) or, as PyTorch, class
+        probabilities of the logits' own shape. `label_smoothing` mixes the target with the
+        uniform distribution: (1 - s) * target + s / C. Items whose index is `ignore_index`
+        count for nothing (tinygrad's default -1; PyTorch's is -100)."""
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+        if Y.shape != self.shape or not dtypes.is_float(Y.dtype):
+            return self.sparse_categorical_crossentropy(Y, ignore_index, label_smoothing,
+                                                        reduction)
+        target = Y * (1 - label_smoothing) + label_smoothing / self.shape[-1]
+        loss = -(self.log_softmax(-1) * target).sum(-1)
+        return _reduce_loss(loss, reduction)
 
     def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
         """For probabilities `self` in (0, 1); logs are clipped at -100 as PyTorch does."""
@@ -282,11 +346,19 @@ class TensorNN(TensorMath):
         log_not_p = (1 - self).log().maximum(-100)
         return _reduce_loss(-(Y * log_p + (1 - Y) * log_not_p), reduction)
 
-    def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean") -> Tensor:
-        # log(sigmoid(x)) = -softplus(-x), written stably: max(x, 0) - x*y + log(1 + e^-|x|).
-        # At x = 0 the kinks must add up to the true gradient sigmoid(0) - y = 0.5 - y:
+    def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean",
+                                   pos_weight: Tensor | None = None) -> Tensor:
+        """-(pos_weight * y * log sigmoid(x) + (1 - y) * log(1 - sigmoid(x))), PyTorch's
+        BCEWithLogits; `pos_weight` (broadcast over the last axis) weighs the positives."""
+        # log(sigmoid(x)) = -softplus(-x) and log(1 - sigmoid(x)) = -softplus(x), written
+        # stably with softplus(x) = max(x, 0) + log(1 + e^-|x|) and softplus(-x) = that - x.
+        # At x = 0 the kinks must add up to the true gradient (1 - y - pos_weight * y) / 2:
         # abs contributes 0 there, and maximum splits a tie, contributing 0.5.
-        loss = self.maximum(0) - self * Y + (1 + (-self.abs()).exp()).log()
+        tail = (1 + (-self.abs()).exp()).log()
+        softplus = self.maximum(0) + tail
+        if pos_weight is None:
+            return _reduce_loss(softplus - self * Y, reduction)
+        loss = (1 - Y) * softplus + pos_weight * Y * (softplus - self)
         return _reduce_loss(loss, reduction)
 
     # ---- einsum: permute every operand to one letter order, broadcast, multiply, sum ----
@@ -470,6 +542,96 @@ def _pair(value: int | Sequence[int] | None) -> tuple[int, int]:
     if value is None or len(value) != 2:
         raise ValueError(f"expected an int or a pair of ints, got {value}")
     return (int(value[0]), int(value[1]))
+
+
+def _ints(value: int | Sequence[int], dims: int, what: str) -> tuple[int, ...]:
+    """An int for every spatial axis, or one per axis (stride, dilation)."""
+    if isinstance(value, int):
+        values: tuple[int, ...] = (value,) * dims
+    elif len(value) != dims:
+        raise ValueError(f"{what} {tuple(value)} needs {dims} values, one per spatial axis")
+    else:
+        values = tuple(int(v) for v in value)
+    if any(v < 1 for v in values):
+        raise ValueError(f"{what} must be positive, got {values}")
+    return values
+
+
+def _check_conv(x: Tensor, weight: Tensor, bias: Tensor | None, groups: int) -> int:
+    """The shapes conv2d needs; returns the number of spatial axes."""
+    if x.ndim < 3 or weight.ndim != x.ndim:
+        raise ValueError(f"conv2d needs (N, C, H, W) input and (O, C/groups, kH, kW) weight, "
+                         f"or as many axes in both for another number of spatial axes, got "
+                         f"{x.shape} and {weight.shape}")
+    channels, (out_channels, group_channels) = x.shape[1], weight.shape[:2]
+    if groups < 1 or channels != group_channels * groups or out_channels % groups:
+        raise ValueError(f"conv2d: input has {channels} channels, weight {weight.shape} with "
+                         f"groups={groups} expects {group_channels * groups}")
+    if bias is not None and bias.shape != (out_channels,):
+        raise ValueError(f"conv2d: bias of shape {bias.shape} does not match the "
+                         f"{out_channels} output channels")
+    return x.ndim - 2
+
+
+def _named_padding(padding: int | str | Sequence[int], kernel: Sequence[int],
+                   dilations: Sequence[int], strides: Sequence[int]) -> list[tuple[int, int]]:
+    """PyTorch's padding="valid" (none) and "same" (d*(k-1) in all, the odd one at the end);
+    anything else goes to _conv_padding."""
+    if not isinstance(padding, str):
+        return _conv_padding(padding, len(kernel))
+    if padding == "valid":
+        return [(0, 0)] * len(kernel)
+    if padding != "same":
+        raise ValueError(f"conv2d padding must be an int, ints, 'valid' or 'same', not "
+                         f"{padding!r}")
+    if any(s != 1 for s in strides):
+        raise ValueError(f"conv2d padding='same' needs stride 1, got stride {tuple(strides)}")
+    totals = [d * (k - 1) for k, d in zip(kernel, dilations)]
+    return [(total // 2, total - total // 2) for total in totals]
+
+
+def _check_window_fits(name: str, sizes: Sequence[int], kernel: Sequence[int],
+                       dilations: Sequence[int]) -> None:
+    for size, k, d in zip(sizes, kernel, dilations):
+        if d * (k - 1) + 1 > size:
+            raise ValueError(f"{name}: kernel {tuple(kernel)} (dilation {tuple(dilations)}) is "
+                             f"larger than the padded input {tuple(sizes)}: a window of {k} "
+                             f"(spanning {d * (k - 1) + 1}) does not fit in size {size}")
+
+
+def _pool_kernel(kernel_size: int | Sequence[int]) -> tuple[int, ...]:
+    kernel = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+    if not kernel or any(k < 1 for k in kernel):
+        raise ValueError(f"pooling kernel_size must be positive, got {kernel_size}")
+    return kernel
+
+
+def _pool_padding(x: Tensor, kernel: Sequence[int], strides: Sequence[int],
+                  dilations: Sequence[int], padding: int | Sequence[int],
+                  ceil_mode: bool) -> tuple[list[tuple[int, int]], list[int]]:
+    """The padding of each pooled axis, and how much more `ceil_mode` adds at its end for a
+    last, partial window (PyTorch's rule: that window must start inside the input or the
+    left padding)."""
+    if x.ndim < len(kernel):
+        raise ValueError(f"pooling a {len(kernel)}-d kernel needs at least {len(kernel)} axes, "
+                         f"got shape {x.shape}")
+    pads = _conv_padding(padding, len(kernel))
+    sizes = x.shape[-len(kernel):]
+    for (before, after), k, d in zip(pads, kernel, dilations):
+        if max(before, after) > (d * (k - 1) + 1) // 2:
+            raise ValueError(f"pool padding {padding} must be at most half the kernel "
+                             f"{tuple(kernel)}")
+    _check_window_fits("pool", [n + b + a for n, (b, a) in zip(sizes, pads)], kernel, dilations)
+    extra = []
+    for n, (before, after), k, s, d in zip(sizes, pads, kernel, strides, dilations):
+        padded, span = n + before + after, d * (k - 1) + 1
+        out = (padded - span) // s + 1
+        if ceil_mode:
+            out = -(-(padded - span) // s) + 1
+            if (out - 1) * s >= n + before:
+                out -= 1
+        extra.append(max(0, (out - 1) * s + span - padded))
+    return pads, extra
 
 
 def _check_conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, groups: int) -> None:
