@@ -436,3 +436,23 @@ def test_cross_entropy_ignore_index(device: str, smoothing: float) -> None:
     check(lambda x, y: x.cross_entropy(y, ignore_index=-100, label_smoothing=smoothing),
           lambda x, y: F.cross_entropy(x, y.long(), ignore_index=-100,
                                        label_smoothing=smoothing), [(4, 5), labels], device)
+
+
+# ---- softplus(threshold=), scaled_dot_product_attention(scale=) ----
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("beta, threshold", [(1.0, 20.0), (2.0, 3.0), (0.5, 1.0)])
+def test_softplus_threshold(device: str, beta: float, threshold: float) -> None:
+    check(lambda x: x.softplus(beta, threshold), lambda x: F.softplus(x, beta, threshold),
+          [(4, 6)], device, low=-10, high=10)
+    big = np.array([-200.0, 0.0, 100.0, 200.0], dtype=np.float32)  # exp would overflow
+    check(lambda x: x.softplus(beta, threshold), lambda x: F.softplus(x, beta, threshold),
+          [big], device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_attention_scale(device: str, scale: float | None) -> None:
+    check(lambda q, k, v: q.scaled_dot_product_attention(k, v, is_causal=True, scale=scale),
+          lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale),
+          [(2, 4, 3), (2, 4, 3), (2, 4, 5)], device)

@@ -123,8 +123,14 @@ class TensorMath(TensorMovement):
     def elu(self, alpha: float = 1.0) -> Tensor:
         return (self > 0).where(self, alpha * (self.exp() - 1))
 
-    def softplus(self, beta: float = 1.0) -> Tensor:
-        return (1 + (self * beta).exp()).log() * (1 / beta)
+    def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+        """log(1 + e^(beta x)) / beta; x itself where beta x > threshold (PyTorch's), where the
+        two agree to float precision and exp would overflow."""
+        if beta == 0:
+            raise ValueError("softplus beta must not be 0")
+        linear = self * beta > threshold
+        smooth = (1 + (linear.where(0, self) * beta).exp()).log() * (1 / beta)
+        return linear.where(self, smooth)
 
     def abs(self) -> Tensor:
         if self.dtype.kind in ("uint", "bool"):

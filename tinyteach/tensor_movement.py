@@ -7,9 +7,11 @@ What this teaches:
 - joining needs no new op either: `cat` pads each piece to the full length, zeros elsewhere, and
   adds them up (the scheduler fuses it into one kernel), `stack` is unsqueeze + cat;
 - `gather` selects with a comparison, as indexing.py does: `index == arange(n)` is a one-hot
-  mask, and a sum over the axis picks the element; `triu`, `tril` and `diag` are masks from
-  two aranges too, `roll` is a split and a cat, and `diagonal` reads a flattened square with a
-  stride of n + 1 (pad by one row, reshape to (n, n + 1), keep the first column).
+  mask, and a sum over the axis picks the element; pad's "reflect", "replicate" and
+  "circular" modes are shrinks, flips and expands of the edges joined with cat; `triu`,
+  `tril` and `diag` are masks from two aranges too, `roll` is a split and a cat, and
+  `diagonal` reads a flattened square with a stride of n + 1 (pad by one row, reshape to
+  (n, n + 1), keep the first column).
 
 Builds on: tensor_create.py (part 4; `arange` for gather). Used by: tensor_math.py and
 everything above.

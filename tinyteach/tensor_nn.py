@@ -4,8 +4,9 @@ What this teaches:
 - matmul is broadcasting plus one reduction: (n, 1, k) * (1, m, k), summed over k. The
   scheduler fuses the multiply into the sum, so it is one kernel, not an n*m*k temporary;
 - a convolution is the same idea over sliding windows: `pool` (tensor_math.py) makes the windows
-  with movement ops only, one multiply and one sum over (channels, kh, kw) do the rest;
-  average and max pooling reduce the same windows with mean and max;
+  with movement ops only, one multiply and one sum over (channels, kh, kw) do the rest, for
+  any number of spatial axes; average and max pooling reduce the same windows with mean and
+  max (ceil_mode is a little more padding; return_indices compares each window with its max);
 - a transposed convolution is a convolution too: spread the input with zeros, pad it, and
   convolve with the kernel flipped and its channel axes swapped;
 - softmax, log_softmax and logsumexp subtract the max first, so that exp cannot overflow; the
@@ -403,13 +404,14 @@ class TensorNN(TensorMath):
 
     def scaled_dot_product_attention(self, key: Tensor, value: Tensor,
                                      attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-                                     is_causal: bool = False,
-                                     enable_gqa: bool = False) -> Tensor:
+                                     is_causal: bool = False, enable_gqa: bool = False,
+                                     scale: float | None = None) -> Tensor:
         """softmax(q k^T / sqrt(d) + mask) v, with self as the queries (..., L, d), key (..., S, d)
         and value (..., S, dv). A bool attn_mask keeps the True positions; a float one is
         added. is_causal keeps key j <= query i. enable_gqa repeats the key/value heads (axis
-        -3) to match the query heads. dropout_p drops attention weights only in training
-        mode (tinygrad's rule; PyTorch's function drops them whenever dropout_p > 0)."""
+        -3) to match the query heads. `scale` replaces 1/sqrt(d) (PyTorch's). dropout_p drops
+        attention weights only in training mode (tinygrad's rule; PyTorch's function drops
+        them whenever dropout_p > 0)."""
         if is_causal and attn_mask is not None:
             raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
         if key.shape[-1] != self.shape[-1] or key.shape[-2] != value.shape[-2]:
@@ -418,7 +420,8 @@ class TensorNN(TensorMath):
         if enable_gqa and key.ndim >= 3 and key.shape[-3] != self.shape[-3]:
             repeats = self.shape[-3] // key.shape[-3]
             key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
-        scores = self.matmul(key.transpose(-1, -2)) * (1 / math.sqrt(self.shape[-1]))
+        factor = 1 / math.sqrt(self.shape[-1]) if scale is None else scale
+        scores = self.matmul(key.transpose(-1, -2)) * factor
         if is_causal:
             length, source = self.shape[-2], key.shape[-2]
             attn_mask = type(self).ones(length, source, dtype=dtypes.bool,
