@@ -18,7 +18,7 @@ WGSL looks like Rust more than C, and it is stricter than both:
   with an integer test on the bits, `(bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u`, which no
   optimizer may fold; a kernel gets only the helpers it uses (the example below shows two).
   The same compiler folds `x - x` and `x * 0.0` to 0 and mishandles subnormals in log2 and
-  exp2: those get helpers too (`minus_itself_f32`, `times_zero_f32`, `log2_f32`, `exp2_f32`);
+  exp2: those get helpers too (`minus_itself_f32`, `times_zero_f32`, `log2_f32`, ...);
 - a device allows a limited number of storage buffers per kernel (8 is guaranteed; lavapipe
   has 32): a kernel with more buffers is refused with an error that says so.
 
@@ -44,6 +44,7 @@ fn E_8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) g
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
@@ -108,13 +109,18 @@ HELPERS["exp2_f32"] = ("fn exp2_f32(x: f32) -> f32 {\n"
                        "  if (x < -126.0f) { return exp2(x + 24.0f) * 5.9604644775390625e-08f; }\n"
                        "  return exp2(x);\n}")
 # ... and it folds `x - x` to 0 and `x * 0.0` to 0, which are NaN when x is ±inf or NaN (and
-# x * 0.0 is -0.0 for a negative x): the renderer writes these two as integer bit tests too
+# x * 0.0 is -0.0 for a negative x), and `x + 0.0` to x, which is -0.0 for x = -0.0: the
+# renderer writes these three as integer bit tests too
 HELPERS["minus_itself_f32"] = ("fn minus_itself_f32(x: f32) -> f32 "
                                "{ return select(0.0f, nan_f32(), is_nan_or_inf_f32(x)); }")
 HELPERS["times_zero_f32"] = (
     "fn times_zero_f32(x: f32, zero: f32) -> f32 {\n"
     "  var sign = (bitcast<u32>(x) ^ bitcast<u32>(zero)) & 0x80000000u;\n"
     "  return select(bitcast<f32>(sign), nan_f32(), is_nan_or_inf_f32(x));\n}")
+HELPERS["plus_zero_f32"] = ("fn plus_zero_f32(x: f32) -> f32 "  # -0.0 + 0.0 is +0.0
+                            "{ return select(x, 0.0f, bitcast<u32>(x) == 0x80000000u); }")
+HELPERS["plus_zero_f16"] = ("fn plus_zero_f16(x: f16) -> f16 "
+                            "{ return f16(plus_zero_f32(f32(x))); }")
 HELPERS["minus_itself_f16"] = ("fn minus_itself_f16(x: f16) -> f16 "
                                "{ return f16(minus_itself_f32(f32(x))); }")
 HELPERS["times_zero_f16"] = ("fn times_zero_f16(x: f16, zero: f16) -> f16 "
@@ -318,9 +324,12 @@ class WGSLRenderer(GPURenderer):
 
     @staticmethod
     def _folded_by_the_driver(node: UOp) -> int | None:
-        """For x + (-x) and x * 0.0 (which lavapipe folds to 0), the position of x."""
+        """For x + (-x), x * 0.0 and x + 0.0 (which lavapipe folds), the position of x."""
         for position, (x, other) in enumerate((node.src, node.src[::-1])):
             if node.op is Ops.ADD and other.op is Ops.NEG and other.src[0] is x:
+                return position
+            if node.op is Ops.ADD and other.op is Ops.CONST and other.arg == 0 and \
+                    math.copysign(1.0, other.arg) > 0:
                 return position
             if node.op is Ops.MUL and other.op is Ops.CONST and other.arg == 0:
                 return position
@@ -330,6 +339,8 @@ class WGSLRenderer(GPURenderer):
         position = self._folded_by_the_driver(node)
         assert position is not None
         type_name = VALUE_TYPES[node.dtype]
+        if node.op is Ops.ADD and node.src[1 - position].op is Ops.CONST:
+            return f"plus_zero_{type_name}({operands[position]})"
         if node.op is Ops.ADD:
             return f"minus_itself_{type_name}({operands[position]})"
         return f"times_zero_{type_name}({operands[position]}, {operands[1 - position]})"
