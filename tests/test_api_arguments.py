@@ -456,3 +456,56 @@ def test_attention_scale(device: str, scale: float | None) -> None:
     check(lambda q, k, v: q.scaled_dot_product_attention(k, v, is_causal=True, scale=scale),
           lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale),
           [(2, 4, 3), (2, 4, 3), (2, 4, 5)], device)
+
+
+# ---- cross_entropy(weight=), squeeze(tuple of dims) ----
+
+CLASS_WEIGHT = np.array([0.5, 2.0, 1.0, 0.1, 3.0], dtype=np.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.25])
+@pytest.mark.parametrize("probabilities", [False, True])
+def test_cross_entropy_class_weight(device: str, reduction: str, smoothing: float,
+                                    probabilities: bool) -> None:
+    if probabilities:
+        target = np.random.default_rng(7).dirichlet(np.ones(5), size=5).astype(np.float32)
+        torch_target = torch.tensor(target)
+    else:
+        target = np.array([1, 4, 3, 1, 0], dtype=np.int32)
+        torch_target = torch.tensor(target).long()
+    check(lambda x: x.cross_entropy(Tensor(target, device=device), reduction=reduction,
+                                    label_smoothing=smoothing,
+                                    weight=Tensor(CLASS_WEIGHT, device=device)),
+          lambda x: F.cross_entropy(x, torch_target, reduction=reduction,
+                                    label_smoothing=smoothing, weight=torch.tensor(CLASS_WEIGHT)),
+          [(5, 5)], device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cross_entropy_class_weight_and_ignore_index(device: str) -> None:
+    ignored = np.array([1, -100, 3, 1, -100], dtype=np.int32)
+    check(lambda x: x.cross_entropy(Tensor(ignored, device=device), ignore_index=-100,
+                                    weight=Tensor(CLASS_WEIGHT, device=device)),
+          lambda x: F.cross_entropy(x, torch.tensor(ignored).long(), ignore_index=-100,
+                                    weight=torch.tensor(CLASS_WEIGHT)), [(5, 5)], device)
+
+
+def test_cross_entropy_bad_weight() -> None:
+    with pytest.raises(ValueError, match="class weight of shape"):
+        Tensor.ones(2, 3).cross_entropy(Tensor([0, 1]), weight=Tensor([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dims", [(0, 2), (-1,), (1, 3), (0, 1, 2, 3), 2])
+def test_squeeze_dims(device: str, dims: int | tuple[int, ...]) -> None:
+    check(lambda x: x.squeeze(dims), lambda x: x.squeeze(dims), [(1, 3, 1, 2)], device)
+
+
+def test_squeeze_bad_dims() -> None:
+    with pytest.raises(IndexError, match="out of range"):
+        Tensor.ones(2, 3).squeeze((0, 2))
+    with pytest.raises(IndexError, match="out of range"):
+        Tensor(1.0).squeeze(1)
+    np.testing.assert_array_equal(Tensor(2.0).squeeze(0).numpy(), torch.tensor(2.0).squeeze(0))

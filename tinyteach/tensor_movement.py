@@ -62,13 +62,17 @@ class TensorMovement(TensorCreation):
         axis = self._axis(dim)
         return self.reshape(*self.shape[:axis], *sizes, *self.shape[axis + 1:])
 
-    def squeeze(self, dim: int | None = None) -> Tensor:
+    def squeeze(self, dim: int | Sequence[int] | None = None) -> Tensor:
+        """Drop axes of size 1: all of them, or those of `dim` (an axis or, as PyTorch 2, a
+        tuple of axes) that have size 1."""
         if dim is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
-        axis = self._axis(dim)
-        if self.shape and self.shape[axis] != 1:
+        if not self.shape:
+            self._axis(dim if isinstance(dim, int) else 0)  # a 0-d tensor takes only dim 0 / -1
             return as_tensor(self)
-        return self.reshape(self.shape[:axis] + self.shape[axis + 1:])
+        axes = self._axes(dim)
+        return self.reshape(tuple(s for i, s in enumerate(self.shape)
+                                  if not (i in axes and s == 1)))
 
     def unsqueeze(self, dim: int) -> Tensor:
         axis = self._axis(dim, self.ndim + 1)

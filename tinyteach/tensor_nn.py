@@ -305,8 +305,10 @@ class TensorNN(TensorMath):
 
     def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1,
                                         label_smoothing: float = 0.0,
-                                        reduction: str = "mean") -> Tensor:
-        """Cross-entropy of logits `self` (N, C) against integer labels Y (N,)."""
+                                        reduction: str = "mean",
+                                        weight: Tensor | None = None) -> Tensor:
+        """Cross-entropy of logits `self` (N, C) against integer labels Y (N,). `weight` (C,)
+        weighs each class, as PyTorch's: a mean then divides by the weights of the targets."""
         if Y.shape != self.shape[:-1]:
             raise ValueError(f"labels of shape {Y.shape} do not match logits {self.shape}")
         log_probs = self.log_softmax(-1)
@@ -319,25 +321,35 @@ class TensorNN(TensorMath):
         if label_smoothing:
             spread = kept.cast(log_probs.dtype) * (label_smoothing / self.shape[-1])
             weights = weights * (1 - label_smoothing) + spread
+        denominator: Tensor = counted
+        if weight is not None:
+            if weight.shape != (self.shape[-1],):
+                raise ValueError(f"class weight of shape {weight.shape} does not match the "
+                                 f"{self.shape[-1]} classes")
+            weights = weights * weight
+            denominator = (picked & kept).where(weight, 0)
         per_class = -(log_probs * weights)
         if reduction == "none":
             return per_class.sum(-1)
         # one sum over items and classes at once: a sum of per-item sums would be two kernels
         # (a reduction that feeds another reduction is stored)
-        return _reduce_loss(per_class, reduction, counted)
+        return _reduce_loss(per_class, reduction, denominator)
 
     def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
-                      ignore_index: int = -1) -> Tensor:
+                      ignore_index: int = -1, weight: Tensor | None = None) -> Tensor:
         """Cross-entropy of logits (..., C) against class indices (...) or, as PyTorch, class
         probabilities of the logits' own shape. `label_smoothing` mixes the target with the
         uniform distribution: (1 - s) * target + s / C. Items whose index is `ignore_index`
-        count for nothing (tinygrad's default -1; PyTorch's is -100)."""
+        count for nothing (tinygrad's default -1; PyTorch's is -100). `weight` (C,) weighs
+        each class (PyTorch's)."""
         if not 0.0 <= label_smoothing <= 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
         if Y.shape != self.shape or not dtypes.is_float(Y.dtype):
             return self.sparse_categorical_crossentropy(Y, ignore_index, label_smoothing,
-                                                        reduction)
+                                                        reduction, weight)
         target = Y * (1 - label_smoothing) + label_smoothing / self.shape[-1]
+        if weight is not None:
+            target = target * weight
         loss = -(self.log_softmax(-1) * target).sum(-1)
         return _reduce_loss(loss, reduction)
 
