@@ -509,3 +509,33 @@ def test_squeeze_bad_dims() -> None:
     with pytest.raises(IndexError, match="out of range"):
         Tensor(1.0).squeeze(1)
     np.testing.assert_array_equal(Tensor(2.0).squeeze(0).numpy(), torch.tensor(2.0).squeeze(0))
+
+
+# ---- conv_transpose2d over 1 or 3 spatial axes ----
+
+TRANSPOSED = [  # input, weight, keyword arguments, torch function
+    ((2, 4, 5), (4, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}, F.conv_transpose1d),
+    ((1, 4, 6), (4, 1, 2), {"groups": 2, "dilation": 3}, F.conv_transpose1d),
+    ((1, 2, 3, 2, 4), (2, 3, 2, 3, 2), {"stride": (2, 1, 3), "padding": (0, 1, 1)},
+     F.conv_transpose3d),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", range(len(TRANSPOSED)))
+def test_conv_transpose_any_number_of_spatial_axes(device: str, case: int) -> None:
+    x_shape, w_shape, kwargs, torch_fn = TRANSPOSED[case]
+    groups = kwargs.get("groups", 1)
+    bias = (w_shape[1] * groups,)
+    check(lambda x, w, b: x.conv_transpose2d(w, b, **kwargs),
+          lambda x, w, b: torch_fn(x, w, b, **kwargs), [x_shape, w_shape, bias], device,
+          atol=1e-4)
+
+
+def test_conv_transpose_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="as many axes"):
+        Tensor.ones(1, 2, 5).conv_transpose2d(Tensor.ones(2, 1, 3, 3))
+    with pytest.raises(ValueError, match="stride"):
+        Tensor.ones(1, 2, 5).conv_transpose2d(Tensor.ones(2, 1, 3), stride=(1, 2))
+    with pytest.raises(ValueError, match="output_padding"):
+        Tensor.ones(1, 2, 5).conv_transpose2d(Tensor.ones(2, 1, 3), stride=2, output_padding=2)

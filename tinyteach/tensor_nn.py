@@ -129,17 +129,21 @@ class TensorNN(TensorMath):
         pixels. Every step is a movement op or conv2d, so autograd needs nothing new.
         (tinygrad builds it the same way.)"""
         x = as_tensor(self)
-        strides, dilations = _pair(stride), _pair(dilation)
-        paddings, extras = _pair(padding), _pair(output_padding)
         _check_conv_transpose(x, weight, bias, groups)
+        dims = x.ndim - 2  # any number of spatial axes, as conv2d
+        strides, dilations = _ints(stride, dims, "stride", False), _ints(dilation, dims,
+                                                                         "dilation", False)
+        paddings = _ints(padding, dims, "padding", False)
+        extras = _ints(output_padding, dims, "output_padding", False)
         _check_conv_transpose_sizes(x.shape[2:], weight.shape[2:], strides, dilations,
                                     paddings, extras)
-        in_channels, per_group, kh, kw = weight.shape
+        in_channels, per_group, *kernel = weight.shape
         pairs = [(d * (k - 1) - p, d * (k - 1) - p + extra)
-                 for k, d, p, extra in zip((kh, kw), dilations, paddings, extras)]
+                 for k, d, p, extra in zip(kernel, dilations, paddings, extras)]
         x = _spread(x, strides).pad([(0, 0), (0, 0), *pairs])  # negative pads crop
-        w = weight.reshape(groups, in_channels // groups, per_group, kh, kw).transpose(1, 2)
-        w = w.flip((3, 4)).reshape(groups * per_group, in_channels // groups, kh, kw)
+        w = weight.reshape(groups, in_channels // groups, per_group, *kernel).transpose(1, 2)
+        w = w.flip(tuple(range(3, 3 + dims)))
+        w = w.reshape(groups * per_group, in_channels // groups, *kernel)
         return x.conv2d(w, bias, groups, stride=1, dilation=dilations)
 
     def avg_pool2d(self, kernel_size: int | Sequence[int] = 2,
@@ -551,23 +555,19 @@ def _resample_axis(x: Tensor, out: int, mode: str, align_corners: bool) -> Tenso
         (column == high).where(rows * weight, 0.0)
     return mixed.sum(-1)
 
-def _pair(value: int | Sequence[int] | None) -> tuple[int, int]:
-    if isinstance(value, int):
-        return (value, value)
-    if value is None or len(value) != 2:
-        raise ValueError(f"expected an int or a pair of ints, got {value}")
-    return (int(value[0]), int(value[1]))
-
-
-def _ints(value: int | Sequence[int], dims: int, what: str) -> tuple[int, ...]:
-    """An int for every spatial axis, or one per axis (stride, dilation)."""
+def _ints(value: int | Sequence[int], dims: int, what: str,
+          positive: bool = True) -> tuple[int, ...]:
+    """An int for every spatial axis, or one per axis (stride, dilation); `positive` checks
+    that each is at least 1."""
     if isinstance(value, int):
         values: tuple[int, ...] = (value,) * dims
     elif len(value) != dims:
-        raise ValueError(f"{what} {tuple(value)} needs {dims} values, one per spatial axis")
+        group = "a pair of ints" if dims == 2 else f"{dims} ints"
+        raise ValueError(f"{what}: expected an int or {group}, got {tuple(value)} (one per "
+                         f"spatial axis)")
     else:
         values = tuple(int(v) for v in value)
-    if any(v < 1 for v in values):
+    if positive and any(v < 1 for v in values):
         raise ValueError(f"{what} must be positive, got {values}")
     return values
 
@@ -651,9 +651,10 @@ def _pool_padding(x: Tensor, kernel: Sequence[int], strides: Sequence[int],
 
 def _check_conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, groups: int) -> None:
     """The shapes conv_transpose2d needs, each mistake with a message that names it."""
-    if x.ndim != 4 or weight.ndim != 4:
+    if x.ndim < 3 or weight.ndim != x.ndim:
         raise ValueError(f"conv_transpose2d needs (N, C_in, H, W) input and (C_in, "
-                         f"C_out/groups, kH, kW) weight, got {x.shape} and {weight.shape}")
+                         f"C_out/groups, kH, kW) weight, or as many axes in both for another "
+                         f"number of spatial axes, got {x.shape} and {weight.shape}")
     in_channels, per_group = weight.shape[:2]
     if groups < 1 or in_channels % groups:
         raise ValueError(f"conv_transpose2d: weight {weight.shape} has {in_channels} input "
@@ -686,17 +687,20 @@ def _check_conv_transpose_sizes(image: Sequence[int], kernel: Sequence[int],
 
 
 def _spread(x: Tensor, strides: Sequence[int]) -> Tensor:
-    """Insert s-1 zeros between neighbours on the last two axes: (H, W) -> ((H-1)s+1, ...).
-    Each pixel gets s-1 zeros after it (reshape to (H, 1), pad to (H, s), reshape to H*s),
-    then the zeros after the last pixel are cut off."""
-    if all(s == 1 for s in strides):
-        return x
-    n, c, h, w = x.shape
-    sh, sw = strides
-    x = x.reshape(n, c, h, 1, w, 1).pad([(0, 0), (0, 0), (0, 0), (0, sh - 1), (0, 0),
-                                         (0, sw - 1)])
-    x = x.reshape(n, c, h * sh, w * sw)
-    return x.shrink([None, None, (0, (h - 1) * sh + 1), (0, (w - 1) * sw + 1)])
+    """Insert s-1 zeros between neighbours on each spatial axis: H -> (H-1)s+1. Each pixel
+    gets s-1 zeros after it (reshape to (H, 1), pad to (H, s), reshape to H*s), then the
+    zeros after the last pixel are cut off."""
+    for axis, step in enumerate(strides, start=2):
+        if step == 1:
+            continue
+        size, before, after = x.shape[axis], x.shape[:axis], x.shape[axis + 1:]
+        x = x.reshape(*before, size, 1, *after)
+        x = x.pad([(0, 0)] * (axis + 1) + [(0, step - 1)] + [(0, 0)] * len(after))
+        x = x.reshape(*before, size * step, *after)
+        bounds: list[tuple[int, int] | None] = [None] * x.ndim
+        bounds[axis] = (0, (size - 1) * step + 1)
+        x = x.shrink(bounds)
+    return x
 
 
 def _conv_padding(padding: int | Sequence[int], dims: int) -> list[tuple[int, int]]:
