@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 
 from tinyteach.dtype import dtypes
@@ -328,3 +329,17 @@ def test_symbolic_keeps_values_of_random_expressions(seed):
     rng = np.random.default_rng(seed)
     original = random_index_expression(rng, 4)
     agree_everywhere(original, graph_rewrite(original, symbolic), [I, J, K])
+
+
+@pytest.mark.parametrize("device", ["NUMPY", "CPU"])
+def test_adding_zero_keeps_ieee_signed_zeros(device):
+    """-0.0 + 0.0 is +0.0, so the simplifier may drop `+ 0` only for ints (and `+ -0.0`)."""
+    from tinyteach import Tensor
+    x = np.array([-0.0, 0.0, np.nan, -np.inf, 2.5], dtype=np.float32)
+    for zero in (0.0, -0.0):
+        got = (Tensor(x, device=device) + zero).numpy()
+        expected = x + np.float32(zero)
+        np.testing.assert_array_equal(got, expected)
+        assert list(np.signbit(got)) == list(np.signbit(expected))
+    ints = (Tensor(np.array([-3, 7], dtype=np.int32), device=device) + 0).numpy()
+    assert ints.tolist() == [-3, 7]

@@ -405,6 +405,14 @@ def fold_compare_by_range(x: UOp, c: UOp) -> UOp | None:
     return None
 
 
+def drop_added_zero(x: UOp, zero: UOp) -> UOp | None:
+    """x+0 -> x, except where IEEE floats say otherwise: -0.0 + 0.0 is +0.0, so for a float x
+    only adding -0.0 leaves every x (-0.0, NaN and the infinities included) as it is."""
+    if not dtypes.is_float(x.dtype) or math.copysign(1.0, zero.arg) < 0:
+        return x
+    return None
+
+
 def _is_int(node: UOp) -> bool:
     return node.dtype.kind in ("int", "uint")
 
@@ -414,7 +422,7 @@ x, y, c1, c2 = UPat.var("x"), UPat.var("y"), UPat.cvar("c1"), UPat.cvar("c2")
 symbolic = PatternMatcher("symbolic", [
     ("fold constants", UPat(ALU, name="node", src=None), lambda node: fold_constants(node)
      if node.src and all(s.op is Ops.CONST for s in node.src) else None),
-    ("x+0 -> x", UPat(Ops.ADD, src=(x, UPat.const(0))), lambda x: x),
+    ("x+0 -> x", UPat(Ops.ADD, src=(x, UPat(Ops.CONST, arg=0, name="zero"))), drop_added_zero),
     ("x*1 -> x", UPat(Ops.MUL, src=(x, UPat.const(1))), lambda x: x),
     ("x*0 -> 0 (ints)", UPat(Ops.MUL, src=(x, UPat.const(0))),
      lambda x: UOp.const(x.dtype, 0) if _is_int(x) else None),
