@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # so test files can `from helpers import ...`
 
-from helpers import test_devices  # noqa: E402
+from helpers import default_device, test_devices  # noqa: E402
 
 from tinyteach.device import Device  # noqa: E402
 
@@ -18,10 +18,8 @@ from tinyteach.device import Device  # noqa: E402
 def device(request: pytest.FixtureRequest) -> Iterator[str]:
     """The device name; Device.DEFAULT is set to it for the test, so tensors created without
     `device=` (and constants inside ops) land there too."""
-    previous = Device.DEFAULT
-    Device.DEFAULT = request.param
-    yield request.param
-    Device.DEFAULT = previous
+    with default_device(request.param):
+        yield request.param
 
 
 # ---- issue 4: every kernel the op suite runs on CPU must also compile for CUDA ----

@@ -6,7 +6,8 @@ libraries, compares the forward values and, for float inputs, the gradients that
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,18 @@ def test_devices() -> list[str]:
 
 
 test_devices.__test__ = False  # type: ignore[attr-defined]  # not a test for pytest
+
+
+@contextmanager
+def default_device(name: str) -> Iterator[str]:
+    """Device.DEFAULT is `name` inside the block, so tensors created without `device=` (and
+    constants inside ops) land there too; what it was before comes back after."""
+    previous = Device.DEFAULT
+    Device.DEFAULT = name
+    try:
+        yield name
+    finally:
+        Device.DEFAULT = previous
 
 
 def skip_unless_supported(device: str, *needed: Any) -> None:

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import check, compare
+from helpers import check, compare, default_device
 
 from tinyteach import Tensor, dtypes
-from tinyteach.device import Device
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -23,10 +22,8 @@ F = torch.nn.functional
 
 @pytest.fixture(params=["NUMPY", "CPU"])
 def device(request: pytest.FixtureRequest) -> Iterator[str]:
-    previous = Device.DEFAULT
-    Device.DEFAULT = request.param
-    yield request.param
-    Device.DEFAULT = previous
+    with default_device(request.param):
+        yield request.param
 
 
 # name: (ours, PyTorch's, low, high) — inputs are drawn from [low, high), inside the domain

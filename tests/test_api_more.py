@@ -10,10 +10,9 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from helpers import check, compare
+from helpers import check, compare, default_device
 
 from tinyteach import Tensor, dtypes
-from tinyteach.device import Device
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -21,10 +20,8 @@ F = torch.nn.functional
 
 @pytest.fixture(params=["NUMPY", "CPU"])
 def device(request: pytest.FixtureRequest) -> Iterator[str]:
-    previous = Device.DEFAULT
-    Device.DEFAULT = request.param
-    yield request.param
-    Device.DEFAULT = previous
+    with default_device(request.param):
+        yield request.param
 
 
 # ---- the named forms of the operators, and functions tests elsewhere reach by name only ----

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import default_device
 
-from tinyteach import Device, Tensor, dtypes
+from tinyteach import Tensor, dtypes
 from tinyteach.uop import Ops
 
 torch = pytest.importorskip("torch")
@@ -36,10 +37,8 @@ def away_from_zero(*shape: int) -> np.ndarray:
 def device(request: pytest.FixtureRequest) -> Iterator[str]:
     """The reference interpreter and the compiled C backend. (These tests run in float64,
     which not every GPU backend has; test_ops.py runs the float32 gradients everywhere.)"""
-    previous = Device.DEFAULT
-    Device.DEFAULT = request.param
-    yield request.param
-    Device.DEFAULT = previous
+    with default_device(request.param):
+        yield request.param
 
 
 def other_device(device: str) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from helpers import default_device
 
 from tinyteach import Device, Tensor, dtypes, nn
 from tinyteach.device import CompileError
@@ -17,10 +18,8 @@ from tinyteach.uop import Ops
 @pytest.fixture(params=["NUMPY", "CPU"])
 def device(request: pytest.FixtureRequest) -> Iterator[str]:
     """The reference interpreter and the compiled C backend."""
-    previous = Device.DEFAULT
-    Device.DEFAULT = request.param
-    yield request.param
-    Device.DEFAULT = previous
+    with default_device(request.param):
+        yield request.param
 
 
 def ones(*shape: int, device: str) -> Tensor:

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import ALWAYS
+from helpers import ALWAYS, default_device
 
-from tinyteach import Context, Device, Tensor, nn
+from tinyteach import Context, Tensor, nn
 from tinyteach.nn.state import get_parameters
 
 torch = pytest.importorskip("torch")
@@ -23,10 +23,8 @@ torch = pytest.importorskip("torch")
 def device(request: pytest.FixtureRequest) -> Iterator[str]:
     """NUMPY and CPU (the layers are compositions of ops that tests of tensor.py run on every
     device); Device.DEFAULT is set too, so the layers' own parameters land there."""
-    previous = Device.DEFAULT
-    Device.DEFAULT = request.param
-    yield request.param
-    Device.DEFAULT = previous
+    with default_device(request.param):
+        yield request.param
 
 
 ATOL, RTOL = 1e-4, 1e-4

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import ALWAYS
+from helpers import ALWAYS, default_device
 
-from tinyteach import Device, GlobalCounters, Tensor, TinyJit, nn
+from tinyteach import GlobalCounters, Tensor, TinyJit, nn
 
 torch = pytest.importorskip("torch")
 
@@ -22,10 +22,8 @@ STEPS = 4
 
 @pytest.fixture(params=ALWAYS)
 def device(request: pytest.FixtureRequest) -> Iterator[str]:
-    previous = Device.DEFAULT
-    Device.DEFAULT = request.param
-    yield request.param
-    Device.DEFAULT = previous
+    with default_device(request.param):
+        yield request.param
 
 
 def initial_values(seed: int = 0) -> list[np.ndarray]:
