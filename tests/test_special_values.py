@@ -148,9 +148,6 @@ def test_argmax_argmin_with_infinities(device, name):
     assert_same(ours, getattr(torch.tensor(rows), name)(1).int())
 
 
-@pytest.mark.xfail(strict=True, reason="tensor_math.argmax: the row's max is NaN and "
-                   "`x == max` is False everywhere, so the index is n (out of range); "
-                   "PyTorch gives the first NaN's index")
 @pytest.mark.parametrize("name", ["argmax", "argmin"])
 def test_argmax_argmin_with_nan(device, name):
     ours = getattr(Tensor(ROWS, device=device), name)(1)
@@ -189,8 +186,6 @@ def test_signed_zero_max_ties(device):
         assert_same(ours, 1 / np.maximum(a, b), zero_sign=True)
 
 
-@pytest.mark.xfail(strict=True, reason="tensor_math.abs is x*sign(x), which is -0.0 for "
-                   "x = -0.0; PyTorch's abs(-0.0) is 0.0")
 def test_abs_of_negative_zero(device):
     assert_same(1 / Tensor(ZEROS, device=device).abs(), 1 / torch.tensor(ZEROS).abs())
 
@@ -202,11 +197,8 @@ def test_adding_zero_to_negative_zero(device):
     assert_same(ours, 1 / (torch.tensor(ZEROS) + 0.0), zero_sign=True)
 
 
-def test_constant_maximum_with_nan(device, request):
+def test_constant_maximum_with_nan(device):
     """Folded at compile time, max(1.0, nan) must still be nan."""
-    if device != "NUMPY":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "rewrite.PYTHON_ALU folds MAX with Python's max(), and max(1.0, nan) is 1.0")))
     ours = Tensor.full((3,), 1.0, device=device).maximum(NAN)
     assert_same(ours, torch.full((3,), 1.0).maximum(torch.tensor(NAN)))
 
@@ -404,9 +396,6 @@ def test_maximum_gradient_with_infinite_ties(device):
     assert_same(b.grad, tb.grad)
 
 
-@pytest.mark.xfail(strict=True, reason="gradient.py: the max gradient goes to `x == max`, "
-                   "which no element is when the max is NaN, and 0/0 makes every gradient NaN; "
-                   "PyTorch shares it among the NaN elements")
 def test_max_gradient_with_nan(device):
     ours, theirs = _gradient(lambda x: x.max(), np.float32([1.0, NAN, 3.0, NAN]), device)
     assert_same(ours, theirs)

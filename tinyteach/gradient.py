@@ -29,9 +29,11 @@ Grads = tuple[UOp | None, ...]
 
 
 def _reduce_max_grad(grad: UOp, node: UOp) -> Grads:
-    # the gradient goes to the elements equal to the max, split evenly between ties
+    # the gradient goes to the elements equal to the max, split evenly between ties; a NaN
+    # max equals nothing, so then it is shared by the NaN elements (x != x), as in PyTorch
     source = node.src[0]
-    is_max = source.ne(node.expand(source.shape)).ne(True).cast(source.dtype)
+    equal = source.ne(node.expand(source.shape)).ne(True)
+    is_max = (equal | source.ne(source)).cast(source.dtype)
     ties = is_max.reduce(Ops.ADD, node.arg[1]).expand(source.shape)
     return (is_max * ties.alu(Ops.RECIPROCAL) * grad.expand(source.shape),)
 

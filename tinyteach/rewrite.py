@@ -248,6 +248,12 @@ def _c_mod(a: int, b: int) -> int:
     return 0 if b == 0 else a - b * _c_idiv(a, b)
 
 
+def _max(a: Any, b: Any) -> Any:
+    """MAX as the devices compute it: a if a > b or a is NaN, else b (Python's max(1.0, nan)
+    is 1.0, so folding with it would drop a NaN that every device keeps)."""
+    return a if a > b or a != a else b
+
+
 def _safe_log2(a: float) -> float:
     if a < 0 or math.isnan(a):
         return math.nan
@@ -260,7 +266,7 @@ PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
     Ops.SQRT: lambda a: math.sqrt(a) if a >= 0 else math.nan,
     Ops.RECIPROCAL: lambda a: 1 / a if a != 0 else math.copysign(math.inf, a),
     Ops.ADD: lambda a, b: a + b, Ops.MUL: lambda a, b: a * b,
-    Ops.IDIV: _c_idiv, Ops.MOD: _c_mod, Ops.MAX: max,
+    Ops.IDIV: _c_idiv, Ops.MOD: _c_mod, Ops.MAX: _max,
     Ops.CMPLT: lambda a, b: a < b, Ops.CMPNE: lambda a, b: a != b,
     Ops.AND: lambda a, b: a & b, Ops.OR: lambda a, b: a | b, Ops.XOR: lambda a, b: a ^ b,
     Ops.WHERE: lambda c, a, b: a if c else b,

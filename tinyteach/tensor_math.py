@@ -135,7 +135,11 @@ class TensorMath(TensorMovement):
     def abs(self) -> Tensor:
         if self.dtype.kind in ("uint", "bool"):
             return as_tensor(self)
-        return self * self.sign()  # its gradient is sign(x): 0 at x = 0, as in PyTorch
+        # max(x, -x) keeps NaN, and its gradient at 0 is a tie's two halves, 1/2 - 1/2 = 0, as in
+        # PyTorch; at the tie of -0.0 and 0.0 it may give either, and + 0.0 makes it 0.0
+        # (x * sign(x) gave -0.0 for -0.0)
+        largest = self.maximum(-self)
+        return largest + 0.0 if dtypes.is_float(self.dtype) else largest
 
     def sign(self) -> Tensor:
         positive = (self > 0).cast(self.dtype)
@@ -601,7 +605,9 @@ class TensorMath(TensorMovement):
             return index.reshape((1,) * self.ndim) if keepdim else index
         a = self._axis(axis)
         n = self.shape[a]
-        is_max = self == self.max(a, keepdim=True)
+        # a NaN is the maximum (max propagates it) and PyTorch returns the first NaN's index;
+        # `x == NaN` is False, so NaNs are found with `x != x`
+        is_max = (self == self.max(a, keepdim=True)) | (self != self)
         countdown = type(self).arange(n, 0, -1, device=self.device).reshape(
             (n,) + (1,) * (self.ndim - a - 1))
         return n - (is_max.cast(dtypes.int32) * countdown).max(a, keepdim)
