@@ -401,10 +401,15 @@ def test_max_gradient_with_nan(device):
     assert_same(ours, theirs)
 
 
-@pytest.mark.xfail(strict=True, reason="tensor_math.relu is where(x > 0, x, 0), which turns "
-                   "NaN into 0; PyTorch's relu keeps NaN")
 def test_relu_keeps_nan(device):
-    assert_same(Tensor(SPECIAL, device=device).relu(), torch.tensor(SPECIAL).relu())
+    assert_same(Tensor(SPECIAL, device=device).relu(), torch.tensor(SPECIAL).relu(),
+                zero_sign=True)
+
+
+def test_relu_gradient_at_zero_nan_and_inf(device):
+    values = np.float32([-0.0, 0.0, NAN, -INF, INF, -1.0, 2.0])
+    ours, theirs = _gradient(lambda x: x.relu(), values, device)
+    assert_same(ours, theirs)
 
 
 # ---- the source the GPU renderers write (no device needed) ----

@@ -98,7 +98,11 @@ class TensorMath(TensorMovement):
         return 2.0 * (2.0 * self._to_float()).sigmoid() - 1.0
 
     def relu(self) -> Tensor:
-        return (self > 0).where(self, 0)
+        """max(x, 0) as PyTorch has it: where(x < 0, 0, x) keeps NaN (a NaN activation must not
+        turn into 0 and hide a diverging run) and -0.0; zeros pass through detached, so the
+        gradient at 0 is 0. (tinygrad: where(x > 0, x, 0), which maps NaN to 0.)"""
+        passes = (self > 0) | (self != self)
+        return (self < 0).where(0, passes.where(self, self.detach()))
 
     def leaky_relu(self, neg_slope: float = 0.01) -> Tensor:
         return (self < 0).where(self * neg_slope, self)
