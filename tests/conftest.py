@@ -9,6 +9,12 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # so test files can `from helpers import ...`
 
+# PyTorch is only the CPU reference here. Its CUDA build (what pip gives a user without the
+# local CPU wheel) imports triton from torch.optim, and triton's LLVM crashes the process once
+# lavapipe's LLVM is loaded by the WEBGPU device (a segmentation fault, seen with torch 2.13
+# and Mesa 22). Without triton, torch runs the same CPU kernels.
+sys.modules.setdefault("triton", None)  # type: ignore[arg-type]  # `import triton` fails
+
 from helpers import default_device, test_devices  # noqa: E402
 
 from tinyteach.device import Device  # noqa: E402
