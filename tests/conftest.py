@@ -125,8 +125,8 @@ def pytest_terminal_summary(terminalreporter: object, exitstatus: int,
     write(f"  {'device':<8} {'passed':>7} {'failed':>7} {'skipped':>8}  status")
     for name in KNOWN_DEVICES:
         counts = _device_counts.get(name, {})
-        reason = Device.why_unavailable(name)
-        status = "ran" if _ran(name) else f"skipped: {reason or 'no test ran on it'}"
+        reason = " ".join((Device.why_unavailable(name) or "no test ran on it").split())
+        status = "ran" if _ran(name) else f"skipped: {reason}"  # one line, however long
         write(f"  {name:<8} {counts.get('passed', 0):>7} {counts.get('failed', 0):>7} "
               f"{counts.get('skipped', 0):>8}  {status}")
     missing = [device for device in _required_devices() if _ran(device) == 0]
