@@ -469,3 +469,15 @@ def _short_arg(arg: Any) -> str:
     if isinstance(arg, tuple) and arg and isinstance(arg[0], Ops):
         return f"({arg[0].name}, {arg[1]})"
     return str(arg)
+
+
+# ---- the buffer under a tensor's reshapes ----
+
+def base_buffer(node: UOp) -> UOp | None:
+    """The BUFFER node that `node` is a chain of RESHAPEs of (`node` itself when it is one), or
+    None when it is anything else. A reshape keeps row-major order, so such a node's values are
+    exactly its buffer's memory: what realize() leaves in a tensor, what assign() writes into,
+    what a JIT hands to its kernels. (The node, not the Buffer: device.py is a layer above.)"""
+    while node.op is Ops.RESHAPE:
+        node = node.src[0]
+    return node if node.op is Ops.BUFFER else None
