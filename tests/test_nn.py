@@ -283,6 +283,91 @@ def test_rmsnorm(device: str) -> None:
     run_both(ours, theirs, random_input(3, 2, 6), device, ["weight"])
 
 
+def test_layernorm2d(device: str) -> None:
+    """torch has no LayerNorm2d: it is LayerNorm over the channels, moved last and back."""
+    channels = 3
+    theirs = torch.nn.LayerNorm(channels)
+    with torch.no_grad():
+        theirs.weight.uniform_(0.5, 1.5)
+        theirs.bias.uniform_(-0.5, 0.5)
+    ours = nn.LayerNorm2d(channels)
+    copy_parameters(ours, theirs, ["weight", "bias"], device)
+
+    def theirs_2d(x: Any) -> Any:
+        return theirs(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+    theirs_2d.weight, theirs_2d.bias = theirs.weight, theirs.bias  # type: ignore[attr-defined]
+    run_both(ours, theirs_2d, random_input(2, channels, 4, 5) * 3 + 1, device,
+             ["weight", "bias"])
+
+
+def test_layernorm2d_needs_images() -> None:
+    with pytest.raises(ValueError, match="N, C, H, W"):
+        nn.LayerNorm2d(3)(Tensor.ones(2, 3))
+
+
+def copy_lstm_weights(ours: nn.LSTMCell, theirs: Any, device: str) -> None:
+    names = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if ours.bias_ih is not None
+                                          else [])
+    copy_parameters(ours, theirs, names, device)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_lstm_cell_over_a_sequence(device: str, bias: bool) -> None:
+    """Three steps of torch.nn.LSTMCell and ours from a given state: h, c after each step, then
+    the gradients of the inputs, the first state and every weight."""
+    batch, inputs, hidden = 2, 3, 4
+    theirs = torch.nn.LSTMCell(inputs, hidden, bias=bias)
+    ours = nn.LSTMCell(inputs, hidden, bias=bias)
+    copy_lstm_weights(ours, theirs, device)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((batch, inputs)).astype(np.float32) for _ in range(3)]
+    h0, c0 = (rng.standard_normal((batch, hidden)).astype(np.float32) for _ in range(2))
+    our_xs = [Tensor(x, device=device, requires_grad=True) for x in xs]
+    their_xs = [torch.tensor(x, requires_grad=True) for x in xs]
+    our_hc = (Tensor(h0, device=device, requires_grad=True),
+              Tensor(c0, device=device, requires_grad=True))
+    their_hc = (torch.tensor(h0, requires_grad=True), torch.tensor(c0, requires_grad=True))
+    our_state, their_state = our_hc, their_hc
+    for step, (our_x, their_x) in enumerate(zip(our_xs, their_xs)):
+        our_state, their_state = ours(our_x, our_state), theirs(their_x, their_state)
+        for ours_t, theirs_t, name in zip(our_state, their_state, "hc"):
+            np.testing.assert_allclose(ours_t.numpy(), theirs_t.detach().numpy(), atol=ATOL,
+                                       rtol=RTOL, err_msg=f"{name} after step {step + 1}")
+    (our_state[0].sum() + (our_state[1] * 0.5).sum()).backward()
+    (their_state[0].sum() + (their_state[1] * 0.5).sum()).backward()
+    pairs = list(zip(our_xs, their_xs)) + list(zip(our_hc, their_hc))
+    pairs += [(getattr(ours, n), getattr(theirs, n)) for n in ["weight_ih", "weight_hh"]]
+    if bias:
+        pairs += [(getattr(ours, n), getattr(theirs, n)) for n in ["bias_ih", "bias_hh"]]
+    for k, (our_t, their_t) in enumerate(pairs):
+        assert our_t.grad is not None, f"tensor {k} got no gradient"
+        np.testing.assert_allclose(our_t.grad.numpy(), their_t.grad.numpy(), atol=ATOL,
+                                   rtol=RTOL, err_msg=f"gradient of tensor {k}")
+
+
+def test_lstm_cell_starts_from_zeros(device: str) -> None:
+    theirs = torch.nn.LSTMCell(3, 5)
+    ours = nn.LSTMCell(3, 5)
+    copy_lstm_weights(ours, theirs, device)
+    x = random_input(4, 3)
+    h, c = ours(Tensor(x, device=device))
+    their_h, their_c = theirs(torch.tensor(x))
+    np.testing.assert_allclose(h.numpy(), their_h.detach().numpy(), atol=ATOL, rtol=RTOL)
+    np.testing.assert_allclose(c.numpy(), their_c.detach().numpy(), atol=ATOL, rtol=RTOL)
+
+
+def test_lstm_cell_initialization_and_errors() -> None:
+    cell = nn.LSTMCell(3, 16)
+    assert cell.weight_ih.shape == (64, 3) and cell.weight_hh.shape == (64, 16)
+    for weight in (cell.weight_ih, cell.weight_hh):
+        values = weight.numpy()
+        assert np.abs(values).max() <= 1 / 4 and values.std() > 0.1  # uniform in ±1/sqrt(16)
+    assert cell.bias_ih is not None and not cell.bias_ih.numpy().any()  # tinygrad: zeros
+    assert nn.LSTMCell(3, 4, bias=False).bias_hh is None
+    with pytest.raises(ValueError, match=r"\(batch, 3\)"):
+        cell(Tensor.ones(2, 4))
+
+
 # ---- the seed example, verbatim but for the import ----
 
 SEED_EXAMPLE = '''

@@ -15,8 +15,8 @@ What this teaches:
   `get_parameters(model)`) so `step()` realizes them together with the weights.
 
 Builds on: tensor.py. Used by: nn.optim, nn.state, the training examples.
-Submodules: `nn.optim` (SGD, Adam, AdamW, LAMB), `nn.state` (state dicts, safetensors),
-`nn.datasets` (MNIST, digits).
+Submodules: `nn.optim` (SGD, LARS, Muon, Adam, AdamW, LAMB), `nn.state` (state dicts,
+safetensors, PyTorch checkpoints, tar files), `nn.datasets` (MNIST, digits).
 
 >>> from tinyteach import Tensor, nn
 >>> layer = nn.Linear(3, 2)
@@ -37,8 +37,8 @@ IntOrPair = int | Sequence[int]
 
 __all__ = ["Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm",
            "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm",
-           "InstanceNorm", "RMSNorm", "Embedding", "conv1d", "conv_transpose1d",
-           "conv_transpose2d", "optim", "state", "datasets"]
+           "InstanceNorm", "LayerNorm2d", "RMSNorm", "Embedding", "LSTMCell", "conv1d",
+           "conv_transpose1d", "conv_transpose2d", "optim", "state", "datasets"]
 
 
 def _tuple(value: IntOrPair, count: int) -> tuple[int, ...]:
@@ -278,6 +278,17 @@ class LayerNorm:
         return x * self.weight + self.bias
 
 
+class LayerNorm2d(LayerNorm):
+    """LayerNorm over the channels of an image batch (N, C, H, W): each pixel's C values are
+    normalized on their own (as in ConvNeXt), by moving C last, normalizing, moving it back.
+    Built as LayerNorm(C): weight and bias have shape (C,)."""
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.ndim != 4:
+            raise ValueError(f"LayerNorm2d needs (N, C, H, W) input, got shape {x.shape}")
+        return super().__call__(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
 class GroupNorm:
     """Split the C channels into num_groups groups; normalize each (sample, group) over its
     channels and positions; then y = x_hat * weight[c] + bias[c] per channel."""
@@ -344,3 +355,40 @@ class Embedding:
         one_hot = (idx.unsqueeze(-1) == classes).cast(self.weight.dtype)
         return one_hot @ self.weight
 
+
+
+# ---- recurrent ----
+
+class LSTMCell:
+    """One step of a long short-term memory cell (Hochreiter and Schmidhuber, 1997).
+
+    With gates = x @ weight_ih.T + bias_ih + h @ weight_hh.T + bias_hh, split in four along the
+    last axis into (i, f, g, o):
+        c' = sigmoid(f) * c + sigmoid(i) * tanh(g)        h' = sigmoid(o) * tanh(c')
+    `cell(x, (h, c))` returns `(h', c')`; without a state it starts from zeros. The weights
+    (4*hidden, input) and (4*hidden, hidden) are uniform in ±1/sqrt(hidden), as PyTorch's;
+    tinygrad starts the biases at zero (PyTorch draws them like the weights)."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True):
+        bound = 1 / math.sqrt(hidden_size)
+        self.weight_ih = _uniform(hidden_size * 4, input_size, bound=bound)
+        self.weight_hh = _uniform(hidden_size * 4, hidden_size, bound=bound)
+        self.bias_ih: Tensor | None = Tensor.zeros(hidden_size * 4) if bias else None
+        self.bias_hh: Tensor | None = Tensor.zeros(hidden_size * 4) if bias else None
+
+    def __call__(self, x: Tensor,
+                 hc: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        input_size, hidden_size = self.weight_ih.shape[1], self.weight_hh.shape[1]
+        if x.ndim != 2 or x.shape[1] != input_size:
+            raise ValueError(f"LSTMCell({input_size}, {hidden_size}) needs input of shape "
+                             f"(batch, {input_size}), got {x.shape}")
+        if hc is None:
+            zeros = Tensor.zeros(x.shape[0], hidden_size, dtype=x.dtype, device=x.device)
+            hc = (zeros, zeros)
+        h, c = hc
+        gates = x.linear(self.weight_ih.T, self.bias_ih) + h.linear(self.weight_hh.T,
+                                                                    self.bias_hh)
+        i, f, g, o = gates.chunk(4, dim=1)
+        new_c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+        new_h = o.sigmoid() * new_c.tanh()
+        return new_h.contiguous(), new_c.contiguous()
