@@ -11,7 +11,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # the CPU device with that width on every machine, so the kernels it prints are the same
 BOOK_VECTOR_WIDTH := 16
 
-.PHONY: course course-deps demo student-copy setup-test system-deps test lint typecheck unit clean
+.PHONY: course course-deps demo student-copy chapter chapters nbval setup-test system-deps test lint \
+        clean
 
 # ---- course ---------------------------------------------------------------
 
@@ -48,6 +49,31 @@ STUDENT_COPY := exercises/12_exercise_backend_student.ipynb
 student-copy:
 	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-course
 	$(PY) -m tinyteach.exercises.student_version $(EXERCISE) $(STUDENT_COPY)
+
+# ---- the book: chapters/src/NN_name.py is the source of chapters/NN_name.ipynb ------------
+
+# nbval's settings, shared by `make nbval` and `make test`
+NBVAL := $(VENV)/bin/pytest -p no:cacheprovider --nbval --nbval-current-env \
+         --nbval-sanitize-with chapters/nbval_sanitize.cfg
+BOOK  := CPU_VECTOR_WIDTH=$(BOOK_VECTOR_WIDTH) $(PY) chapters/book.py
+
+# one chapter, rebuilt from its source and executed: make chapter NB=08_codegen
+# (KEEP_OUTPUTS=1: no run, the stored outputs of unchanged cell ids are kept; see chapters/src)
+chapter:
+	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-course
+	@test -n "$(NB)" || { echo "usage: make chapter NB=08_codegen [KEEP_OUTPUTS=1]"; exit 2; }
+	$(BOOK) build $(if $(KEEP_OUTPUTS),--keep-outputs) $(NB)
+
+# every chapter, rebuilt from its source and executed
+chapters:
+	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-course
+	$(BOOK) build --all
+
+# one chapter re-run by nbval and compared with its stored outputs: make nbval NB=08_codegen
+nbval:
+	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-test
+	@test -n "$(NB)" || { echo "usage: make nbval NB=08_codegen"; exit 2; }
+	CPU_VECTOR_WIDTH=$(BOOK_VECTOR_WIDTH) $(NBVAL) chapters/$(NB).ipynb
 
 # ---- virtual environment (idempotent: stamps are redone only when pyproject.toml changes)
 
@@ -94,18 +120,22 @@ system-deps:
 
 setup-test: system-deps $(VENV)/.installed-test
 
+# ruff reads the chapters' sources too (pyproject.toml allows their notebook idioms)
+lint:
+	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-test
+	$(VENV)/bin/ruff check tinyteach viz tests examples chapters/book.py chapters/src
+
 test: setup-test
 	@echo "==> ruff"
-	$(VENV)/bin/ruff check tinyteach viz tests examples
+	@$(MAKE) --no-print-directory lint
 	@echo "==> mypy"
 	$(VENV)/bin/mypy tinyteach
 	@echo "==> pytest"
 	@rc=0; $(VENV)/bin/pytest -n 2 tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "==> pytest collected no tests"; rc=0; fi; \
 	echo "==> nbval: every chapter notebook, re-executed and compared with its stored outputs"; \
-	nb=0; CPU_VECTOR_WIDTH=$(BOOK_VECTOR_WIDTH) $(VENV)/bin/pytest -n 2 --dist loadfile \
-	  --nbval --nbval-current-env \
-	  --nbval-sanitize-with chapters/nbval_sanitize.cfg chapters/ || nb=$$?; \
+	nb=0; CPU_VECTOR_WIDTH=$(BOOK_VECTOR_WIDTH) $(NBVAL) -n 2 --dist loadfile \
+	  chapters/*.ipynb || nb=$$?; \
 	if [ $$nb -eq 5 ]; then echo "==> nbval collected no notebooks"; nb=0; fi; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	exit $$nb

@@ -2,6 +2,7 @@
 that a change to tinyteach that makes a chapter's text false fails here, with the cell named."""
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import math
@@ -18,6 +19,17 @@ from tinyteach.runtime.numpy import NUMPY_OPS
 from tinyteach.uop import PRIMITIVE_OPS, Ops, UOp
 
 CHAPTERS = Path(__file__).resolve().parent.parent / "chapters"
+
+
+def load_builder():
+    """chapters/book.py, the book's builder (a script beside the chapters, not a package)."""
+    spec = importlib.util.spec_from_file_location("book", CHAPTERS / "book.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+book = load_builder()
 
 
 def cell_source(notebook: str, cell_id: str) -> str:
@@ -104,3 +116,71 @@ def test_every_chapter_pins_its_device_and_seeds(notebook: str):
         pytest.skip("the exercise chooses its devices itself (its grader pins them)")
     assert re.search(r'Device\.DEFAULT = "CPU"', setup), notebook
     assert "Tensor.manual_seed(0)" in setup, notebook
+
+
+# ---- the book's sources: chapters/src/NN_name.py generates chapters/NN_name.ipynb -------------
+
+NOTEBOOKS = sorted(path.stem for path in CHAPTERS.glob("*.ipynb"))
+
+
+def test_every_notebook_has_a_source_and_every_source_a_notebook():
+    assert NOTEBOOKS == book.chapter_names()
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_the_notebook_matches_its_source(name: str):
+    """Cells, ids, sources and metadata of the .ipynb are what src/<name>.py builds: edit the
+    source and run `make chapter NB=<name>` (chapters/src/README.md)."""
+    assert book.differences(name) == []
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_code_cells_keep_lines_under_100_characters(name: str):
+    """Code lines stay within 100 characters (ruff's E501 is off for the sources' prose)."""
+    long_lines = [line for source in code_cells(f"{name}.ipynb") for line in source.splitlines()
+                  if len(line) > 100]
+    assert long_lines == []
+
+
+def write_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    sources = tmp_path / "src"
+    sources.mkdir()
+    (sources / "99_test.py").write_text(text)
+    monkeypatch.setattr(book, "SOURCES", sources)
+    monkeypatch.setattr(book, "CHAPTERS", tmp_path)
+
+
+def test_a_source_round_trips_through_the_notebook(tmp_path, monkeypatch):
+    text = (
+        '# %% [markdown] id="t-01"\n# # A title\n\n'
+        '# %% id="t-02"\n# %load_ext tinyteach\nx = 1\n\n'
+        '# %% id="t-03" jupyter={"source_hidden": true} tags=["solution"]\nx + 1\n'
+    )
+    write_source(tmp_path, monkeypatch, text)
+    notebook = book.notebook_from_source("99_test")
+    assert [cell.id for cell in notebook.cells] == ["t-01", "t-02", "t-03"]
+    assert [cell.cell_type for cell in notebook.cells] == ["markdown", "code", "code"]
+    assert notebook.cells[1].source == "%load_ext tinyteach\nx = 1"  # the magic is back
+    assert notebook.cells[2].metadata == {"jupyter": {"source_hidden": True},
+                                          "tags": ["solution"]}
+    assert book.source_from_notebook(notebook) == text
+
+
+def test_a_changed_source_is_reported_by_cell(tmp_path, monkeypatch):
+    write_source(tmp_path, monkeypatch, '# %% id="t-01"\nx = 1\n')
+    book.build("99_test", run=False)
+    assert book.differences("99_test") == []
+    (tmp_path / "src" / "99_test.py").write_text('# %% id="t-01"\nx = 2\n')
+    assert book.differences("99_test") == ["99_test cell t-01: source differs"]
+    (tmp_path / "src" / "99_test.py").write_text('# %% id="t-01"\nx = 2\n\n# %% id="t-02"\n')
+    assert "cell ids differ" in book.differences("99_test")[0]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('# %% id="t-01"\nx = 1\n\n# %%\ny = 2\n', "cell 2 has no id"),
+    ('# %% id="t-01"\nx = 1\n\n# %% id="t-01"\ny = 2\n', "cell ids used twice: t-01"),
+])
+def test_a_source_without_stable_ids_is_refused(tmp_path, monkeypatch, text, message):
+    write_source(tmp_path, monkeypatch, text)
+    with pytest.raises(SystemExit, match=message):
+        book.notebook_from_source("99_test")

@@ -1,0 +1,312 @@
+# %% [markdown] id="tensors-01"
+# # Chapter 1 — Tensors: a PyTorch-like API from 28 primitive ops
+#
+# A `Tensor` looks like a numpy array or a PyTorch tensor. This chapter shows what it really
+# is: a handle on a **lazy graph** of a few primitive operations.
+#
+# **What you will learn**
+# - tensors are lazy: an expression builds a graph; `realize()`, `numpy()`, `item()` and
+#   `tolist()` run it;
+# - the whole API — `exp`, `softmax`, matmul, indexing, even random numbers — is composed from
+#   28 primitive ops;
+# - broadcasting and dtype promotion happen once, in the Tensor layer, before the graph is built;
+# - indexing is made of movement ops, and random numbers come from an integer hash.
+#
+# **Where it lives:** [`tinyteach/tensor.py`](../tinyteach/tensor.py) (the core: the lazy
+# graph, the primitive elementwise and movement ops, `backward`),
+# [`tinyteach/dtype.py`](../tinyteach/dtype.py) (dtypes and promotion),
+# [`tinyteach/indexing.py`](../tinyteach/indexing.py) (`t[...]`), and the rest of the API,
+# composed from the core, in the classes `Tensor` inherits:
+# [`tensor_create.py`](../tinyteach/tensor_create.py) (`ones`, `arange`, random numbers),
+# [`tensor_movement.py`](../tinyteach/tensor_movement.py) (`transpose`, `cat`, `split`),
+# [`tensor_math.py`](../tinyteach/tensor_math.py) (`exp`, `relu`, `sum`, `mean`) and
+# [`tensor_nn.py`](../tinyteach/tensor_nn.py) (matmul, `conv2d`, `softmax`, losses).
+
+# %% id="tensors-02"
+import numpy as np
+
+from tinyteach import Device, GlobalCounters, Tensor, dtypes
+
+Device.DEFAULT = "CPU"      # the book's outputs must not depend on which devices exist here
+Tensor.manual_seed(0)       # random tensors: the same numbers on every run
+rng = np.random.default_rng(0)
+# %load_ext tinyteach
+
+# %% [markdown] id="tensors-03"
+# ## Making tensors
+#
+# From a (nested) list, a numpy array, or a creation function. A tensor has a shape, a dtype
+# and a device; `.numpy()` and `.tolist()` bring the values back to Python.
+
+# %% id="tensors-04"
+a = Tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+b_np = rng.standard_normal((2, 3)).astype(np.float32)
+b = Tensor(b_np)
+print(a.shape, a.dtype, a.device)
+assert np.array_equal(b.numpy(), b_np)
+Tensor.ones(2, 3).tolist(), Tensor.arange(5).tolist()
+
+# %% [markdown] id="tensors-05"
+# ## Laziness: building is not computing
+#
+# Arithmetic on tensors only records what to do. `GlobalCounters.kernel_count` counts the
+# kernels that actually ran:
+
+# %% id="tensors-06"
+GlobalCounters.reset()
+c = ((a + b) * 2).relu()
+print("kernels run:", GlobalCounters.kernel_count)
+c   # the extension shows a lazy tensor's state: how many kernels realizing it would run
+
+# %% [markdown] id="tensors-07"
+# Behind `c` is a graph of `UOp` nodes (chapter 3). Printed one node per line, sources first:
+
+# %% id="tensors-08"
+print(c.uop)
+
+# %% [markdown] id="tensors-09"
+# `realize()` computes it: the graph is scheduled into kernels (here one fused kernel), compiled
+# and run, and `c` now points at a buffer holding the result.
+
+# %% id="tensors-10"
+c.realize()
+print("kernels run:", GlobalCounters.kernel_count)
+print(c.uop)
+assert np.allclose(c.numpy(), np.maximum((a.numpy() + b_np) * 2, 0))
+
+# %% [markdown] id="tensors-11"
+# Laziness is what makes *fusion* possible: because nothing ran while the expression was
+# built, the whole of `((a + b) * 2).relu()` became one loop over the elements instead of three
+# passes over memory.
+#
+# ## 28 primitive ops
+#
+# These are the backend contract, pinned in [`uop.py`](../tinyteach/uop.py): a new device only
+# has to implement them. A Tensor's graph may also hold three nodes that are not computation —
+# `DETACH` (from `detach()`: stop gradients here), `CONTIGUOUS` (from `contiguous()`: store this
+# value in a fresh buffer) and `ASSIGN` (from `assign()`: write into an existing buffer). They
+# tell autograd and the scheduler (chapters 2 and 6) what to do, and are gone before a kernel
+# reaches a device.
+
+# %% id="tensors-12"
+from tinyteach.uop import BINARY, MOVEMENT, PRIMITIVE_OPS, REDUCE_OPS, SOURCES, TERNARY, UNARY
+
+groups = {"sources": SOURCES, "unary": UNARY, "binary": BINARY, "ternary": TERNARY,
+          "reduce": REDUCE_OPS, "movement": MOVEMENT}
+for name, ops in groups.items():
+    print(f"{name:>9}: {', '.join(op.name for op in ops)}")
+assert len(PRIMITIVE_OPS) == 28
+
+
+# %% [markdown] id="tensors-13"
+# So where are `exp`, `sigmoid`, `-`, `/` and matmul? They are *compositions*. A small helper
+# lists the ops a tensor's graph uses:
+
+# %% id="tensors-14"
+def ops_used(t: Tensor) -> list[str]:
+    return sorted({node.op.name for node in t.uop.toposort} - {"BUFFER", "CONST"})
+
+x = Tensor([[0.5, -1.0, 2.0]])
+for name, t in [("x - 1", x - 1), ("x / 3", x / 3), ("exp", x.exp()), ("relu", x.relu()),
+                ("sigmoid", x.sigmoid()), ("cos", x.cos()), ("matmul", x @ Tensor.ones(3, 2)),
+                ("softmax", x.softmax())]:
+    print(f"{name:>8}: {ops_used(t)}")
+
+# %% [markdown] id="tensors-15"
+# Read them as identities: `x - 1 = x + (-1)`, `x / 3 = x · 3⁻¹`, `eˣ = 2^(x·log₂e)`,
+# `relu(x) = where(x < 0, 0, x)`, `cos x = sin(π/2 − x)`, and a matmul is a broadcast multiply
+# followed by a sum (`EXPAND`, `MUL`, `REDUCE_AXIS`). Each is checked against numpy:
+
+# %% id="tensors-16"
+xs = x.numpy()
+assert np.allclose(x.exp().numpy(), np.exp(xs))
+assert np.allclose(x.sigmoid().numpy(), 1 / (1 + np.exp(-xs)))
+assert np.allclose(x.cos().numpy(), np.cos(xs), atol=1e-6)
+assert np.allclose(x.softmax().numpy(), np.exp(xs) / np.exp(xs).sum())
+m = rng.standard_normal((3, 4)).astype(np.float32)
+assert np.allclose((x @ Tensor(m)).numpy(), xs @ m, atol=1e-6)
+
+# %% [markdown] id="tensors-17"
+# ## Broadcasting
+#
+# Binary ops follow numpy's rule: align shapes from the right; an axis of size 1 stretches.
+# The Tensor layer turns the stretch into an explicit `EXPAND` (a view, no copy — chapter 4),
+# so the `ADD` node below sees two operands of the same shape.
+
+# %% id="tensors-18"
+column = Tensor([[1.0], [2.0], [3.0]])   # (3, 1)
+row = Tensor([[10.0, 20.0, 30.0, 40.0]])  # (1, 4)
+table = column + row
+print(table.shape)
+print(table.uop)
+assert np.array_equal(table.numpy(), column.numpy() + row.numpy())
+
+# %% [markdown] id="tensors-19"
+# Shapes that do not line up are rejected before any graph is built, with both shapes named:
+
+# %% id="tensors-20"
+try:
+    Tensor.ones(3, 2) + Tensor.ones(4)
+except ValueError as error:
+    print("ValueError:", error)
+
+# %% [markdown] id="tensors-21"
+# ## Dtypes and promotion
+#
+# A dtype is a name, a size and a kind ([`dtype.py`](../tinyteach/dtype.py)). When two dtypes
+# meet, the result takes their *least upper bound* in tinygrad's promotion lattice:
+# `bool < int8 < int16 < int32 < int64 < float16 < float32 < float64`, with the unsigned types
+# beside their signed neighbours.
+
+# %% id="tensors-22"
+from tinyteach.dtype import least_upper_dtype
+
+pairs = [(dtypes.int8, dtypes.uint8), (dtypes.int32, dtypes.uint32), (dtypes.bool, dtypes.int32),
+         (dtypes.int32, dtypes.float16), (dtypes.float16, dtypes.float32)]
+for left, right in pairs:
+    print(f"{left.name:>8} + {right.name:<8} -> {least_upper_dtype(left, right).name}")
+
+# %% [markdown] id="tensors-23"
+# One difference from numpy is worth remembering: numpy promotes `int32 + float16` to
+# `float64` (to hold every int32 exactly); tinygrad and tinyteach pick `float16` — any float
+# beats any int, and the result stays as small as possible.
+#
+# A Python scalar does not have a fixed dtype: it adapts to the tensor it meets. `int * 2`
+# stays int, `int * 0.5` becomes the default float, and `/` is always true division.
+
+# %% id="tensors-24"
+ints = Tensor([1, 2, 3])
+print(ints.dtype, (ints * 2).dtype, (ints * 0.5).dtype, (ints / 2).dtype)
+assert (ints / 2).tolist() == [0.5, 1.0, 1.5]
+assert np.array_equal((Tensor([7, -7]) // 2).numpy(), np.array([7, -7]) // 2)  # floors, as numpy
+
+# %% [markdown] id="tensors-25"
+# ## Indexing is movement
+#
+# `t[...]` is written in [`indexing.py`](../tinyteach/indexing.py) with the six movement ops:
+# an int is a `SHRINK` to one element and a `RESHAPE` that drops the axis; a slice is a
+# `SHRINK`; a step of 2 pads, reshapes into pairs and keeps the first of each pair; a negative
+# step is a `FLIP`; `None` is a `RESHAPE` that adds an axis. Nothing is copied.
+
+# %% id="tensors-26"
+t_np = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+t = Tensor(t_np)
+for index in [(1, slice(None, None, 2), None, -1), (slice(None), slice(None, None, -1)),
+              (Ellipsis, 1)]:
+    view = t[index]
+    print(f"{str(index):>48} -> shape {view.shape}, ops {ops_used(view)}")
+    assert np.array_equal(view.numpy(), t_np[index])
+
+# %% [markdown] id="tensors-27"
+# Indexing with an integer *tensor* ("advanced indexing") cannot be a view: it selects
+# arbitrary rows. tinyteach builds it without a gather op: each index becomes a one-hot mask
+# (`index == arange(n)`, a comparison), and a sum over the axis picks the element. It costs `n`
+# times more arithmetic than a real gather, but needs no new primitive.
+
+# %% id="tensors-28"
+picked = t[:, Tensor([2, 0])]
+print(picked.shape, ops_used(picked))
+assert np.array_equal(picked.numpy(), t_np[:, [2, 0]])
+
+# %% [markdown] id="tensors-29"
+# ## Random numbers from an integer hash
+#
+# There is no random-number op either. `Tensor.rand`
+# ([`tensor_create.py`](../tinyteach/tensor_create.py)) hashes a counter: element `i` gets
+# `hash((i ^ key) * 0x9E3779B9)`, where `hash` is *lowbias32* (two rounds of xor-shift and
+# multiply) and the key comes from the seed. It is plain integer arithmetic — `XOR`, `MUL`, and
+# `IDIV` by a power of two as a right shift — so every device produces exactly the same bits,
+# and the numbers are generated on the device, in parallel.
+
+# %% id="tensors-30"
+Tensor.manual_seed(42)
+first = Tensor.rand(5).numpy()
+Tensor.manual_seed(42)
+again = Tensor.rand(5).numpy()
+assert np.array_equal(first, again)     # same seed, same numbers
+print(first)
+print(ops_used(Tensor.rand(5)))
+
+
+# %% [markdown] id="tensors-31"
+# The same computation in numpy, written from the description above, reproduces the bits
+# exactly: uniform floats are the top 24 bits divided by 2²⁴.
+
+# %% id="tensors-32"
+def lowbias32(v):
+    v = np.array(v, dtype=np.uint32, ndmin=1)   # arrays wrap around silently
+    v = v ^ (v >> 16)
+    v = v * np.uint32(0x7FEB352D)
+    v = v ^ (v >> 15)
+    v = v * np.uint32(0x846CA68B)
+    return v ^ (v >> 16)
+
+def numpy_rand(seed: int, count: int, start: int = 0) -> np.ndarray:
+    key = lowbias32(lowbias32(np.uint32(seed) ^ np.uint32(0x6A09E667)) ^ np.uint32(start))
+    counter = np.arange(count, dtype=np.uint32)
+    bits = lowbias32((counter ^ key) * np.uint32(0x9E3779B9) + np.uint32(start >> 32))
+    return (bits >> 8).astype(np.float32) / (1 << 24)
+
+assert np.array_equal(numpy_rand(42, 5), first)
+
+# %% [markdown] id="tensors-33"
+# `randn` turns two uniforms into a normal with the Box–Muller transform
+# (`√(−2 ln(1−u₁)) · cos(2π u₂)`). A quick statistical check:
+
+# %% id="tensors-34"
+Tensor.manual_seed(0)
+normal = Tensor.randn(20_000).numpy()
+print(f"mean {normal.mean():+.3f}, std {normal.std():.3f}")
+assert abs(normal.mean()) < 0.03 and abs(normal.std() - 1) < 0.03
+
+
+# %% [markdown] id="tensors-35"
+# ## Try it
+#
+# 1. Write `softsign(x) = x / (1 + |x|)` with Tensor ops, check it against numpy, and list
+#    the primitive ops its graph uses.
+# 2. Without `[...]`, select every other column of a `(3, 6)` tensor using only `reshape`
+#    and `shrink`. Check against `t_np[:, ::2]`.
+# 3. `lowbias32(0) == 0`: the hash has a fixed point. Without the constant `0x6A09E667`
+#    mixed into the seed, what would `Tensor.manual_seed(0); Tensor.rand(3)` start with?
+#    Check with `numpy_rand` written without it.
+
+# %% [markdown] id="tensors-36"
+# #### Solution (click to show): exercise 1
+
+# %% id="tensors-37" jupyter={"source_hidden": true}
+def softsign(x: Tensor) -> Tensor:
+    return x / (1 + x.abs())
+
+values = np.linspace(-3, 3, 7, dtype=np.float32)
+assert np.allclose(softsign(Tensor(values)).numpy(), values / (1 + np.abs(values)))
+ops_used(softsign(Tensor(values)))
+
+# %% [markdown] id="tensors-38"
+# #### Solution (click to show): exercise 2
+
+# %% id="tensors-39" jupyter={"source_hidden": true}
+grid_np = np.arange(18, dtype=np.float32).reshape(3, 6)
+grid = Tensor(grid_np)
+pairs = grid.reshape(3, 3, 2)                          # columns in pairs: (0,1), (2,3), (4,5)
+every_other = pairs.shrink(((0, 3), (0, 3), (0, 1))).reshape(3, 3)   # keep the first of each
+assert np.array_equal(every_other.numpy(), grid_np[:, ::2])
+every_other.numpy()
+
+
+# %% [markdown] id="tensors-40"
+# #### Solution (click to show): exercise 3
+
+# %% id="tensors-41" jupyter={"source_hidden": true}
+# xor-shift and multiply both map 0 to 0, so lowbias32(0) == 0. Without the constant the
+# key for seed 0 would be lowbias32(lowbias32(0) ^ 0) == 0, and counter 0 would hash to
+# lowbias32(0 * golden) == 0: the very first number would be exactly 0.0.
+def rand_without_constant(seed: int, count: int) -> np.ndarray:
+    key = lowbias32(lowbias32(np.uint32(seed)) ^ np.uint32(0))
+    bits = lowbias32((np.arange(count, dtype=np.uint32) ^ key) * np.uint32(0x9E3779B9))
+    return (bits >> 8).astype(np.float32) / (1 << 24)
+
+print(lowbias32(np.uint32(0)), rand_without_constant(0, 3))
+assert rand_without_constant(0, 3)[0] == 0.0
+Tensor.manual_seed(0)
+assert Tensor.rand(3).numpy()[0] != 0.0

@@ -1,0 +1,312 @@
+# %% [markdown] id="sched-01"
+# # Chapter 6 — Scheduling: kernel fusion
+#
+# Up to now a Tensor expression has been a lazy graph of UOps. This chapter answers the question
+# *how many programs does the machine actually run, and why that many?*
+#
+# - a **kernel** reads some buffers and writes one; everything computed in between stays in
+#   registers. Memory traffic is what costs, so the scheduler fuses as much as it can.
+#   (One output per kernel is *this* scheduler's choice, not a law: tinygrad can write several
+#   outputs from one kernel. It is why an Adam step here costs 3 kernels per parameter — the
+#   parameter, and the optimizer's two moments.);
+# - elementwise ops fuse — into the input of a reduction, onto its output, and with each
+#   other — unless a stated reason stores them: `contiguous()`, `assign()`, a copy to another
+#   device, a result broadcast 16 times or more into a reduction, or a chain of 1,000 ops;
+# - a reduction is stored in its own buffer only for a stated reason: its result is broadcast
+#   back over the axes it reduced, it feeds another reduction, it is padded, or several kernels
+#   need it;
+# - every cut and every fusion is written down in plain words, so you can ask *why*.
+#
+# The chapter's module is [`tinyteach/schedule.py`](../tinyteach/schedule.py) (`create_schedule`,
+# `ScheduleItem`); the drawings come from [`viz/schedule.py`](../viz/schedule.py) and
+# [`viz/graph.py`](../viz/graph.py).
+
+# %% id="sched-02"
+# %load_ext tinyteach
+import numpy as np
+
+import viz
+from tinyteach import Context, Device, GlobalCounters, Tensor
+
+Device.DEFAULT = "CPU"   # every chapter runs on the CPU device: generated C, compiled here
+Tensor.manual_seed(0)
+rng = np.random.default_rng(0)
+
+from tinyteach.schedule import create_schedule
+
+
+def schedule_of(*tensors):
+    """The kernels realizing `tensors` would run (nothing runs)."""
+    items, _ = create_schedule([t.uop for t in tensors], "CPU")
+    return items
+
+
+def random_tensor(*shape):
+    return Tensor(rng.standard_normal(shape).astype(np.float32)).realize()
+
+
+# %% [markdown] id="sched-03"
+# ## One expression, one kernel
+#
+# Start with three realized 4×4 inputs and the chapter's running example,
+# `((a + b) * c).relu().sum(1)`: an add, a multiply, a relu and a sum over rows. Naively that is
+# four loops with three temporary arrays. `create_schedule` cuts the graph into kernels:
+
+# %% id="sched-04"
+a, b, c = random_tensor(4, 4), random_tensor(4, 4), random_tensor(4, 4)
+out = ((a + b) * c).relu().sum(1)
+items = schedule_of(out)
+print([item.name for item in items])
+assert len(items) == 1
+
+# %% [markdown] id="sched-05"
+# One kernel, named as tinygrad names them: `r_` for a kernel with a reduction, then the sizes
+# (4 output rows, 4 summed columns). Each `ScheduleItem` carries the reason its result is stored
+# and a list of what it fused:
+
+# %% id="sched-06"
+item = items[0]
+print("stored because:", item.boundary_reason)
+for note in item.fusions + item.input_reasons:
+    print(" -", note)
+assert "ADD" in item.fusions[1] and "MUL" in item.fusions[1]
+
+# %% [markdown] id="sched-07"
+# The relu appears as comparisons, `OR` and `WHERE`: `relu` is `where(x < 0, 0, x)` in
+# primitive ops, which keeps a NaN as PyTorch does (tinygrad's `where(0 < x, x, 0)` maps it to
+# 0, and a diverging run would hide its NaNs), with an inner `where` that passes exact zeros
+# through `DETACH`, so that the gradient at 0 is 0. The broadcast of the sum's shape is just
+# `RESHAPE`/`EXPAND` — index arithmetic, not a copy. The same information, drawn: one cluster per kernel, its fusions inside, its inputs as
+# cylinders.
+
+# %% id="sched-08"
+viz.schedule(out)
+
+# %% [markdown] id="sched-09"
+# Scheduling plans; realizing runs. `GlobalCounters` counts every launch, so we can check that
+# the plan is what happens — and that the fused kernel computes what numpy computes:
+
+# %% id="sched-10"
+GlobalCounters.reset()
+result = out.numpy()
+print("kernels launched:", GlobalCounters.kernel_count)
+assert GlobalCounters.kernel_count == 1
+expected = np.maximum((a.numpy() + b.numpy()) * c.numpy(), 0).sum(1)
+np.testing.assert_allclose(result, expected, rtol=1e-5)
+
+# %% [markdown] id="sched-11"
+# ## A matmul is one kernel too
+#
+# `a @ b` is built from primitives as *reshape, broadcast, multiply, sum*: `a` becomes
+# (4, 4, 1) → broadcast (4, 4, 4), `b` is transposed and broadcast the other way, and the product
+# is summed over the last axis. The broadcasts never exist in memory: they are index math, and the
+# multiply fuses into the sum's input.
+
+# %% id="sched-12"
+matmul = schedule_of(a @ b)
+print([i.name for i in matmul])
+for note in matmul[0].fusions:
+    print(" -", note)
+assert len(matmul) == 1 and matmul[0].name == "r_4_4_4"
+
+# %% [markdown] id="sched-13"
+# ## Softmax needs three kernels — and each cut has a reason
+#
+# `softmax(x) = exp(x - max(x)) / sum(exp(x - max(x)))` along a row. There are two reductions,
+# and both results are *broadcast back* over the row they reduced: every element needs its row's
+# max, then its row's sum. The kernels this scheduler writes compute one output element (or a
+# small tile of them) per iteration of their outer loops, one per thread on a GPU; fused into such a kernel, each element
+# would recompute its row's whole reduction. (A kernel written per row — one pass for the max, one
+# for the sum, one for the output — would recompute nothing; hand-written softmax kernels do that,
+# but this scheduler does not build multi-pass kernels.) So it stores each reduction in a small
+# buffer. (The max is needed by two kernels — the sum and the division — and that is the first
+# reason the scheduler finds.)
+
+# %% id="sched-14"
+softmax_items = schedule_of(a.softmax(1))
+for number, item in enumerate(softmax_items, 1):
+    print(f"kernel {number}: {item.name:6} stored because {item.boundary_reason}")
+assert len(softmax_items) == 3
+assert "broadcast back" in softmax_items[1].boundary_reason
+
+# %% [markdown] id="sched-15"
+# The arrows in the drawing are labelled with the reason the value had to go through memory:
+
+# %% id="sched-16"
+viz.schedule(a.softmax(1))
+
+# %% [markdown] id="sched-17"
+# In the lazy graph, each node is coloured by the kernel it lands in. The subtraction
+# `x - max` is needed by kernel 2 (for the sum) *and* by kernel 3 (for the division): it is
+# drawn striped, because the scheduler recomputes cheap elementwise work rather than storing it.
+
+# %% id="sched-18"
+viz.graph(a.softmax(1))
+
+# %% [markdown] id="sched-19"
+# ## Every reason, one at a time
+#
+# `find_realized` in schedule.py decides which nodes get a buffer of their own. Its complete list
+# of reasons:
+#
+# | node | stored because |
+# |---|---|
+# | any | it is an output: `realize()` asked for it |
+# | `CONTIGUOUS` | `contiguous()` asks for a fresh buffer |
+# | `ASSIGN` | `assign()` writes the value into the tensor's own buffer (and, if the value reads its own target through a view, the value is computed into a fresh buffer first) |
+# | `COPY` | a copy between devices is its own step (and its source is stored first unless it already is a buffer) |
+# | a reduction | its result is broadcast back (`EXPAND`); it feeds another reduction; it is padded; it is used by several kernels |
+# | elementwise | it is broadcast 16× or more into a reduction (`BROADCAST_RECOMPUTE_LIMIT`), has 16 elements or more, and takes two ALU ops or more to compute |
+# | any ALU op | the chain of ops is 1,000 deep (`MAX_KERNEL_DEPTH`): cut so the source stays small |
+#
+# Each case below is the smallest expression that triggers it.
+
+# %% id="sched-20"
+m = random_tensor(16, 16)
+cases = {
+    "broadcast back": a - a.mean(1, keepdim=True),
+    "reduction of a reduction": a.sum(1).max(),
+    "padded reduction": a.sum(1).pad(((1, 1),)) + 1,
+    "elementwise, broadcast into a matmul": (m + 1).exp() @ m,
+    "contiguous": ((a + b).contiguous() * c).sum(1),
+    "copy": (a + b).to("NUMPY"),
+}
+for name, tensor in cases.items():
+    items = schedule_of(tensor)
+    print(f"{name}: {len(items)} kernels; the first is stored because {items[0].boundary_reason}")
+    assert len(items) == 2
+
+# %% [markdown] id="sched-21"
+# The last reduction reason needs *two outputs*. Realize `s + 1` and `s * 2` together (both read
+# the same sum `s`): storing `s` once is cheaper than summing twice.
+
+# %% id="sched-22"
+s = a.sum(1)
+shared = schedule_of(s + 1, s * 2)
+for item in shared:
+    print(f"{item.name}: {item.boundary_reason}")
+assert len(shared) == 3 and "used by 2 kernels" in shared[0].boundary_reason
+
+# %% [markdown] id="sched-23"
+# Elementwise work is the opposite: unless one of the reasons above applies, it is *recomputed* in
+# every kernel that needs it. Two sums of the same `exp` read the input twice, but nothing is
+# stored in between:
+
+# %% id="sched-24"
+e = (a * 2).exp()
+both = schedule_of(e.sum(0), e.sum(1))
+print([item.name for item in both])
+assert len(both) == 2 and all("EXP2" in " ".join(item.fusions) for item in both)
+
+# %% [markdown] id="sched-43"
+# ## Assign: writing into a buffer others still read
+#
+# `w.assign(value)` writes `value` into `w`'s own buffer instead of a fresh one (an optimizer
+# step does this for every parameter). That creates an ordering rule the data flow alone does not
+# give: every kernel that reads the buffer's *old* contents must run before the assign overwrites
+# it. `order_items` adds those edges (`ScheduleItem.old_contents_read`), so the order below is
+# the same whichever output is listed first. (The assign reads the old `w` too, but each element
+# just before it overwrites that same element, which is safe.) If the assigned value itself reads its target
+# through a view (`w.assign(w.T)`), writing in place would overwrite elements still to be read:
+# the value is computed into a fresh buffer first. (A kernel that needs both the old and the new
+# contents cannot be ordered at all: the scheduler raises and asks for a `realize()` between the
+# two uses.)
+
+# %% id="sched-44"
+w = random_tensor(4, 4)
+old, w_buffer = w.numpy(), w.uop.src[0].arg   # w is RESHAPE(BUFFER)
+doubled_sum = (w * 2).sum(1)     # reads w's old contents
+w.assign(w + 1)                  # lazy: will write into w's buffer
+for item in schedule_of(w, doubled_sum):   # the assign is listed first, and still runs last
+    reads_old = any(buffer is w_buffer for buffer in item.old_contents_read)
+    role = "the assign" if item.node.op.name == "ASSIGN" else "the sum"
+    print(f"{item.name} ({role}): reads the old w: {reads_old}")
+Tensor.realize(w, doubled_sum)
+np.testing.assert_allclose(doubled_sum.numpy(), (old * 2).sum(1), rtol=1e-6)
+np.testing.assert_allclose(w.numpy(), old + 1, rtol=1e-6)
+
+v = random_tensor(4, 4)
+v_old = v.numpy()
+v.assign(v.T + 1)
+for item in schedule_of(v):
+    print(f"{item.name}: {item.boundary_reason}")
+v.realize()
+np.testing.assert_allclose(v.numpy(), v_old.T + 1, rtol=1e-6)
+
+# %% [markdown] id="sched-25"
+# ## `DEBUG=3` says the same thing
+#
+# The engine prints each kernel's reason, its fusions and its AST before running it — the AST is
+# `SINK(STORE(DEFINE_GLOBAL 0, value))`, with the inputs as `DEFINE_GLOBAL 1, 2, ...`
+# (the launch line's time is the one measured when this notebook was stored; yours will differ,
+# and validation compares it as `TIME`).
+
+# %% id="sched-26"
+with Context(DEBUG=3):
+    (a + b).sum(1).realize()
+
+# %% [markdown] id="sched-27"
+# ## `%%tinyteach`: run a cell, see its kernels
+#
+# The magic records every launch in the cell and shows the kernels with their fusion reasons.
+# Layer norm without the scale: two reductions, each broadcast back.
+
+# %% id="sched-28"
+# %%tinyteach --show kernels,schedule
+x = random_tensor(8, 16)
+centered = x - x.mean(1, keepdim=True)
+normalized = centered / (centered * centered).mean(1, keepdim=True).add(1e-5).sqrt()
+normalized.realize()
+
+# %% id="sched-29"
+assert np.allclose(normalized.numpy().mean(1), 0, atol=1e-5)
+
+# %% [markdown] id="sched-30"
+# ## Try it
+
+# %% [markdown] id="sched-31"
+# **Try it — fuse onto a matmul.** Predict how many kernels `(a @ b).relu() + c` takes, then check with `schedule_of`.
+
+# %% id="sched-32"
+# your code here
+
+# %% [markdown] id="sched-33"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="sched-34" jupyter={"source_hidden": true} tags=["solution"]
+items = schedule_of((a @ b).relu() + c)
+print(len(items), items[0].fusions[-2])
+assert len(items) == 1  # relu and + c fuse onto the reduction's output
+
+# %% [markdown] id="sched-35"
+# **Try it — force a cut.** `.contiguous()` asks for a fresh buffer. Use it to make `a + b` its own kernel in
+# `((a + b) * c).sum(1)`, and print the reason the scheduler gives.
+
+# %% id="sched-36"
+# your code here
+
+# %% [markdown] id="sched-37"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="sched-38" jupyter={"source_hidden": true} tags=["solution"]
+items = schedule_of(((a + b).contiguous() * c).sum(1))
+print([(item.name, item.boundary_reason) for item in items])
+assert len(items) == 2 and "contiguous" in items[0].boundary_reason
+
+# %% [markdown] id="sched-39"
+# **Try it — count a log-softmax.** How many kernels does `a.log_softmax(1)` take, and what is each one stored for? Check your
+# answer with `GlobalCounters.kernel_count` after realizing it.
+
+# %% id="sched-40"
+# your code here
+
+# %% [markdown] id="sched-41"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="sched-42" jupyter={"source_hidden": true} tags=["solution"]
+items = schedule_of(a.log_softmax(1))
+for item in items:
+    print(item.name, "-", item.boundary_reason)
+GlobalCounters.reset()
+a.log_softmax(1).realize()
+assert GlobalCounters.kernel_count == len(items)

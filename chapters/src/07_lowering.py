@@ -1,0 +1,425 @@
+# %% [markdown] id="lower-01"
+# # Chapter 7 — Lowering: loops, indices, optimizations
+#
+# A kernel from chapter 6 is still a *graph*: `SINK(STORE(DEFINE_GLOBAL 0, value))`, with shapes
+# but no loops. This chapter turns it into a **straight-line program** a renderer can print:
+#
+# - one loop per output axis (`gidx0`, `gidx1`), a loop per reduced axis (`ridx0`) around an
+#   accumulator;
+# - movement ops become **index arithmetic** on the loop counters, which the symbolic rewrite
+#   rules of chapter 5 then simplify;
+# - `linearize` orders everything: open loops, load, compute, accumulate, close loops — and puts
+#   work that does not depend on an inner loop outside it;
+# - **optimizations** lay the same kernel out to run faster: *upcast* (compute a tile of
+#   outputs per iteration, so each load serves several accumulators), *vectors* (16 floats in one
+#   register), *threads* (split the outer loop across cores), *packing* (copy an operand into
+#   the order it is read) and an optional *search* (BEAM) that times variants. `NOOPT=1` turns
+#   them off, `DEBUG=3` lists them.
+#
+# Modules: [`tinyteach/lower.py`](../tinyteach/lower.py) (`lower_ast`, `vectorize`,
+# `linearize`, `lower`, `LinearProgram`), [`tinyteach/opt.py`](../tinyteach/opt.py)
+# (`choose_options`, `KernelOptions`), [`tinyteach/pack.py`](../tinyteach/pack.py) (packing)
+# and [`tinyteach/search.py`](../tinyteach/search.py) (BEAM).
+
+# %% id="lower-02"
+# %load_ext tinyteach
+import numpy as np
+
+import viz
+from tinyteach import Context, Device, Tensor
+
+Device.DEFAULT = "CPU"   # every chapter runs on the CPU device: generated C, compiled here
+Tensor.manual_seed(0)
+rng = np.random.default_rng(0)
+
+from collections import Counter
+
+from tinyteach.lower import lower
+from tinyteach.opt import NO_OPTIONS, KernelOptions, choose_options
+from tinyteach.render.c import CRenderer
+from tinyteach.rewrite import record_rewrites
+from tinyteach.schedule import create_schedule
+from tinyteach.uop import Ops, pretty
+
+
+def kernel_of(tensor):
+    """The (last) kernel that realizing `tensor` would run."""
+    items, _ = create_schedule([tensor.uop], "CPU")
+    return items[-1]
+
+
+def c_source(item, options=NO_OPTIONS):
+    return CRenderer().render(item.name, lower(item.ast, options))
+
+
+# %% [markdown] id="lower-03"
+# ## From AST to loops
+#
+# Take the smallest kernel with a reduction: the row sums of a 4×8 matrix. Its AST says *what*
+# to compute:
+
+# %% id="lower-04"
+x = Tensor(np.arange(32, dtype=np.float32).reshape(4, 8)).realize()
+row_sums = kernel_of(x.sum(1))
+print(pretty(row_sums.ast))
+
+# %% [markdown] id="lower-05"
+# `lower` says *how*: `NO_OPTIONS` keeps the plain layout (we turn to optimizations below).
+# Read it top to bottom: the two buffers, the output loop `('g', 0, 4)`, the row offset
+# `gidx0*8` (computed once, outside the inner loop), the accumulator starting at `0.0`, the
+# reduction loop `('r', 0, 8)`, a load at `gidx0*8 + ridx0`, the accumulate, and the store after
+# the loop closes.
+
+# %% id="lower-06"
+program = lower(row_sums.ast, NO_OPTIONS)
+print(program)
+ops = [u.op for u in program.uops]
+assert ops.count(Ops.RANGE) == 2 and ops.count(Ops.END_RANGE) == 2
+assert Ops.DEFINE_ACC in ops and Ops.ACCUMULATE in ops
+print("loop sizes of the output:", program.global_sizes)
+
+# %% [markdown] id="lower-07"
+# The same program as C (chapter 8 explains the renderer). Each line above maps to one here:
+
+# %% id="lower-08"
+print(c_source(row_sums))
+
+# %% [markdown] id="lower-09"
+# ## Movement ops become index arithmetic
+#
+# Transpose, flatten and slice: `x.permute(1, 0).reshape(32)[4:12] * 2`. No data moves; each view
+# rewrites the index the kernel loads from. Chapter 4's view rules produce an index like
+# `((gidx0 + 4) // 4 * ...)`, full of `* 1`, `+ 0` and divisions that the symbolic rules of
+# chapter 5 tidy up. Record which rules fired while lowering:
+
+# %% id="lower-10"
+view_kernel = kernel_of(x.permute(1, 0).reshape(32)[4:12] * 2)
+with record_rewrites() as log:
+    view_program = lower(view_kernel.ast, NO_OPTIONS)
+fired = Counter(step.rule for step in log.steps)
+for rule, count in sorted(fired.items()):
+    print(f"{count} x  {rule}")
+assert fired["x*1 -> x"] > 0
+print(c_source(view_kernel))
+
+# %% [markdown] id="lower-11"
+# The load index `((gidx0%4)*8) + (gidx0/4) + 1` reads element `gidx0 + 4` of the transposed,
+# flattened matrix. Check it against numpy by running the kernel:
+
+# %% id="lower-12"
+result = (x.permute(1, 0).reshape(32)[4:12] * 2).numpy()
+np.testing.assert_array_equal(result, x.numpy().T.reshape(32)[4:12] * 2)
+print(result)
+
+# %% [markdown] id="lower-13"
+# Step through every rewrite with the explorer: the slider shows each rule, with the expression
+# before and after.
+
+# %% id="lower-14"
+viz.rewrites(view_kernel)
+
+# %% [markdown] id="lower-15"
+# ## Optimizations: the same matmul, laid out differently
+#
+# A 256×256 matmul is one kernel (chapter 6). `choose_options(ast, vector_width)` decides how
+# to lay it out, from the kernel and from the device: `vector_width` is how many floats the
+# device's vector registers hold (`Device["CPU"].renderer.vector_width`: 16 with AVX-512, 8 with
+# AVX2, 0 for a language without vector types). Without vectors it picks a 4×8 tile of outputs
+# per iteration (an *upcast* of both output axes) and threads (the outer loop split across
+# cores); with 16-float vectors an 8×32 tile, the 32 columns held in two vectors:
+
+# %% id="lower-16"
+m1 = Tensor(rng.standard_normal((256, 256)).astype(np.float32)).realize()
+m2 = Tensor(rng.standard_normal((256, 256)).astype(np.float32)).realize()
+matmul = kernel_of(m1 @ m2)
+scalar_tile, vector_tile = choose_options(matmul.ast), choose_options(matmul.ast, 16)
+print("no vector types:", scalar_tile.describe())
+print("16-float vectors:", vector_tile.describe())
+with Context(NOOPT=1):
+    print("with NOOPT=1:", choose_options(matmul.ast, 16).describe())
+assert scalar_tile.upcasts == ((0, 4), (1, 8)) and scalar_tile.parallel
+assert vector_tile.upcasts == ((0, 8), (1, 32)) and vector_tile.vector_width == 16
+
+# %% [markdown] id="lower-17"
+# Build all three — lower with the options, render, compile with the CPU's compiler — and look
+# at each. First the plain version: one accumulator, one output element per iteration.
+
+# %% id="lower-18"
+backend = Device["CPU"]
+
+
+def build(options):
+    """Lower, render (as for a CPU with 16-float vectors) and compile the matmul kernel."""
+    source = CRenderer(vector_width=16, fused_multiply_add=True).render(
+        matmul.name, lower(matmul.ast, options))
+    return source, backend.program(matmul.name, backend.compiler.compile(source))
+
+
+plain, tiled, vectored = build(NO_OPTIONS), build(scalar_tile), build(vector_tile)
+print(plain[0])
+
+# %% [markdown] id="lower-19"
+# The scalar tile: the output loops now run 64 and 32 times (256 / 4, 256 / 8), there are 32
+# accumulators, and each value loaded from `a` is multiplied with eight values of `b` (and each
+# value of `b` with four of `a`). The OpenMP pragma hands the outer loop to several threads.
+# Only its beginning is shown:
+
+# %% id="lower-20"
+lines = tiled[0].splitlines()
+print("\n".join(lines[:34]))
+print(f"... {len(lines)} lines in all (the plain kernel has {len(plain[0].splitlines())})")
+assert "#pragma omp parallel for" in tiled[0] and "acc31" in tiled[0]
+assert "acc1 " not in plain[0]
+
+# %% [markdown] id="lower-21"
+# ### Vectors
+#
+# The vector tile is lowered with a *lane* index standing for 16 columns at once
+# (`gidx1*32 + lane` and `gidx1*32 + 16 + lane`); `vectorize` in lower.py then turns every value
+# that depends on the lane into a vector. A load at `base + lane` becomes one vector load at
+# `base`, `val0*val1` multiplies one float of `a` with 16 floats of `b`, each of the 16
+# accumulators holds 16 sums, and a store writes 16 outputs. C has no vector types of its own:
+# the kernel declares one with GCC's vector extension (`typedef float float_vec16
+# __attribute__((vector_size(64)))`), and `fp-contract=fast` lets the compiler fuse each
+# multiply and add into one FMA instruction. Ops with no vector form (max, where, exp2, ...) are
+# written lane by lane, and a kernel whose lanes would need different guards or a gather stays
+# scalar (the fallback is automatic).
+
+# %% id="lower-22"
+lines = vectored[0].splitlines()
+print("\n".join(line for line in lines[:46] if "acc" not in line or "acc0" in line))
+print(f"... {len(lines)} lines in all")
+assert "float_vec16 val1 = *(const float_vec16*)(data2+" in vectored[0]
+
+# %% [markdown] id="lower-23"
+# All three compute the same numbers (a tile still sums in order; only the FMA's single
+# rounding differs in the last bits):
+
+# %% id="lower-24"
+from tinyteach.device import Buffer
+
+
+def run(program):
+    output = Buffer("CPU", 256 * 256, m1.dtype)
+    program(output, *matmul.buffers[1:])
+    return output.numpy().reshape(256, 256)
+
+
+expected = m1.numpy() @ m2.numpy()
+for _, program in (plain, tiled, vectored):
+    np.testing.assert_allclose(run(program), expected, rtol=1e-4, atol=1e-4)
+print("same result: yes")
+
+# %% [markdown] id="lower-25"
+# Is it faster? Measure, don't guess — and measure with care. The first launch pays for cold
+# caches, page faults and starting threads, and any one launch can be slowed by whatever else the
+# machine is doing. So each kernel below is launched once to warm up, then 20 times; the cell
+# reports the minimum (the best estimate of the kernel's own cost: noise only ever adds time), the
+# median (how noisy the machine was) and the rate, 2·256³ floating-point operations (a multiply
+# and an add per term) divided by the minimum. The vector tile is timed at *this* CPU's vector
+# width (`native_vector_width`): the book's 16 lanes on an 8-lane (AVX2) CPU are split by the
+# compiler into pieces, and can run slower than the plain loop.
+#
+# The numbers are those of the machine that stored this notebook (validation compares them as
+# `TIME` and `RATE`); run the cell on yours. `benchmarks/` has figures against tinygrad and numpy.
+
+# %% id="lower-26"
+import time
+
+from tinyteach.runtime.cpu import find_c_compiler, native_macros, native_vector_width
+
+FLOPS = 2 * 256**3   # a multiply and an add for each of the 256 terms of 256×256 sums
+
+
+def timings(program, repeats=20):
+    """(min, median) seconds of `repeats` launches, after one warm-up launch."""
+    program(*matmul.buffers)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        program(*matmul.buffers)
+        times.append(time.perf_counter() - start)
+    return min(times), float(np.median(times))
+
+
+def build_native_vectors():
+    """The vector tile for this CPU's own vector width (not the book's 16)."""
+    width = native_vector_width(native_macros(find_c_compiler()))
+    linear = lower(matmul.ast, choose_options(matmul.ast, width))
+    source = CRenderer(vector_width=width, fused_multiply_add=True).render(matmul.name, linear)
+    return source, backend.program(matmul.name, backend.compiler.compile(source))
+
+
+# the plain loop with the C compiler's own vectorizer turned off: the loop as written
+no_autovec = '#pragma GCC optimize("no-tree-vectorize")\n' + plain[0]
+scalar = (no_autovec, backend.program(matmul.name, backend.compiler.compile(no_autovec)))
+native = build_native_vectors()
+np.testing.assert_allclose(run(native[1]), expected, rtol=1e-4, atol=1e-4)
+for label, (_, program) in (("scalar", scalar), ("NOOPT=1", plain), ("4x8 tile", tiled),
+                            ("vectors", native)):
+    best, median = timings(program)
+    print(f"{label:9} min {best * 1e6:.1f} us, median {median * 1e6:.1f} us, "
+          f"{FLOPS / best / 1e9:.1f} GFLOP/s")
+
+# %% [markdown] id="lower-52"
+# Why is the 4×8 tile barely faster than the plain `NOOPT=1` loop, when it loads far less? Because
+# the plain loop is not as plain as its source: gcc's `-O2` (gcc 12 and later) vectorizes its
+# `gidx1` loop by itself (on the course's machines `-fopt-info-vec` reports "loop vectorized using 32 byte vectors": 8 output columns at once),
+# while it leaves the tile's 32 separate accumulators scalar. The tile saves loads but does its
+# arithmetic one float at a time; the row `scalar` is the plain loop with that vectorizer turned
+# off, the loop as written. The vector tile has both the reuse and the vectors, so it wins. (The
+# tiles also split their outer loop across cores; on a busy machine the threads wait for each
+# other, which the median shows.)
+
+# %% [markdown] id="lower-27"
+# ### Packing: copying an operand into the order it is read
+#
+# At each step of its sum, the vector tile reads 32 consecutive floats of a row of `b`, then
+# jumps a whole row ahead. For a big `b` those rows are kilobytes apart, land in the same few
+# cache sets and evict each other. `pack.py` adds one kernel before such a matmul: a copy of `b`
+# into *panels* of 32 columns, each panel's rows one after the other, so the tile walks
+# consecutive memory. The copy is generated like any kernel (a reshape and a permute made
+# contiguous); the matmul reads the panels back through index arithmetic. Small operands (an
+# MLP's weights) stay in cache without it, and are left alone.
+
+# %% id="lower-28"
+from tinyteach.pack import plan_packing
+
+big1 = Tensor(rng.standard_normal((1024, 1024)).astype(np.float32)).realize()
+big2 = Tensor(rng.standard_normal((1024, 1024)).astype(np.float32)).realize()
+plan = plan_packing(kernel_of(big1 @ big2).ast, 16)
+print(f"input {plan.input_index} is packed into panels of {plan.panel} columns")
+print(CRenderer().render("pack_32_1048576", lower(plan.copy_ast, NO_OPTIONS)))
+assert plan_packing(matmul.ast, 16) is None  # 256x256 stays in cache: no packing
+
+# %% [markdown] id="lower-29"
+# The copy reads `b` row by row and writes panel after panel. The matmul's load of `b` becomes
+# `data2[gidx1*32768 + ridx0*32 + lane]`: the panel number, then 32 floats per row. In the
+# engine this happens on its own (on a CPU with vector registers):
+
+# %% id="lower-30"
+from tinyteach.realize import record_launches
+
+with record_launches() as launches:
+    product = (big1 @ big2).numpy()
+print([launch.item.name for launch in launches])
+print(launches[0].item.boundary_reason)
+np.testing.assert_allclose(product, big1.numpy() @ big2.numpy(), rtol=1e-4, atol=1e-3)
+
+# %% [markdown] id="lower-31"
+# ### Search: BEAM
+#
+# The heuristic is a guess. tinygrad can instead *search*: compile variants of each kernel
+# (other upcast factors, threads on or off, vectors or scalars), time them on scratch buffers and
+# keep the fastest. tinyteach does the same with `BEAM=n` (the beam width; `search.py`), and adds a
+# check of its own that tinygrad's BEAM does not make: each candidate's output is compared with the
+# heuristic kernel's on the same inputs, and a candidate that disagrees is discarded, so a timing
+# can never trade correctness. The choice is cached on disk, so each kernel is searched once per
+# machine; the cell below points the cache at an empty temporary folder, so that the search runs
+# and `DEBUG=2` prints its `beam ...` line. Its result depends on the machine's timings, so the
+# output of this cell is not checked when the notebook is validated:
+
+# %% id="lower-32"
+# NBVAL_IGNORE_OUTPUT
+# (timings decide the search's winner, so the output differs from run to run)
+import os
+import tempfile
+
+small1 = Tensor(rng.standard_normal((128, 128)).astype(np.float32)).realize()
+small2 = Tensor(rng.standard_normal((128, 128)).astype(np.float32)).realize()
+previous_cache = os.environ.get("TINYTEACH_CACHE")
+with tempfile.TemporaryDirectory() as empty_cache:
+    os.environ["TINYTEACH_CACHE"] = empty_cache   # no cached choice: the search runs
+    try:
+        with Context(BEAM=2, DEBUG=2):
+            searched = (small1 @ small2).numpy()
+    finally:
+        if previous_cache is None:
+            del os.environ["TINYTEACH_CACHE"]
+        else:
+            os.environ["TINYTEACH_CACHE"] = previous_cache
+np.testing.assert_allclose(searched, small1.numpy() @ small2.numpy(), rtol=1e-4, atol=1e-4)
+
+# %% [markdown] id="lower-33"
+# `DEBUG=3` lists the optimizations the engine applied to each kernel it compiles (along with the
+# AST and the fusion reasons of chapter 6). A new shape means a new kernel, so this one compiles.
+# The stored outputs are a 16-lane (AVX-512) CPU's: the book is executed with `CPU_VECTOR_WIDTH=16`.
+# On yours the tile may differ (8 lanes with AVX2, 4 with NEON); set `CPU_VECTOR_WIDTH` before
+# starting Python to see another:
+
+# %% id="lower-34"
+m3 = Tensor(rng.standard_normal((32, 256)).astype(np.float32)).realize()
+with Context(DEBUG=3):
+    (m3 @ m2).realize()
+
+# %% [markdown] id="lower-35"
+# ## Every stage at once
+#
+# `viz.kernel` shows a kernel's summary (launch sizes, the optimizations applied), its AST, its
+# linear program and its source in every language of chapter 8. Given a tensor, it lowers the
+# kernel with the options for no vector types (the 4×8 scalar tile); given a *launch* — here
+# recorded by `record_launches` — it shows the linear program that actually ran, the engine's
+# vector tile of `DEBUG=3` above:
+
+# %% id="lower-36"
+with record_launches() as launches:
+    (m1 @ m2).realize()
+viz.kernel(launches[-1])
+
+# %% [markdown] id="lower-37"
+# and `%%tinyteach` shows what a cell launched, with the source that ran:
+
+# %% id="lower-38"
+# %%tinyteach --show kernels,source
+(m3 @ m2).relu().realize()
+
+# %% [markdown] id="lower-39"
+# ## Try it
+
+# %% [markdown] id="lower-40"
+# **Try it — column sums.** Lower `x.sum(0)` (shape (4, 8) → (8,)) with `NO_OPTIONS`. How many output iterations and how
+# many reduction iterations does it have? Find the two `RANGE` uops and check their sizes.
+
+# %% id="lower-41"
+# your code here
+
+# %% [markdown] id="lower-42"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="lower-43" jupyter={"source_hidden": true} tags=["solution"]
+program = lower(kernel_of(x.sum(0)).ast, NO_OPTIONS)
+ranges = [u.arg for u in program.uops if u.op is Ops.RANGE]
+print(ranges)
+assert ranges == [("g", 0, 8), ("r", 0, 4)]
+
+# %% [markdown] id="lower-44"
+# **Try it — no tile for elementwise.** What does `choose_options` pick for the elementwise kernel of `m1 + m2`, and why no upcast?
+# (Read `choose_options` in `opt.py`.)
+
+# %% id="lower-45"
+# your code here
+
+# %% [markdown] id="lower-46"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="lower-47" jupyter={"source_hidden": true} tags=["solution"]
+print(choose_options(kernel_of(m1 + m2).ast).describe())
+# no reduction: a tile would share no loads, so there is nothing to gain from an upcast;
+# 65,536 elements is also below PARALLEL_MIN_WORK, so no threads
+assert choose_options(kernel_of(m1 + m2).ast).upcasts == ()
+
+# %% [markdown] id="lower-48"
+# **Try it — your own options.** Lower the 256×256 matmul with `KernelOptions(upcasts=((1, 4),))` — a 1×4 tile, no threads.
+# How many accumulators does the program define?
+
+# %% id="lower-49"
+# your code here
+
+# %% [markdown] id="lower-50"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="lower-51" jupyter={"source_hidden": true} tags=["solution"]
+program = lower(matmul.ast, KernelOptions(upcasts=((1, 4),)))
+accumulators = [u for u in program.uops if u.op is Ops.DEFINE_ACC]
+print(len(accumulators), "accumulators; output loops", program.global_sizes)
+assert len(accumulators) == 4 and program.global_sizes == (256, 64)

@@ -1,0 +1,258 @@
+# %% [markdown] id="codegen-01"
+# # Chapter 8 — Code generation: C, OpenCL, CUDA, WGSL
+#
+# Chapter 7 ended with a `LinearProgram`: loops, loads, arithmetic and stores in order. A
+# **renderer** walks that list once and writes source code. This chapter shows:
+#
+# - `code_for_op`: a table from each ALU op to a small function that writes its snippet —
+#   `Ops.ADD` → `(a+b)`. That table is most of what differs between C-like languages;
+# - one `CStyleRenderer` and small subclasses: C for the CPU, OpenCL C, CUDA C and WGSL for GPUs
+#   (declarations, type names, thread indices and loops are what they change);
+# - how the code stays readable: values used once are written inline, values used twice get a
+#   name (`alu0`), loads always do (`val0`);
+# - rendering is only string building: it needs no GPU. *Running* the CUDA kernel does.
+#
+# Modules: [`tinyteach/render/__init__.py`](../tinyteach/render/__init__.py) (the shared walk and
+# `code_for_op`), [`render/c.py`](../tinyteach/render/c.py),
+# [`render/gpu.py`](../tinyteach/render/gpu.py) (what the GPU languages share),
+# [`render/opencl.py`](../tinyteach/render/opencl.py),
+# [`render/cuda.py`](../tinyteach/render/cuda.py) and
+# [`render/wgsl.py`](../tinyteach/render/wgsl.py).
+
+# %% id="codegen-02"
+# %load_ext tinyteach
+import numpy as np
+
+import viz
+from tinyteach import Device, Tensor
+
+Device.DEFAULT = "CPU"   # every chapter runs on the CPU device: generated C, compiled here
+Tensor.manual_seed(0)
+rng = np.random.default_rng(0)
+
+from tinyteach.dtype import dtypes
+from tinyteach.lower import lower
+from tinyteach.render.c import CRenderer
+from tinyteach.render.cuda import CUDARenderer
+from tinyteach.render.opencl import OpenCLRenderer
+from tinyteach.render.wgsl import WGSLRenderer
+from tinyteach.schedule import create_schedule
+from tinyteach.uop import Ops
+
+RENDERERS = {"C": CRenderer(), "OpenCL": OpenCLRenderer(), "CUDA": CUDARenderer(),
+             "WGSL": WGSLRenderer()}
+
+
+def kernel_of(tensor):
+    items, _ = create_schedule([tensor.uop], "CPU")
+    return items[-1]
+
+
+# %% [markdown] id="codegen-03"
+# ## `code_for_op`: one small function per op
+#
+# Each entry takes the operands' source text (and the dtype) and returns the expression. Here
+# are a few ops in C:
+
+# %% id="codegen-04"
+c = RENDERERS["C"]
+f32 = dtypes.float32
+for op in (Ops.ADD, Ops.MUL, Ops.CMPLT, Ops.MAX):
+    print(f"{op.name:6} {c.code_for_op[op]('a', 'b', f32)}")
+print(f"{'NEG':6} {c.code_for_op[Ops.NEG]('a', f32)}")
+print(f"{'EXP2':6} {c.code_for_op[Ops.EXP2]('a', f32)}")
+print(f"{'WHERE':6} {c.code_for_op[Ops.WHERE]('cond', 'a', 'b', f32)}")
+assert c.code_for_op[Ops.ADD]("a", "b", f32) == "(a+b)"
+
+# %% [markdown] id="codegen-05"
+# `MAX` is longer than `a>b?a:b` on purpose: numpy's maximum returns NaN if either side is NaN,
+# and every backend must agree with the NUMPY reference. Languages differ in a few entries only.
+# Compare the four tables for the ops where they differ:
+
+# %% id="codegen-06"
+for op, operands in ((Ops.EXP2, ("a",)), (Ops.CAST, ("a",)), (Ops.WHERE, ("c", "a", "b"))):
+    for language, renderer in RENDERERS.items():
+        if op is Ops.WHERE:
+            text = renderer.where(*operands)
+        elif op is Ops.CAST:
+            text = renderer.code_for_op[op]("a", dtypes.int32)
+        else:
+            text = renderer.code_for_op[op](*operands, f32)
+        print(f"{op.name:5} {language:7} {text}")
+assert RENDERERS["WGSL"].where("c", "a", "b").startswith("select(")
+
+# %% [markdown] id="codegen-07"
+# WGSL has no `?:` (it says `select(if_false, if_true, condition)`), and casts are written as
+# constructors (`i32(a)`); C picks `exp2f` for floats where OpenCL overloads `exp2`.
+#
+# ## One kernel, four languages
+#
+# Take a fused elementwise kernel with a little of everything — a load, arithmetic, a math
+# function and a comparison: `(x * 2 + 1).sqrt().maximum(x)`. It is lowered once; then each
+# renderer writes it.
+
+# %% id="codegen-08"
+x = Tensor(rng.uniform(0, 4, (6, 3)).astype(np.float32)).realize()
+item = kernel_of((x * 2 + 1).sqrt().maximum(x))
+program = lower(item.ast)
+print(item.name)
+print(RENDERERS["C"].render(item.name, program))
+
+# %% [markdown] id="codegen-09"
+# The C kernel is a plain function over pointers: `const` marks inputs, `restrict` promises that
+# buffers do not overlap (so the compiler may vectorize). `val0` is the load; the index `alu0`
+# gets a name because two uops use it (the load and the store); everything else is written
+# inline. Notice the price of inlining: `MAX`'s snippet mentions its operand three times, so
+# `sqrtf(...)` is written out four times. The C compiler computes it once (common subexpression
+# elimination), but a reader would prefer a name — a renderer could name every operand of a
+# snippet that repeats it.
+#
+# OpenCL C adds address spaces (`__global`) and replaces each output loop by a *grid-stride
+# loop* over work-items: work-item `get_global_id(0)` starts at its own index and steps by the
+# number of work-items, so any launch size covers the whole output. The comment on top is the
+# launch size the runtime reads back.
+
+# %% id="codegen-10"
+opencl_source = RENDERERS["OpenCL"].render(item.name, program)
+print(opencl_source)
+assert "__kernel void" in opencl_source and "get_global_id(0)" in opencl_source
+
+# %% [markdown] id="codegen-11"
+# ### CUDA — shown here, run only on an NVIDIA GPU
+#
+# CUDA C is C++: `extern "C" __global__` marks a kernel with an unmangled name, and a thread's
+# index is `blockIdx.x*blockDim.x+threadIdx.x`. Writing this source needs nothing but Python:
+
+# %% id="codegen-12"
+cuda_source = RENDERERS["CUDA"].render(item.name, program)
+print(cuda_source)
+assert '__global__ void' in cuda_source and "threadIdx.x" in cuda_source
+
+# %% [markdown] id="codegen-13"
+# **Running it needs an NVIDIA GPU** (and pycuda); compiling it to PTX needs NVRTC or nvcc,
+# which work without a GPU (see [`runtime/cuda.py`](../tinyteach/runtime/cuda.py)). On a
+# machine without a GPU, asking for the device says so clearly instead of pretending:
+
+# %% id="codegen-14"
+# NBVAL_IGNORE_OUTPUT
+# (the output depends on whether this machine has an NVIDIA GPU)
+from tinyteach.device import DeviceUnavailable
+
+try:
+    gpu_x = x.to("CUDA")
+    print("ran on CUDA:", ((gpu_x * 2 + 1).sqrt().maximum(gpu_x)).numpy()[0])
+except DeviceUnavailable as error:
+    print(str(error).split(" Available here")[0])
+
+# %% [markdown] id="codegen-15"
+# ### WGSL — the shading language of WebGPU
+#
+# WGSL looks more like Rust: buffers are *bindings* declared outside the function, variables are
+# `var name: type = value;`, the kernel is an `@compute` entry point and the thread index is
+# the `global_invocation_id` builtin.
+
+# %% id="codegen-16"
+wgsl_source = RENDERERS["WGSL"].render(item.name, program)
+print(wgsl_source)
+assert "@compute" in wgsl_source and "select(" in wgsl_source
+
+# %% [markdown] id="codegen-17"
+# WGSL is also stricter: it has no 64-bit types. A renderer must never compute silently in
+# another type, so a `float64` kernel is refused with an error that names the dtype:
+
+# %% id="codegen-18"
+doubles = Tensor(np.arange(4, dtype=np.float64)).realize()
+double_kernel = kernel_of(doubles + 1)
+try:
+    RENDERERS["WGSL"].render(double_kernel.name, lower(double_kernel.ast))
+    raise AssertionError("WGSL must refuse float64")
+except Exception as error:
+    print(type(error).__name__ + ":", error)
+print(RENDERERS["C"].render(double_kernel.name, lower(double_kernel.ast)).splitlines()[2])
+
+# %% [markdown] id="codegen-19"
+# ## All languages side by side
+#
+# `viz.kernel` renders a kernel with every renderer it finds in `tinyteach/render/`, with
+# syntax highlighting — here the chapter 6 example:
+
+# %% id="codegen-20"
+a, b2, c2 = (Tensor(rng.standard_normal((4, 4)).astype(np.float32)).realize() for _ in range(3))
+viz.kernel(((a + b2) * c2).relu().sum(1))
+
+# %% [markdown] id="codegen-21"
+# ## The C source is what the CPU runs
+#
+# On the CPU device, the engine (chapter 9) compiles exactly this C. `%%tinyteach` shows the
+# source of each kernel a cell launched:
+
+# %% id="codegen-22"
+# %%tinyteach --show kernels,source
+y = (x * 2 + 1).sqrt().maximum(x)
+y.realize()
+
+# %% id="codegen-23"
+np.testing.assert_allclose(y.numpy(), np.maximum(np.sqrt(x.numpy() * 2 + 1), x.numpy()),
+                           rtol=1e-6)
+
+
+# %% [markdown] id="codegen-24"
+# ## Try it
+
+# %% [markdown] id="codegen-25"
+# **Try it — your own snippet.** Make a C renderer whose `MAX` uses the C library's `fmaxf` (careful: `fmaxf` ignores NaN,
+# unlike numpy — so this would fail the reference tests; it is only an exercise). Subclass
+# `CRenderer`, change `self.code_for_op[Ops.MAX]` in `__init__`, and render `x.maximum(1.0)`.
+
+# %% id="codegen-26"
+# your code here
+
+# %% [markdown] id="codegen-27"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="codegen-28" jupyter={"source_hidden": true} tags=["solution"]
+class FmaxRenderer(CRenderer):
+    def __init__(self):
+        super().__init__()
+        self.code_for_op[Ops.MAX] = lambda a, b, dtype: f"fmaxf({a},{b})"
+
+max_kernel = kernel_of(x.maximum(1.0))
+source = FmaxRenderer().render(max_kernel.name, lower(max_kernel.ast))
+print(source)
+assert "fmaxf(" in source
+
+# %% [markdown] id="codegen-29"
+# **Try it — where is exp?.** Render `x.exp()` in C. Which math function appears, and why not `expf`? (Hint: look for
+# `EXP2` in `tinyteach/uop.py`'s primitive ops.)
+
+# %% id="codegen-30"
+# your code here
+
+# %% [markdown] id="codegen-31"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="codegen-32" jupyter={"source_hidden": true} tags=["solution"]
+exp_kernel = kernel_of(x.exp())
+source = RENDERERS["C"].render(exp_kernel.name, lower(exp_kernel.ast))
+print(source)
+# exp is not a primitive op: Tensor.exp is exp2(x * log2(e)), so only exp2 needs a snippet
+assert "exp2f(" in source and "expf(" not in source
+
+# %% [markdown] id="codegen-33"
+# **Try it — OpenCL vs CUDA.** Use `difflib.unified_diff` to list the lines that differ between the OpenCL and the CUDA
+# source of the kernel above. What do all the differences have in common?
+
+# %% id="codegen-34"
+# your code here
+
+# %% [markdown] id="codegen-35"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="codegen-36" jupyter={"source_hidden": true} tags=["solution"]
+import difflib
+
+diff = difflib.unified_diff(opencl_source.splitlines(), cuda_source.splitlines(),
+                            "OpenCL", "CUDA", lineterm="", n=0)
+print("\n".join(diff))
+# declarations, thread indexing and the spelling of math functions (sqrt vs sqrtf) differ;
+# the structure of the body (loads, arithmetic, store) is the same

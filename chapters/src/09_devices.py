@@ -1,0 +1,654 @@
+# %% [markdown] id="dev-01"
+# # Chapter 9 — Devices and runtimes
+#
+# Chapters 6-8 produce, for each kernel, an AST, a linear program and source code. This chapter
+# is about what finally runs them:
+#
+# - a **backend** is three small pieces: an **Allocator** (get memory, copy bytes in and out), a
+#   **Compiler** (source → binary) and a **Program** (run a binary on buffers);
+# - two kinds of backend: the **NUMPY** device *interprets* a kernel's ops with numpy (no
+#   renderer, no compiler), the **CPU** device *compiles* the generated C with gcc or clang and
+#   calls it with ctypes. Same schedule, same results;
+# - the **engine** (`realize.py`): schedule → get a runnable program per kernel → run them in
+#   order, counting everything in `GlobalCounters`. Programs are cached, in memory and on disk;
+# - `Device.DEFAULT` and `DEV=NAME` choose the device; a `Buffer` is allocated when first needed
+#   and freed when nothing refers to it; the host allocator keeps freed memory in a **pool**;
+# - a device with memory of its own, **OPENCL**: **copies** between host and device, an
+#   **asynchronous queue** (a launch returns at once, `synchronize()` waits), timing with the
+#   device's own **events**, and one expression walked from schedule to result.
+#
+# Modules: [`tinyteach/device.py`](../tinyteach/device.py) (Allocator, Compiler, Buffer, Device),
+# [`tinyteach/realize.py`](../tinyteach/realize.py) (the engine),
+# [`runtime/numpy.py`](../tinyteach/runtime/numpy.py) (the interpreter, and the reference
+# meaning of every primitive op), [`runtime/cpu.py`](../tinyteach/runtime/cpu.py) (compiled C)
+# and [`runtime/opencl.py`](../tinyteach/runtime/opencl.py) (OpenCL C through pyopencl).
+
+# %% id="dev-02"
+# %load_ext tinyteach
+import numpy as np
+
+from tinyteach import Context, Device, GlobalCounters, Tensor
+
+Device.DEFAULT = "CPU"   # every chapter runs on the CPU device: generated C, compiled here
+Tensor.manual_seed(0)
+rng = np.random.default_rng(0)
+
+import gc
+import os
+import subprocess
+import sys
+import weakref
+
+from tinyteach.device import Buffer
+from tinyteach.dtype import dtypes
+from tinyteach.realize import _runner_cache, get_runner
+from tinyteach.schedule import create_schedule
+
+# %% [markdown] id="dev-03"
+# ## A backend is three pieces
+#
+# `Device[name]` loads a backend by name. Look at what the two host devices are made of:
+
+# %% id="dev-04"
+def describe(name):
+    backend = Device[name]
+    parts = {"allocator": backend.allocator, "renderer": backend.renderer,
+             "compiler": backend.compiler}
+    print(name)
+    for part, value in parts.items():
+        print(f"  {part:9}: {type(value).__name__ if value is not None else None}")
+    print(f"  program  : {getattr(backend.program, '__name__', type(backend.program).__name__)}")
+
+describe("NUMPY")
+describe("CPU")
+assert Device["NUMPY"].renderer is None and Device["NUMPY"].compiler is None
+
+
+# %% [markdown] id="dev-05"
+# Both keep their memory in the host's RAM (`HostAllocator`). The NUMPY device has neither a
+# renderer nor a compiler: its program walks the kernel's AST. The CPU device renders C
+# (chapter 8) and compiles it.
+#
+# ## Choosing a device
+#
+# The first cell of every chapter sets `Device.DEFAULT = "CPU"`. Without that, tinyteach picks
+# the best device available, and the environment variable `DEV=NAME` (or tinygrad's `NAME=1`)
+# overrides the choice. Settings are read when a program starts, so we start small Python
+# programs to see it:
+
+# %% id="dev-06"
+def default_device_with(**environment):
+    program = "from tinyteach import Device; print(Device.DEFAULT)"
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                            env={**os.environ, **environment})
+    return result.stdout.strip() or result.stderr.strip().splitlines()[-1]
+
+print("DEV=NUMPY ->", default_device_with(DEV="NUMPY"))
+print("NUMPY=1   ->", default_device_with(NUMPY="1"))
+print("DEV=CPU   ->", default_device_with(DEV="CPU"))
+assert default_device_with(DEV="NUMPY") == "NUMPY"
+
+# %% [markdown] id="dev-07"
+# A tensor can also name its device, and `.to()` copies between devices:
+
+# %% id="dev-08"
+x_numpy = Tensor([1.0, 2.0, 3.0], device="NUMPY")
+x_cpu = x_numpy.to("CPU")
+print(x_numpy.device, x_cpu.device, (x_cpu * 2).tolist())
+assert Device.DEFAULT == "CPU" and Device.is_available("NUMPY")
+
+# %% [markdown] id="dev-09"
+# ## Buffers: allocated late, freed by Python
+#
+# A `Buffer` is a size and a dtype on a device. It takes no memory until something needs its
+# storage — a copy in, or a kernel that writes it:
+
+# %% id="dev-10"
+buffer = Buffer("CPU", 4, dtypes.float32)
+print(buffer)
+buffer.copyin(np.array([1, 2, 3, 4], dtype=np.float32))
+print(buffer)
+print(buffer.numpy())
+assert buffer.is_allocated
+
+# %% [markdown] id="dev-11"
+# The schedule creates the output buffers of its kernels, but allocates nothing: allocation
+# happens in the engine, right before a kernel runs.
+
+# %% id="dev-12"
+a = Tensor(rng.standard_normal((4, 4)).astype(np.float32)).realize()
+items, _ = create_schedule([(a * 2).sum(1).uop], "CPU")
+print("before running:", items[0].output)
+
+
+# %% [markdown] id="dev-13"
+# Nobody frees a buffer by hand: when the last tensor (or schedule item) that refers to it is
+# gone, Python's garbage collector releases the memory. A weak reference lets us watch that
+# happen without keeping the buffer alive:
+
+# %% id="dev-14"
+def buffer_of(tensor):
+    node = tensor.uop
+    while node.op.name == "RESHAPE":
+        node = node.src[0]
+    return node.arg
+
+temporary = (a + 1).realize()
+watcher = weakref.ref(buffer_of(temporary))
+print("while the tensor lives:", watcher())
+del temporary
+gc.collect()
+print("after `del` :", watcher())
+assert watcher() is None
+
+# %% [markdown] id="dev-46"
+# ## The allocator's pool
+#
+# Asking the operating system for fresh memory is cheap, but *touching* it is not: the first
+# write to each page (4 KB, or 2 MB where the system uses huge pages) stops the program (a
+# **page fault**) while the operating system finds a page and clears it. For a big buffer that
+# can cost more than the copy or the kernel that fills it. So the host
+# allocator (`HostMemory` in device.py) does what tinygrad's LRU allocator does: freed memory
+# goes into `HostMemory.pool`, by size, and the next allocation of the same size takes it back —
+# already touched, and not cleared (a kernel writes all of its output anyway).
+#
+# We free a 64 MB buffer, allocate another of the same size, and compare addresses; the
+# operating system's count of page faults (`ru_minflt`) shows what the pool saves. (OPENCL's
+# allocator has no pool: every buffer is a new `cl.Buffer`.)
+
+# %% id="dev-47"
+import resource
+import time
+
+from tinyteach.device import HostMemory
+
+
+def page_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def timed_copyin(buffer, data):
+    """(microseconds, page faults) of copying `data` into `buffer`, allocating it first."""
+    start_faults, start = page_faults(), time.perf_counter()
+    buffer.copyin(data)
+    return (time.perf_counter() - start) * 1e6, page_faults() - start_faults
+
+
+big_data = np.ones(16 << 20, dtype=np.float32)          # 64 MB
+first = Buffer("CPU", big_data.size, dtypes.float32)
+fresh_us, fresh_faults = timed_copyin(first, big_data)
+first_address = first.storage.address
+del first                                               # its memory goes into the pool
+gc.collect()
+print("in the pool after `del`:", bool(HostMemory.pool.get(big_data.nbytes)))
+second = Buffer("CPU", big_data.size, dtypes.float32)
+reused_us, reused_faults = timed_copyin(second, big_data)
+print("the same memory came back:", second.storage.address == first_address)
+print(f"copy into fresh memory: {fresh_us:.0f} us, into reused memory: {reused_us:.0f} us")
+print("fewer page faults in reused memory:", reused_faults < fresh_faults)
+assert second.storage.address == first_address and reused_faults < fresh_faults
+del second
+
+# %% [markdown] id="dev-15"
+# ## One schedule, two backends
+#
+# The schedule is the same for every device: only `item.device` differs. Here is softmax on both
+# host devices — three kernels each:
+
+# %% id="dev-16"
+data = rng.standard_normal((3, 5)).astype(np.float32)
+on_numpy = Tensor(data, device="NUMPY").softmax(1)
+on_cpu = Tensor(data, device="CPU").softmax(1)
+for tensor in (on_numpy, on_cpu):
+    items, _ = create_schedule([tensor.uop], tensor.device)
+    print(tensor.device, [(item.name, item.device) for item in items])
+
+# %% [markdown] id="dev-17"
+# The engine's `get_runner` turns an item into something runnable. For NUMPY the runner holds an
+# interpreter and no source; for CPU it holds the linear program, the C source and the loaded
+# function:
+
+# %% id="dev-18"
+for tensor in (on_numpy, on_cpu):
+    items, _ = create_schedule([tensor.uop], tensor.device)
+    runner = get_runner(items[-1])
+    source = "no source (interpreted)" if runner.source is None else \
+        f"{len(runner.source.splitlines())} lines of C"
+    print(f"{runner.device:5} {runner.name}: {source}; program {type(runner.program).__name__}")
+
+# %% [markdown] id="dev-19"
+# and the results agree to float rounding — the NUMPY device is the reference every other
+# backend is tested against:
+
+# %% id="dev-20"
+np.testing.assert_allclose(on_cpu.numpy(), on_numpy.numpy(), rtol=1e-6)
+np.testing.assert_allclose(on_cpu.numpy().sum(1), np.ones(3), rtol=1e-6)
+print(on_cpu.numpy().round(3))
+
+# %% [markdown] id="dev-21"
+# What does "interpret" mean? The NUMPY device has one small numpy function per primitive op —
+# this table *is* the definition of what each op means. It has 26 entries for 28 primitive ops:
+# the two missing are `BUFFER` and `COPY`, which compute nothing — a `BUFFER` is memory the
+# engine allocates and passes in, and a `COPY` between devices is a step of its own in the
+# schedule (chapter 6), done by the engine, not inside a kernel:
+
+# %% id="dev-22"
+from tinyteach.runtime.numpy import NUMPY_OPS
+from tinyteach.uop import PRIMITIVE_OPS
+
+print(len(NUMPY_OPS), "numpy functions;", len(PRIMITIVE_OPS), "primitive ops")
+print(sorted(op.name for op in NUMPY_OPS)[:10], "...")
+print("not in the table:", [op.name for op in PRIMITIVE_OPS if op not in NUMPY_OPS])
+assert {op.name for op in PRIMITIVE_OPS if op not in NUMPY_OPS} == {"BUFFER", "COPY"}
+
+# %% [markdown] id="dev-23"
+# ## Compiling once: two caches
+#
+# Compiling C costs tens of milliseconds, so the engine never does it twice:
+#
+# 1. **in memory**, runners are cached by kernel AST. New *data* with the same shapes gives the
+#    same AST (inputs are `DEFINE_GLOBAL`s, not values), so nothing is compiled again;
+# 2. **on disk**, the compiled shared object is keyed by a hash of the source, the compiler and
+#    its flags, under `$TINYTEACH_CACHE` (default `~/.cache/tinyteach`): a new Python process
+#    reuses it.
+
+# %% id="dev-24"
+x1 = Tensor(rng.standard_normal((8, 8)).astype(np.float32)).realize()
+(x1.exp() * 3).sum(0).realize()
+cached_before = len(_runner_cache)
+x2 = Tensor(rng.standard_normal((8, 8)).astype(np.float32)).realize()  # new data, same shape
+(x2.exp() * 3).sum(0).realize()
+print("runners compiled for the second call:", len(_runner_cache) - cached_before)
+assert len(_runner_cache) == cached_before
+
+# %% [markdown] id="dev-25"
+# The disk cache, in a fresh temporary directory so that we see it fill (the path is not
+# printed: it differs on every run). The second compile of the same source is a lookup:
+
+# %% id="dev-26"
+import tempfile
+from pathlib import Path
+
+compiler = Device["CPU"].compiler
+source = "void add_one(float* restrict out) { out[0] += 1.0f; }\n"
+saved = os.environ.get("TINYTEACH_CACHE")
+with tempfile.TemporaryDirectory() as directory:
+    os.environ["TINYTEACH_CACHE"] = directory
+    start = time.perf_counter()
+    first = compiler.compile(source)
+    compile_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    second = compiler.compile(source)
+    lookup_seconds = time.perf_counter() - start
+    files = sorted(p.suffix for p in Path(directory).rglob("*") if p.is_file())
+    print("files in the cache:", files)
+    print("same file both times:", first == second)
+    print("the lookup is >10x faster than compiling:", lookup_seconds * 10 < compile_seconds)
+    assert first == second and files == [".so"]
+if saved is None:
+    del os.environ["TINYTEACH_CACHE"]
+else:
+    os.environ["TINYTEACH_CACHE"] = saved
+
+# %% [markdown] id="dev-27"
+# A kernel that does not compile raises `CompileError` with the compiler's message and the
+# offending source line — never a crash deep inside ctypes:
+
+# %% id="dev-28"
+from tinyteach.device import CompileError
+
+try:
+    compiler.compile("void broken(float* out) { out[0] = 1.0f }\n")
+except CompileError as error:
+    message = str(error)
+    print(message.splitlines()[0])
+    print([line for line in message.splitlines() if line.startswith("  line")])
+
+# %% [markdown] id="dev-29"
+# ## Counting: `GlobalCounters` and `DEBUG=2`
+#
+# The engine counts every launch: kernels, estimated arithmetic operations, and bytes of the
+# buffers each kernel touches (time too, which we do not print). `DEBUG=1` prints a line per
+# launch and `DEBUG=2` adds its time. That is the time of *one* launch, and noisy: a first launch
+# pays for cold caches, and any launch can be slowed by the rest of the machine — read it as a
+# rough size, not as the kernel's cost (chapter 7 measures that: warm-up, then the minimum of many
+# launches). The times below are the ones measured when this notebook was stored; yours will
+# differ, and validation compares them as `TIME`.
+
+# %% id="dev-30"
+y = Tensor(rng.standard_normal((16, 16)).astype(np.float32)).realize()
+GlobalCounters.reset()
+with Context(DEBUG=2):
+    (y @ y).relu().sum().realize()
+print("kernels:", GlobalCounters.kernel_count, " ops:", GlobalCounters.global_ops,
+      " bytes:", GlobalCounters.global_mem)
+assert GlobalCounters.kernel_count == 2
+
+# %% [markdown] id="dev-31"
+# `%%tinyteach` shows the same launches, with what each one fused and how long it took:
+
+# %% id="dev-32"
+# %%tinyteach --show kernels
+z = Tensor(rng.standard_normal((16, 16)).astype(np.float32))
+(z.softmax(1) * 2).realize()
+
+# %% [markdown] id="dev-48"
+# ## A device with memory of its own: OPENCL
+#
+# The NUMPY and CPU devices work in the host's RAM, and a kernel has finished when the call
+# returns. A GPU is different in two ways: it has **its own memory**, so data must be copied
+# there and back, and it has a **command queue**: the host puts work in and goes on, the device
+# runs it later, in order. OpenCL is a standard API over many vendors' drivers; `pip install
+# 'pyopencl[pocl]'` (or Debian's `pocl-opencl-icd`) brings **pocl**, an OpenCL that runs on the
+# CPU but keeps both rules, so everything below behaves as it would on a GPU — on any laptop.
+#
+# The OPENCL backend is the same three pieces, built on pyopencl: an allocator of `cl.Buffer`s,
+# a compiler that builds OpenCL C into a `cl.Program`, and a Program class that *enqueues* a
+# kernel. Each OPENCL cell below checks that the device runs here, and says why not otherwise.
+
+# %% id="dev-49"
+from tinyteach.runtime import opencl
+
+cl = opencl.cl  # pyopencl, or None where it is not installed
+
+
+def opencl_here():
+    """True when OPENCL runs here; otherwise says why not and returns False."""
+    if Device.is_available("OPENCL"):
+        return True
+    print("OPENCL is not available here:", Device.why_unavailable("OPENCL"))
+    return False
+
+
+if opencl_here():
+    backend = Device["OPENCL"]
+    for part in ("allocator", "renderer", "compiler"):
+        print(f"  {part:9}: {type(getattr(backend, part)).__name__}")
+    print("  program  : OpenCLProgram, made by backend.program(name, binary)")
+    print("  and one", type(backend.context).__name__, "with one", type(backend.queue).__name__)
+    # the backend reads its vector width from the device (8 or 16 floats on a CPU); pinned here so
+    # that the kernels printed below are the same on every machine
+    backend.renderer.vector_width = 8
+
+# %% [markdown] id="dev-50"
+# ### Which OpenCL?
+#
+# A machine can have several OpenCL **platforms** (drivers): here Debian's pocl and the copy of
+# pocl inside the pyopencl wheel (two platforms of the same name), elsewhere a GPU vendor's. Being listed does not mean working:
+# the wheel's pocl uses LLVM 14, which does not know some newer CPUs and then fails every build.
+# So the backend *probes* (`find_working_device` in runtime/opencl.py): it builds and runs a
+# 4-thread kernel on each candidate device, pocl's platforms first, and takes the first device
+# that computes the right numbers. (`OPENCL_PLATFORM=` chooses one by index or name.)
+
+# %% id="dev-51"
+if opencl_here():
+    platforms = cl.get_platforms()
+    print("pyopencl lists platforms named:", sorted({platform.name for platform in platforms}))
+    chosen = Device["OPENCL"].cl_device
+    print("the backend took:", chosen.platform.name)
+    print(opencl.PROBE_SOURCE)
+    print("probe on the chosen device:", opencl.probe_device(chosen) or "computed [1, 3, 5, 7]")
+    assert chosen.platform in platforms and opencl.probe_device(chosen) is None
+
+# %% [markdown] id="dev-52"
+# ## Copies between host and device
+#
+# `Buffer.copyin` and `Buffer.numpy()` are the two directions, and on OPENCL each is a real copy
+# (`cl.enqueue_copy`) between a host array and device memory. A tensor moved with `.to("OPENCL")`
+# gets a **COPY** item in its schedule — a step of its own, done by the engine, not a kernel
+# (chapter 6): it reads the source buffer into a host array (`numpy()`) and writes that into the
+# destination (`copyin`). Here a CPU tensor goes to OPENCL, is doubled there, and comes back:
+
+# %% id="dev-53"
+if opencl_here():
+    host = Tensor(np.arange(6, dtype=np.float32)).realize()        # on CPU
+    round_trip = (host.to("OPENCL") * 2).to("CPU")
+    items, _ = create_schedule([round_trip.uop], "CPU")
+    for item in items:
+        print(f"{item.kind:6} {item.name:16} on {item.device}")
+    GlobalCounters.reset()
+    with Context(DEBUG=1):
+        result = round_trip.numpy()
+    print(result)
+    assert [item.kind for item in items] == ["copy", "kernel", "copy"]
+    np.testing.assert_equal(result, np.arange(6) * 2)
+
+# %% [markdown] id="dev-54"
+# A CPU tensor and an OPENCL tensor never share memory: the host's is a `HostMemory` (a numpy
+# array in RAM), the device's a `cl.Buffer`, and the copy is taken at the moment the COPY runs.
+# Overwrite the CPU tensor's memory afterwards and the OPENCL tensor still holds the old values:
+
+# %% id="dev-55"
+if opencl_here():
+    on_host = Tensor(np.arange(4, dtype=np.float32)).realize()
+    on_device = on_host.to("OPENCL").realize()
+    host_buffer, device_buffer = buffer_of(on_host), buffer_of(on_device)
+    print("CPU memory   :", type(host_buffer.storage).__name__)
+    print("OPENCL memory:", "pyopencl", type(device_buffer.storage).__name__)
+    host_buffer.copyin(np.full(4, -1, dtype=np.float32))    # write into the CPU tensor's memory
+    print("CPU tensor   :", on_host.tolist())
+    print("OPENCL tensor:", on_device.tolist())
+    assert on_device.tolist() == [0.0, 1.0, 2.0, 3.0] and on_host.tolist() == [-1.0] * 4
+
+# %% [markdown] id="dev-56"
+# ## A launch returns at once: the queue and `synchronize`
+#
+# `OpenCLProgram.__call__` sets the kernel's arguments and calls `cl.enqueue_nd_range_kernel`:
+# the kernel is *put in the queue* and the call returns — the device runs it later, and the
+# queue runs its work in the order it came. `Device["OPENCL"].synchronize()` waits until the
+# queue is empty (`queue.finish()`); the host devices' `synchronize` does nothing, since their
+# work is done when the call returns. We time a 768×768 matmul both ways (after one warm-up
+# launch, and the fastest of five, as chapter 7 measures):
+
+# %% id="dev-57"
+if opencl_here():
+    size = 768
+    left = Tensor(rng.standard_normal((size, size)).astype(np.float32), device="OPENCL")
+    right = Tensor(rng.standard_normal((size, size)).astype(np.float32), device="OPENCL")
+    (matmul_item,), _ = create_schedule([(left @ right).uop], "OPENCL")
+    matmul = get_runner(matmul_item)            # lowered, rendered and built: OpenCLProgram
+    matmul.program(*matmul_item.buffers)        # warm-up launch
+    Device["OPENCL"].synchronize()
+    enqueue_times, finished_times = [], []
+    for _ in range(5):
+        start = time.perf_counter()
+        event = matmul.program(*matmul_item.buffers)    # returns at once
+        enqueue_times.append(time.perf_counter() - start)
+        Device["OPENCL"].synchronize()                  # waits for the kernel
+        finished_times.append(time.perf_counter() - start)
+    enqueue_us, finished_us = min(enqueue_times) * 1e6, min(finished_times) * 1e6
+    print(f"the call returned after    {enqueue_us:.0f} us")
+    print(f"the kernel had finished at {finished_us:.0f} us")
+    print("after synchronize:", cl.command_execution_status.to_string(
+        event.command_execution_status))
+    assert enqueue_us * 5 < finished_us
+
+# %% [markdown] id="dev-58"
+# So any time measured around a launch alone is the time to *enqueue* it. Reading a buffer
+# needs no explicit wait: `Buffer.numpy()` synchronizes, and its copy is queued after the
+# kernels that write the buffer, so the queue's order makes it wait for them. The engine relies
+# on this: it enqueues kernel after kernel and waits only when a value is read (the JIT's graph
+# of launches, chapter 10, enqueues them all and waits once).
+
+# %% id="dev-59"
+if opencl_here():
+    matmul.program(*matmul_item.buffers)        # enqueued, not waited for
+    product = matmul_item.output.numpy().reshape(size, size)   # waits, then copies back
+    np.testing.assert_allclose(product, left.numpy() @ right.numpy(), rtol=1e-4, atol=1e-3)
+    print("read back right after the launch: equals numpy's matmul")
+
+# %% [markdown] id="dev-60"
+# ## Timing a device: events
+#
+# Wall-clock time on the host cannot tell when the device started or finished a kernel: it sees
+# the enqueue, and the end of a wait (which includes waking the host up). OpenCL can record the
+# device's own times: a queue made with `PROFILING_ENABLE` stamps every command's **event** when
+# it was queued, submitted to the device, started and ended (`event.profile`, in nanoseconds).
+# The backend's queue has no profiling, so we make a queue of our own on the backend's context
+# and device, and launch the same built kernel on it:
+
+# %% id="dev-61"
+if opencl_here():
+    profiling_queue = cl.CommandQueue(
+        Device["OPENCL"].context, Device["OPENCL"].cl_device,
+        properties=cl.command_queue_properties.PROFILING_ENABLE)
+    kernel = matmul.program.kernel
+    kernel.set_args(*(buffer.storage for buffer in matmul_item.buffers))
+
+    def profiled_launch():
+        """(microseconds the host spent enqueueing, the event's profile)."""
+        start = time.perf_counter()
+        event = cl.enqueue_nd_range_kernel(profiling_queue, kernel, matmul.program.global_size,
+                                           matmul.program.local_size)
+        enqueue_us = (time.perf_counter() - start) * 1e6
+        event.wait()
+        return enqueue_us, event.profile
+
+    def kernel_nanoseconds(profile):
+        return profile.end - profile.start
+
+    profiled_launch()                           # warm-up: a new queue's first launch
+    launches = [profiled_launch() for _ in range(3)]
+    enqueue_us = min(host_us for host_us, _ in launches)
+    stamps = min((profile for _, profile in launches), key=kernel_nanoseconds)
+    kernel_us = kernel_nanoseconds(stamps) / 1e3
+    print(f"host: the enqueue took {enqueue_us:.0f} us")
+    print(f"device: queued -> submitted {(stamps.submit - stamps.queued) / 1e3:.0f} us, "
+          f"submitted -> started {(stamps.start - stamps.submit) / 1e3:.0f} us, "
+          f"started -> ended {kernel_us:.0f} us")
+    assert stamps.queued <= stamps.submit <= stamps.start <= stamps.end
+    assert enqueue_us < kernel_us
+
+# %% [markdown] id="dev-62"
+# `started -> ended` is the kernel's own time, with nothing of the host in it. (tinyteach's
+# `DEBUG=2` is simpler: it synchronizes after each launch and reads the wall clock, so its time
+# includes the enqueue and the wait — fine for a rough size, not for a kernel's cost.)
+#
+# ## One expression on OPENCL, end to end
+#
+# Now every step the engine takes, by hand, for `relu((x * w).sum(1) + 1)` on OPENCL. First the
+# **schedule** (chapter 6): one kernel, everything fused into it. The inputs were made on
+# OPENCL, so they were copied in when they were created, and no COPY item is needed:
+
+# %% id="dev-63"
+if opencl_here():
+    x_data = rng.standard_normal((16, 64)).astype(np.float32)
+    w_data = rng.standard_normal(64).astype(np.float32)
+
+    def expression(device):
+        x, w = Tensor(x_data, device=device), Tensor(w_data, device=device)
+        return ((x * w).sum(1) + 1).relu()
+
+    (walk_item,), _ = create_schedule([expression("OPENCL").uop], "OPENCL")
+    print(walk_item.kind, walk_item.name, "on", walk_item.device)
+    for note in walk_item.fusions:
+        print("   ", note)
+    print("buffers:", walk_item.buffers)
+
+# %% [markdown] id="dev-64"
+# The **source**: lowering (chapter 7) and the OpenCL renderer (chapter 8) give an OpenCL C
+# kernel. Its first line is a comment that records how many
+# threads to launch: a *global size* (threads in all) and a *local size* (threads per
+# work-group). Each thread `gidx0` computes four rows of the output (chapter 7's upcast), and
+# its loop steps by the global size, so that any number of threads would cover all the rows:
+
+# %% id="dev-65"
+if opencl_here():
+    walk_runner = get_runner(walk_item)
+    print(walk_runner.source)
+
+# %% [markdown] id="dev-66"
+# The **build**: `Device["OPENCL"].compiler.compile` hands the source to the OpenCL driver
+# (`cl.Program(context, source).build()`), which compiles it for the device. The "binary" is the
+# built `cl.Program` (a kernel that does not build raises `CompileError` with the driver's log).
+
+# %% id="dev-67"
+if opencl_here():
+    built = Device["OPENCL"].compiler.compile(walk_runner.source)
+    print(type(built).__module__, type(built).__name__, "with kernels:", built.kernel_names)
+    assert built.kernel_names == walk_item.name
+
+# %% [markdown] id="dev-68"
+# The **launch**: `Device["OPENCL"].program(name, built)` makes an `OpenCLProgram`, which reads the
+# launch sizes from the source's first line and keeps the `cl.Kernel`. We allocate the output,
+# enqueue, wait, and **copy back** — then compute the same expression on the NUMPY device, the
+# reference:
+
+# %% id="dev-69"
+if opencl_here():
+    program = Device["OPENCL"].program(walk_item.name, built)
+    print(type(program).__name__, "global size", program.global_size,
+          "local size", program.local_size)
+    output, *inputs = walk_item.buffers
+    print("output before the launch:", output)
+    program(output, *inputs)            # enqueue
+    Device["OPENCL"].synchronize()      # wait
+    on_opencl = output.numpy()          # copy back
+    on_numpy = expression("NUMPY").numpy()
+    print(on_opencl.round(3))
+    np.testing.assert_allclose(on_opencl, on_numpy, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(on_numpy, np.maximum((x_data * w_data).sum(1) + 1, 0),
+                               rtol=1e-5, atol=1e-5)
+
+# %% [markdown] id="dev-33"
+# ## Try it
+
+# %% [markdown] id="dev-34"
+# **Try it — interpreter vs compiler.** Realize `(t * t).sum()` for `t = Tensor(np.arange(10, dtype=np.float32), device=...)` on
+# both NUMPY and CPU and check the results agree. Which of the two runners has a `.linear`
+# program?
+
+# %% id="dev-35"
+# your code here
+
+# %% [markdown] id="dev-36"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="dev-37" jupyter={"source_hidden": true} tags=["solution"]
+results = {}
+for name in ("NUMPY", "CPU"):
+    t = Tensor(np.arange(10, dtype=np.float32), device=name)
+    items, _ = create_schedule([(t * t).sum().uop], name)
+    runner = get_runner(items[0])
+    results[name] = (t * t).sum().item()
+    print(name, results[name], "linear program:", runner.linear is not None)
+assert results["NUMPY"] == results["CPU"] == 285.0
+
+# %% [markdown] id="dev-38"
+# **Try it — count the bytes.** Before running it, predict `GlobalCounters.global_mem` for `(p + q).realize()` with two
+# realized 4×4 float32 tensors `p` and `q`. Then check.
+
+# %% id="dev-39"
+# your code here
+
+# %% [markdown] id="dev-40"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="dev-41" jupyter={"source_hidden": true} tags=["solution"]
+p = Tensor(np.ones((4, 4), dtype=np.float32)).realize()
+q = Tensor(np.full((4, 4), 2, dtype=np.float32)).realize()
+GlobalCounters.reset()
+(p + q).realize()
+print(GlobalCounters.global_mem, "bytes")  # 3 buffers (out, p, q) x 16 floats x 4 bytes
+assert GlobalCounters.global_mem == 3 * 16 * 4
+
+# %% [markdown] id="dev-42"
+# **Try it — your own Program.** A backend's Program is just a callable on buffers. Compile this C with
+# `Device["CPU"].compiler`, load it with `Device["CPU"].program("scale", path)` and run it on
+# a 4-element Buffer: `void scale(float* restrict out) { for (int i = 0; i < 4; i++)
+# out[i] *= 2.0f; }`.
+
+# %% id="dev-43"
+# your code here
+
+# %% [markdown] id="dev-44"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="dev-45" jupyter={"source_hidden": true} tags=["solution"]
+path = Device["CPU"].compiler.compile(
+    "void scale(float* restrict out) { for (int i = 0; i < 4; i++) out[i] *= 2.0f; }\n")
+scale = Device["CPU"].program("scale", path)
+values = Buffer("CPU", 4, dtypes.float32).copyin(np.arange(4, dtype=np.float32))
+scale(values)
+print(values.numpy())
+assert values.numpy().tolist() == [0.0, 2.0, 4.0, 6.0]

@@ -1,0 +1,350 @@
+# %% [markdown] id="jit-01"
+# # Chapter 10 — The JIT and graph execution
+#
+# A training step builds the *same* graph every time: Python builds UOps, the scheduler cuts
+# kernels, the engine looks up programs — and out comes the same list of kernel launches, only
+# on new data. `TinyJit` skips all of that after it has seen the function twice:
+#
+# - **call 1** runs the function normally (compiling every kernel);
+# - **call 2** runs it again while *capturing* every launch: program, buffers, sizes;
+# - **call 3 on** *replays* that list with the new input buffers swapped in, without running the
+#   Python that built the graph;
+# - the JIT is honest: `DEBUG=1` says when it captured and what it replays, and an input of
+#   another shape, dtype or device is an error with a clear message, never a silent wrong result;
+# - **graph execution**: on the CPU a replay is one native call — a small generated C function
+#   calls every kernel in turn;
+# - **memory**: a capture keeps every buffer its launches use, so a replay allocates nothing —
+#   and writes into the *same* output buffers each time: a result you keep is overwritten by the
+#   next call unless you copy it.
+#
+# Modules: [`tinyteach/jit.py`](../tinyteach/jit.py) (`TinyJit`, `CapturedJit`) and
+# `CPUGraph` in [`tinyteach/runtime/cpu.py`](../tinyteach/runtime/cpu.py).
+
+# %% id="jit-02"
+# %load_ext tinyteach
+import numpy as np
+
+import viz
+from tinyteach import Context, Device, Tensor
+
+Device.DEFAULT = "CPU"   # every chapter runs on the CPU device: generated C, compiled here
+Tensor.manual_seed(0)
+rng = np.random.default_rng(0)
+
+from tinyteach import TinyJit
+from tinyteach.jit import JitError
+from tinyteach.runtime.cpu import CPUGraph, render_graph
+
+# %% [markdown] id="jit-03"
+# ## Capture and replay
+#
+# A small function: a layer with a fixed weight, then a softmax. We count how often its *Python
+# body* runs.
+
+# %% id="jit-04"
+weight = Tensor(rng.standard_normal((8, 4)).astype(np.float32)).realize()
+body_runs = 0
+
+@TinyJit
+def layer(x: Tensor) -> Tensor:
+    global body_runs
+    body_runs += 1
+    return (x @ weight).relu().softmax(1).realize()
+
+
+def reference(x: np.ndarray) -> np.ndarray:
+    logits = np.maximum(x @ weight.numpy(), 0)
+    e = np.exp(logits - logits.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+inputs = [rng.standard_normal((2, 8)).astype(np.float32) for _ in range(5)]
+
+# %% [markdown] id="jit-05"
+# Call it five times with new data each time, with `DEBUG=1` on so each call shows what runs.
+# Call 1 launches kernels one by one; call 2 launches them again and says it captured them;
+# calls 3-5 each print a single line: the replay, with the time of that one call (the times
+# stored here are from the run that stored the notebook, one noisy call each; validation
+# compares them as `TIME`).
+
+# %% id="jit-06"
+for call, data in enumerate(inputs, 1):
+    print(f"--- call {call}")
+    with Context(DEBUG=1):
+        out = layer(Tensor(data))
+    np.testing.assert_allclose(out.numpy(), reference(data), rtol=1e-5, atol=1e-6)
+print("the Python body ran", body_runs, "times for 5 calls")
+assert body_runs == 2
+
+# %% [markdown] id="jit-07"
+# Every result was checked against numpy, including the replays. What the JIT holds is a plain
+# list of launches, each with its kernel and the buffers it was called with, and the places
+# where the input buffer must be swapped in:
+
+# %% id="jit-08"
+captured = layer.captured
+for launch in captured.launches:
+    print(f"{launch.item.name:10} {len(launch.buffers)} buffers")
+print("input slots (launch, argument, input):", captured.input_slots)
+assert len(captured.launches) == 4 and captured.input_slots == [(0, 1, 0)]
+
+# %% [markdown] id="jit-09"
+# The captured launches are ordinary schedule items, so viz draws them like any schedule:
+
+# %% id="jit-10"
+viz.schedule(captured.launches)
+
+# %% [markdown] id="jit-11"
+# ## When an input changes shape
+#
+# Captured kernels have their sizes baked in: `r_2_4_8` loops over exactly 2 rows. A batch of 3
+# rows cannot reuse them, and silently running them would read the wrong memory. The JIT
+# checks every input against the captured signature and stops with a clear message:
+
+# %% id="jit-12"
+try:
+    layer(Tensor(rng.standard_normal((3, 8)).astype(np.float32)))
+    raise AssertionError("a new shape must not replay")
+except JitError as error:
+    print("JitError:", error)
+
+# %% [markdown] id="jit-13"
+# The same goes for the dtype or device of an input, and for non-Tensor arguments, which are
+# baked into the kernels as constants. As the message says, `.reset()` forgets the capture;
+# the next two calls then compile and capture for the new shape:
+
+# %% id="jit-14"
+layer.reset()
+batch_of_three = [rng.standard_normal((3, 8)).astype(np.float32) for _ in range(3)]
+for data in batch_of_three:
+    np.testing.assert_allclose(layer(Tensor(data)).numpy(), reference(data), rtol=1e-5,
+                               atol=1e-6)
+print([launch.item.name for launch in layer.captured.launches])
+
+# %% [markdown] id="jit-15"
+# ## State that changes: write it in place
+#
+# A training step updates its weights. The captured launches point at *buffers*, so the update
+# must write into the weight's own buffer — `Tensor.assign` — rather than make a new tensor
+# (which the replay would never see). One step of gradient descent on `(w - target)²`:
+
+# %% id="jit-16"
+w = Tensor(np.zeros(3, dtype=np.float32)).realize()
+
+@TinyJit
+def sgd_step(target: Tensor) -> Tensor:
+    loss = ((w - target) ** 2).sum()
+    gradient = 2 * (w - target)
+    w.assign(w - 0.25 * gradient)
+    return loss.realize(), w.realize()
+
+target = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+for step in range(6):
+    loss, _ = sgd_step(Tensor(target))
+    print(f"step {step}: loss {loss.item():.4f}  w {np.array2string(w.numpy(), precision=4)}")
+assert np.allclose(w.numpy(), target * (1 - 0.5 ** 6))
+
+# %% [markdown] id="jit-17"
+# Each step halves the distance to the target, on replays too: the captured kernel writes into
+# `w`'s buffer, and the next replay reads it.
+#
+# ## Graph execution
+#
+# A replay still calls every kernel from Python, a few microseconds each. On the CPU the JIT does
+# better: `CPUGraph` generates a tiny C function that calls every captured kernel in turn, with
+# the buffer addresses in one C array — the whole replay is one ctypes call, and only the input
+# slots are rewritten between replays. This is the C it generates for two kernels with 3 and 2
+# arguments:
+
+# %% id="jit-18"
+print(render_graph([3, 2]))
+print("the captured layer replays through:", type(layer.captured.graph).__name__)
+assert isinstance(layer.captured.graph, CPUGraph)
+
+# %% [markdown] id="jit-19"
+# How much does the JIT save? Compare one eager call (build the graph, schedule, look up the
+# programs, launch) with one replay. Absolute times vary from machine to machine; the ratio is
+# large everywhere, so we only print whether the replay wins.
+
+# %% id="jit-20"
+import time
+
+
+def eager(x):
+    return (x @ weight).relu().softmax(1).realize()
+
+def best_time(function, repeats=20):
+    """The fastest of `repeats` calls, after one warm-up call."""
+    function(Tensor(batch_of_three[0]))
+    times = []
+    for _ in range(repeats):
+        x = Tensor(batch_of_three[0])
+        start = time.perf_counter()
+        function(x)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+eager_seconds, replay_seconds = best_time(eager), best_time(layer)
+print("the replay is faster than the eager call:", replay_seconds < eager_seconds)
+assert replay_seconds < eager_seconds
+
+
+# %% [markdown] id="jit-21"
+# `%%tinyteach` records the launches of a cell. Replays bypass the engine, so only calls that
+# *run* the function are recorded — here the first call of a new jitted function:
+
+# %% id="jit-22"
+# %%tinyteach --show kernels
+@TinyJit
+def scaled_sum(x: Tensor) -> Tensor:
+    return (x * 3).sum(0).realize()
+
+scaled_sum(Tensor(np.ones((4, 4), dtype=np.float32)))
+
+# %% [markdown] id="jit-36"
+# ## Memory: a replay writes into the same buffers
+#
+# The captured launches hold the buffers they were called with, and only the *input* slots are
+# swapped. Everything else — the intermediate results and the output — is the same memory on every
+# replay. So the tensor a replay returns points at the capture's output buffer, and so does the one
+# the next replay returns: a result you keep is overwritten by the next call (tinygrad's `TinyJit`
+# behaves the same way). Watch it with a jitted `double`, called four times and every result kept:
+
+# %% id="jit-37"
+from tinyteach.uop import Ops
+
+
+@TinyJit
+def double(x: Tensor) -> Tensor:
+    return (x * 2).realize()
+
+
+def buffer_of(tensor: Tensor):
+    """The Buffer a realized tensor reads (under its RESHAPE)."""
+    node = tensor.uop
+    while node.op is not Ops.BUFFER:
+        node = node.src[0]
+    return node.arg
+
+
+results = [double(Tensor([float(call)] * 3)) for call in (1, 2, 3, 4)]
+print("kept results:", [float(result.numpy()[0]) for result in results], "expected [2, 4, 6, 8]")
+print("the same buffer as call 4's:", [buffer_of(r) is buffer_of(results[3]) for r in results])
+assert [float(result.numpy()[0]) for result in results] == [2.0, 8.0, 8.0, 8.0]
+
+# %% [markdown] id="jit-38"
+# Call 1 ran eagerly and got a buffer of its own. Call 2 was the capture: its output buffer is the
+# one every replay writes, so calls 2, 3 and 4 all read 8 — the last call's value. A result that must
+# outlive the next call has to be copied out of the capture's buffer: `.numpy()` copies it to the
+# host, and `.clone()` (a `contiguous()` kernel, chapter 6) copies it into a fresh buffer on the
+# device, at the price of one more launch per call:
+
+# %% id="jit-39"
+kept = [double(Tensor([float(call)] * 3)).clone().realize() for call in (1, 2, 3, 4)]
+print("cloned results:", [float(result.numpy()[0]) for result in kept])
+assert [float(result.numpy()[0]) for result in kept] == [2.0, 4.0, 6.0, 8.0]
+
+# %% [markdown] id="jit-40"
+# ### Buffer lifetimes
+#
+# An eager call allocates a fresh buffer for every result the scheduler stores (chapter 6), and
+# frees each one as soon as nothing refers to it: the softmax's max and sum die when the call
+# returns, and their memory goes back to the allocator's pool (chapter 9) for the next call to
+# reuse. A capture keeps them all alive for as long as the JIT lives: memory held between calls, in
+# exchange for replays that allocate nothing. Here is what `layer`'s capture holds, besides the
+# input it swaps in (each launch's argument 0 is the buffer it writes):
+
+# %% id="jit-41"
+from tinyteach.realize import record_launches
+
+captured = layer.captured
+swapped = {(k, position) for k, position, _ in captured.input_slots}
+written = {id(launch.buffers[0]) for launch in captured.launches}
+held = {}
+for k, launch in enumerate(captured.launches):
+    for position, buffer in enumerate(launch.buffers):
+        if (k, position) not in swapped:
+            held.setdefault(id(buffer), buffer)
+for buffer in held.values():
+    role = "written by a kernel" if id(buffer) in written else "only read: the weight"
+    print(f"{buffer.size:3} x {buffer.dtype.name}: {role}")
+print(sum(buffer.nbytes for buffer in held.values()), "bytes stay allocated between calls")
+
+# an eager call makes new buffers every time; two replays write the same ones
+x = Tensor(batch_of_three[0]).realize()
+eager_outputs = []
+for _ in range(2):
+    with record_launches() as launches:
+        eager(x)
+    eager_outputs.append([launch.buffers[0] for launch in launches])
+print("eager calls share an output buffer:",
+      any(a is b for a, b in zip(*eager_outputs)))
+first, second = layer(x), layer(x)
+print("two replays return the same buffer:", buffer_of(first) is buffer_of(second))
+assert len(held) == 5 and buffer_of(first) is buffer_of(second)
+
+
+# %% [markdown] id="jit-23"
+# ## Try it
+
+# %% [markdown] id="jit-24"
+# **Try it — a changing constant.** Write a jitted `shift(x, amount)` that returns `(x + amount).realize()`, where `amount` is
+# a Python float. Call it three times with the same `amount`, then once with another one.
+# What happens, and why?
+
+# %% id="jit-25"
+# your code here
+
+# %% [markdown] id="jit-26"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="jit-27" jupyter={"source_hidden": true} tags=["solution"]
+@TinyJit
+def shift(x: Tensor, amount: float) -> Tensor:
+    return (x + amount).realize()
+
+for _ in range(3):
+    shift(Tensor([1.0, 2.0]), 1.0)
+try:
+    shift(Tensor([1.0, 2.0]), 2.0)
+except JitError as error:
+    print(error)  # 1.0 is a constant inside the captured kernel's source
+
+# %% [markdown] id="jit-28"
+# **Try it — random numbers.** What does the JIT say about a function that calls `Tensor.rand`? Try
+# `TinyJit(lambda x: (x + Tensor.rand(2)).realize())`, call it twice, and read the message.
+# Where should the random numbers come from instead?
+
+# %% id="jit-29"
+# your code here
+
+# %% [markdown] id="jit-30"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="jit-31" jupyter={"source_hidden": true} tags=["solution"]
+noisy = TinyJit(lambda x: (x + Tensor.rand(2)).realize())
+noisy(Tensor([0.0, 0.0]))
+try:
+    noisy(Tensor([0.0, 0.0]))
+except JitError as error:
+    print(error)  # draw them outside and pass them in as an argument
+
+# %% [markdown] id="jit-32"
+# **Try it — how many kernels in a step?.** Capture `sgd_step` above again (`.reset()`, then two calls) and count its launches. Which of
+# them writes into `w`'s buffer?
+
+# %% id="jit-33"
+# your code here
+
+# %% [markdown] id="jit-34"
+# *Solution* (click the collapsed cell below to show it):
+
+# %% id="jit-35" jupyter={"source_hidden": true} tags=["solution"]
+sgd_step.reset()
+for _ in range(2):
+    sgd_step(Tensor(target))
+launches = sgd_step.captured.launches
+print(len(launches), "launches:", [launch.item.name for launch in launches])
+writers = [launch.item.name for launch in launches if launch.item.node.op.name == "ASSIGN"]
+print("writes into w:", writers)
+assert len(writers) == 1
