@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from tinyteach.device import Buffer
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import prod
-from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, toposort_of
+from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, base_buffer, toposort_of
 
 # movement ops through which a reduction's result can still be read inside the same kernel:
 # each output element needs at most one element of the reduction, so nothing is recomputed
@@ -84,9 +84,7 @@ def is_view_of_buffer(node: UOp) -> bool:
 
 def is_contiguous_buffer(node: UOp) -> bool:
     """A buffer, possibly reshaped: its memory already holds the values in row-major order."""
-    while node.op is Ops.RESHAPE:
-        node = node.src[0]
-    return node.op is Ops.BUFFER
+    return base_buffer(node) is not None
 
 
 def find_realized(outputs: list[UOp]) -> dict[UOp, str]:
@@ -280,10 +278,8 @@ def _ops_between(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str
 
 def assign_target(node: UOp) -> Buffer:
     """The buffer an ASSIGN writes into: its target is a (reshaped) realized buffer."""
-    target = node.src[0]
-    while target.op is Ops.RESHAPE:
-        target = target.src[0]
-    if target.op is not Ops.BUFFER:
+    target = base_buffer(node.src[0])
+    if target is None:
         raise RuntimeError("assign() needs a realized target buffer")
     buffer: Buffer = target.arg
     return buffer
@@ -333,7 +329,7 @@ class _KernelBuilder:
                 continue
             inputs = self._copied_sources(node, node is root, realized)
             if inputs is None:
-                self.memo[node] = self._input(node, realized)
+                self.memo[node] = self._input(node, realized, node is root)
             elif not sources_done:
                 stack.append((node, True))
                 stack.extend((s, False) for s in reversed(inputs) if s not in self.memo)
@@ -346,8 +342,10 @@ class _KernelBuilder:
     @staticmethod
     def _copied_sources(node: UOp, is_root: bool,
                         realized: dict[UOp, str]) -> tuple[UOp, ...] | None:
-        """The sources the kernel's copy of `node` is built from; None for a kernel input."""
-        if not is_root and (node in realized or node.op is Ops.BUFFER):
+        """The sources the kernel's copy of `node` is built from; None for a kernel input.
+        (A BUFFER is always an input, even as the root: the kernel that copies its old
+        contents, see `create_schedule`.)"""
+        if node.op is Ops.BUFFER or (not is_root and node in realized):
             return None
         if node.op in (Ops.CONTIGUOUS, Ops.DETACH):
             return node.src[:1]
@@ -355,22 +353,26 @@ class _KernelBuilder:
             return node.src[1:2]  # the value written, not the target
         return node.src
 
-    def _input(self, node: UOp, realized: dict[UOp, str]) -> UOp:
-        buffer = node.arg if node.op is Ops.BUFFER else self.buffer_of[node]
-        if node.op is Ops.BUFFER and buffer.overwritten:
+    def _input(self, node: UOp, realized: dict[UOp, str], is_root: bool) -> UOp:
+        """A DEFINE_GLOBAL for one input: a realized buffer read as it is (its old contents),
+        or the buffer another kernel of this schedule computes (or copied the old contents
+        into)."""
+        in_memory = node.op is Ops.BUFFER and (is_root or node not in self.buffer_of)
+        buffer = node.arg if in_memory else self.buffer_of[node]
+        if in_memory and buffer.overwritten:
             raise RuntimeError(f"this graph reads {buffer!r} as it was before assign() wrote into "
                                "it; realize the tensor before the assign (e.g. "
                                "`loss.realize()` before `optim.step()`)")
-        if node.op is Ops.BUFFER and buffer not in self.old_contents_read:
+        if in_memory and buffer not in self.old_contents_read:
             self.old_contents_read.append(buffer)
-        if node.op is not Ops.BUFFER:
+        if not in_memory:
             self.input_nodes.append(node)
         size: int = buffer.size
         if buffer is self.output:  # an in-place assign reads its own target element-wise
             return UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, size)).reshape(node.shape)
         if buffer not in self.inputs:
             self.inputs.append(buffer)
-            why = "a realized tensor" if node.op is Ops.BUFFER else realized[node]
+            why = "a realized tensor" if in_memory else realized[node]
             self.input_reasons.append(f"input {len(self.inputs)}: {why}")
         index = 1 + self.inputs.index(buffer)
         define = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (index, buffer.size))
@@ -446,15 +448,62 @@ def devices_of(order: list[UOp], default: str) -> dict[UOp, str]:
     return {node: default if device is None else device for node, device in found.items()}
 
 
+@dataclass
+class Schedule:
+    """What the scheduler makes of a graph: the items in the order they run, for each realized
+    output the BUFFER node (reshaped to its shape) that holds its value afterwards, and every
+    node that got a buffer of its own, with the reason."""
+
+    items: list[ScheduleItem]
+    becomes: dict[UOp, UOp]
+    realized: dict[UOp, str]
+
+
 def create_schedule(outputs: list[UOp], default_device: str) -> tuple[list[ScheduleItem],
                                                                      dict[UOp, UOp]]:
     """Cut the graph of `outputs` into kernels. Returns the items in order, and for each
     realized output the BUFFER node (reshaped to its shape) that now holds its value."""
+    schedule = schedule_graph(outputs, default_device)
+    return schedule.items, schedule.becomes
+
+
+# why a buffer's old contents get a kernel of their own (see schedule_graph)
+OLD_CONTENTS_COPIED = ("its old contents are still read where an assign has overwritten them "
+                       "(the assigns read each other's old values: no order of them works), "
+                       "so they are copied first and every reader of the old value reads the copy")
+
+
+def schedule_graph(outputs: list[UOp], default_device: str) -> Schedule:
+    """`create_schedule`, with the realized nodes and their reasons.
+
+    Assigns can need each other's old values. SGD over `x` and `W` of `loss = (x @ W).sum()`
+    assigns `x - lr * dx`, where dx reads the old W, and `W - lr * dW`, where dW reads the old
+    x: each assign must run after the other has read its old value, and no order works (a
+    kernel reading both the old and the new value of one buffer is the same knot). Then the
+    old contents of one assigned buffer are copied into a fresh buffer by a kernel that runs
+    first; every reader of the old value reads the copy, so the assign into that buffer no
+    longer waits for them. One copy at a time, until the schedule can be ordered: each breaks
+    every wait on one assign, so it ends (the data flow itself never has a cycle)."""
     realized = find_realized(outputs)
-    buffer_of: dict[UOp, Buffer] = {}
-    items: list[ScheduleItem] = []
     order = _toposort(outputs)
     devices = devices_of(order, default_device)
+    while True:
+        items, buffer_of = _make_items(order, realized, devices)
+        ordered = _ready_first_order(_ordering_constraints(items))
+        if len(ordered) == len(items):
+            break
+        for node in _old_contents_to_copy(items, ordered, order):
+            realized[node] = OLD_CONTENTS_COPIED
+    becomes = {out: _buffer_node(buffer_of[out].alias() if out.op is Ops.ASSIGN else
+                                 buffer_of[out], out) for out in outputs if out in buffer_of}
+    return Schedule([items[k] for k in ordered], becomes, realized)
+
+
+def _make_items(order: list[UOp], realized: dict[UOp, str],
+                devices: dict[UOp, str]) -> tuple[list[ScheduleItem], dict[UOp, Buffer]]:
+    """One item per realized node, in graph order, and the buffer each node is stored in."""
+    buffer_of: dict[UOp, Buffer] = {}
+    items: list[ScheduleItem] = []
     for node in order:
         if node not in realized:
             continue
@@ -464,15 +513,39 @@ def create_schedule(outputs: list[UOp], default_device: str) -> tuple[list[Sched
         else:
             buffer_of[node] = Buffer(device, prod(node.shape), node.dtype)
         items.append(_make_item(node, device, realized, buffer_of))
-    becomes = {out: _buffer_node(buffer_of[out].alias() if out.op is Ops.ASSIGN else
-                                 buffer_of[out], out) for out in outputs if out in buffer_of}
-    return order_items(items), becomes
+    return items, buffer_of
+
+
+def _old_contents_to_copy(items: list[ScheduleItem], ordered: list[int],
+                          order: list[UOp]) -> list[UOp]:
+    """The BUFFER nodes of the first assigned buffer (in schedule order) whose old contents a
+    kernel left unordered reads while the assign into it is left unordered too."""
+    done = set(ordered)
+    stuck = [item for k, item in enumerate(items) if k not in done]
+    assign_into = {id(item.output): item for item in stuck
+                   if item.node is not None and item.node.op is Ops.ASSIGN}
+    for item in stuck:
+        for buffer in item.old_contents_read:
+            if assign_into.get(id(buffer), item) is not item:
+                return [n for n in order if n.op is Ops.BUFFER and n.arg is buffer]
+    raise RuntimeError("cannot order this schedule, and no assigned buffer's old contents "
+                       "can be copied to fix it (a bug in the scheduler)")
 
 
 def order_items(items: list[ScheduleItem]) -> list[ScheduleItem]:
     """Order kernels so each runs after the kernels whose outputs it reads, and every kernel
     that reads a buffer's *old* contents runs before an assign overwrites that buffer. Of the
-    kernels ready to run, the one listed first goes first."""
+    kernels ready to run, the one listed first goes first (Kahn's algorithm, with a heap)."""
+    ordered = _ready_first_order(_ordering_constraints(items))
+    if len(ordered) < len(items):
+        raise RuntimeError("cannot order this schedule: a kernel needs both the old and the "
+                           "new value of an assigned buffer (create_schedule copies the old "
+                           "value first; these items were made without that copy)")
+    return [items[k] for k in ordered]
+
+
+def _ordering_constraints(items: list[ScheduleItem]) -> dict[int, set[int]]:
+    """For each item (by position), the items that must run before it."""
     item_of = {item.node: k for k, item in enumerate(items)}
     assigns_to: dict[int, list[int]] = defaultdict(list)  # buffer id -> the assigns into it
     for w, writer in enumerate(items):
@@ -485,12 +558,13 @@ def order_items(items: list[ScheduleItem]) -> list[ScheduleItem]:
             for w in assigns_to[id(buffer)]:
                 if w != k:
                     after[w].add(k)  # the assign waits for this reader of the old contents
-    return [items[k] for k in _ready_first_order(after)]
+    return after
 
 
 def _ready_first_order(after: dict[int, set[int]]) -> list[int]:
-    """A topological order of 0..n-1 (k runs after every item in after[k]) that always picks
-    the smallest ready item; a heap keeps it linear in the number of edges, times log n."""
+    """Kahn's algorithm: a topological order of 0..n-1 (k runs after every item in after[k])
+    that always takes the smallest ready item; a heap keeps it linear in the number of edges,
+    times log n. Items on or behind a cycle are left out (the caller checks the length)."""
     waiting = {k: len(before) for k, before in after.items()}
     unblocks: dict[int, list[int]] = defaultdict(list)
     for k, before in after.items():
@@ -506,9 +580,6 @@ def _ready_first_order(after: dict[int, set[int]]) -> list[int]:
             waiting[user] -= 1
             if waiting[user] == 0:
                 heapq.heappush(ready, user)
-    if len(ordered) < len(after):
-        raise RuntimeError("cannot order this schedule: a kernel needs both the old and the "
-                           "new value of an assigned buffer; realize() between the two uses")
     return ordered
 
 
@@ -519,13 +590,7 @@ def _buffer_node(buffer: Buffer, node: UOp) -> UOp:
 def _make_item(node: UOp, device: str, realized: dict[UOp, str],
                buffer_of: dict[UOp, Buffer]) -> ScheduleItem:
     if node.op is Ops.COPY:
-        source = node.src[0]
-        while source.op is Ops.RESHAPE and source not in buffer_of:
-            source = source.src[0]
-        source_buffer = source.arg if source.op is Ops.BUFFER else buffer_of[source]
-        return ScheduleItem("copy", f"copy {source_buffer.device} -> {device}", node,
-                            [buffer_of[node], source_buffer], device, realized[node],
-                            node=node, input_nodes=[source] if source in buffer_of else [])
+        return _make_copy(node, device, realized, buffer_of)
     builder = _KernelBuilder(buffer_of, output=buffer_of[node])
     value = builder.build(node, realized)
     output = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, prod(node.shape)))
@@ -533,3 +598,20 @@ def _make_item(node: UOp, device: str, realized: dict[UOp, str],
     return ScheduleItem("kernel", kernel_name(value), ast, [buffer_of[node], *builder.inputs],
                         device, realized[node], describe_fusions(value), builder.input_reasons,
                         builder.old_contents_read, node, builder.input_nodes)
+
+
+def _make_copy(node: UOp, device: str, realized: dict[UOp, str],
+               buffer_of: dict[UOp, Buffer]) -> ScheduleItem:
+    """A copy between devices. Its source is stored by this schedule (find_realized sees to
+    that), or a realized buffer (possibly reshaped), whose old contents it then reads."""
+    source = node.src[0]
+    if source not in buffer_of:
+        base = base_buffer(source)
+        assert base is not None, "find_realized stores a copy's source unless it is a buffer"
+        source = base
+    old_contents = [] if source in buffer_of else [source.arg]
+    source_buffer = buffer_of[source] if source in buffer_of else source.arg
+    return ScheduleItem("copy", f"copy {source_buffer.device} -> {device}", node,
+                        [buffer_of[node], source_buffer], device, realized[node],
+                        old_contents_read=old_contents, node=node,
+                        input_nodes=[source] if source in buffer_of else [])
