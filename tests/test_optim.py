@@ -228,3 +228,212 @@ def test_jitted_training_step_kernel_count() -> None:
             torch_optimizer.step()
             assert np.isclose(loss, expected.item(), rtol=1e-5), f"step {k}"
     assert GlobalCounters.kernel_count == 27  # a replayed step
+
+
+# ---- SGD's classic rule, LARS and Muon (tinygrad's; torch.optim has no LARS) ----
+
+@pytest.mark.parametrize("options", [dict(momentum=0.9), dict(momentum=0.9, nesterov=True),
+                                     dict(momentum=0.5, weight_decay=0.1)], ids=str)
+def test_sgd_classic_momentum_folds_the_rate_into_the_buffer(device: str,
+                                                             options: dict[str, Any]) -> None:
+    """classic=True: b = mu*b + lr*g, p -= b. With a constant lr that is PyTorch's rule with
+    the buffer scaled by lr, so the parameters agree with torch.optim.SGD."""
+    step_both(lambda p: nn.optim.SGD(p, lr=0.1, classic=True, **options),
+              lambda p: torch.optim.SGD(p, lr=0.1, **options), device)
+
+
+class NumpyLARS:
+    """LARS as You et al. (2017), Algorithm 1 (classic=True) or with the rate applied after the
+    momentum (classic=False), written out in float64 numpy behind torch.optim's interface."""
+
+    def __init__(self, params: list[Any], lr: float, momentum: float, weight_decay: float,
+                 tcoef: float, classic: bool = True, nesterov: bool = False):
+        self.params, self.lr, self.mu, self.wd, self.eta = params, lr, momentum, weight_decay, tcoef
+        self.classic, self.nesterov = classic, nesterov
+        self.b = [np.zeros(p.shape) for p in params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            g, w = p.grad.numpy().astype(np.float64), p.detach().numpy().astype(np.float64)
+            w_norm, g_norm = np.linalg.norm(w), np.linalg.norm(g)
+            local_lr = self.eta * w_norm / (g_norm + self.wd * w_norm)
+            if w_norm == 0 or g_norm == 0:
+                local_lr = 1.0
+            d = g + self.wd * w
+            if self.classic:
+                d = self.lr * local_lr * d
+            self.b[i] = self.mu * self.b[i] + d
+            d = d + self.mu * self.b[i] if self.nesterov else self.b[i]
+            if not self.classic:
+                d = self.lr * local_lr * d
+            with torch.no_grad():
+                p.copy_(torch.tensor(w - d))
+
+
+LARS_CASES = [dict(), dict(classic=False), dict(nesterov=True), dict(tcoef=0.02, momentum=0.5),
+              dict(weight_decay=0.0, classic=False, nesterov=True)]
+
+
+@pytest.mark.parametrize("options", LARS_CASES, ids=str)
+def test_lars(device: str, options: dict[str, Any]) -> None:
+    settings: dict[str, Any] = dict(momentum=0.9, weight_decay=1e-4, tcoef=0.001) | options
+    step_both(lambda p: nn.optim.LARS(p, lr=0.5, **settings),
+              lambda p: NumpyLARS(p, lr=0.5, **settings), device)
+
+
+def test_lars_ratio_of_a_zero_parameter_is_one() -> None:
+    param = Tensor.zeros(2).contiguous()
+    optimizer = nn.optim.LARS([param], lr=0.1, momentum=0.0)
+    with Tensor.train():
+        param.grad = Tensor([1.0, -2.0])
+        optimizer.step()
+    np.testing.assert_allclose(param.numpy(), [-0.1, 0.2], atol=1e-6)
+
+
+def numpy_newton_schulz(g: np.ndarray, steps: int, coefficients: tuple[float, ...],
+                        eps: float = 1e-7) -> np.ndarray:
+    """Muon's iteration in float64 (Jordan et al., 2024), on the wide orientation."""
+    if g.shape[0] > g.shape[1]:
+        return numpy_newton_schulz(g.T, steps, coefficients, eps).T
+    x = g / (np.linalg.norm(g) + eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = sum(c * np.linalg.matrix_power(gram, k) @ x for k, c in enumerate(coefficients))
+    return x
+
+
+MUON = (3.4445, -4.775, 2.0315)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (6, 2), (4, 4)])
+def test_newton_schulz_against_numpy_and_svd(device: str, shape: tuple[int, int]) -> None:
+    """The iteration agrees with numpy's, and pushes the singular values of the result into
+    Muon's band around 1 while keeping the singular vectors (U V^T of the input's SVD)."""
+    g = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    ours = nn.optim.newton_schulz(Tensor(g, device=device), 5, MUON).numpy()
+    np.testing.assert_allclose(ours, numpy_newton_schulz(g.astype(np.float64), 5, MUON),
+                               atol=1e-5)
+    u, _, vt = np.linalg.svd(g, full_matrices=False)
+    in_input_basis = u.T @ ours @ vt.T  # diagonal: the same singular vectors, new values
+    singular = np.diag(in_input_basis)
+    np.testing.assert_allclose(in_input_basis - np.diag(singular), 0.0, atol=1e-5)
+    assert singular.min() > 0.6 and singular.max() < 1.25, singular
+
+
+def test_newton_schulz_classic_cubic_converges_to_the_polar_factor() -> None:
+    """With (1.5, -0.5) (the classic cubic) many steps converge to U V^T exactly."""
+    g = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
+    u, _, vt = np.linalg.svd(g, full_matrices=False)
+    ours = nn.optim.newton_schulz(Tensor(g), 40, (1.5, -0.5)).numpy()
+    np.testing.assert_allclose(ours, u @ vt, atol=1e-4)
+    with pytest.raises(ValueError, match="matrix"):
+        nn.optim.newton_schulz(Tensor([1.0, 2.0]), 5, MUON)
+
+
+class NumpyMuon:
+    """Muon in float64 numpy: PyTorch's averaged momentum, Newton-Schulz, decoupled decay."""
+
+    def __init__(self, params: list[Any], lr: float, momentum: float, weight_decay: float,
+                 nesterov: bool = True):
+        self.params, self.lr, self.mu, self.wd, self.nesterov = (params, lr, momentum,
+                                                                 weight_decay, nesterov)
+        self.b = [np.zeros(p.shape) for p in params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            g, w = p.grad.numpy().astype(np.float64), p.detach().numpy().astype(np.float64)
+            self.b[i] = self.mu * self.b[i] + (1 - self.mu) * g
+            update = (1 - self.mu) * g + self.mu * self.b[i] if self.nesterov else self.b[i]
+            matrix = update.reshape(update.shape[0], -1)
+            update = numpy_newton_schulz(matrix, 5, MUON).reshape(update.shape)
+            with torch.no_grad():
+                p.copy_(torch.tensor(w * (1 - self.lr * self.wd) - self.lr * update))
+
+
+@pytest.mark.parametrize("options", [dict(), dict(nesterov=False), dict(weight_decay=0.0),
+                                     dict(momentum=0.8, weight_decay=0.3)], ids=str)
+def test_muon_against_numpy(device: str, options: dict[str, Any]) -> None:
+    settings: dict[str, Any] = dict(momentum=0.95, weight_decay=0.1) | options
+    step_both(lambda p: nn.optim.Muon(p, lr=0.05, **settings),
+              lambda p: NumpyMuon(p, lr=0.05, **settings), device, atol=1e-5)
+
+
+def test_muon_against_torch_optim_muon() -> None:
+    """torch.optim.Muon orthogonalizes in bfloat16, so the parameters agree to about 1% of a
+    step (lr 0.05, entries of a step about 0.5 * lr); a wide matrix, where torch leaves lr as
+    given (it scales it by sqrt(rows/cols) for a tall one; tinygrad does not)."""
+    rng = np.random.default_rng(3)
+    initial = rng.standard_normal((4, 6)).astype(np.float32)
+    ours, theirs = Tensor(initial), torch.tensor(initial, requires_grad=True)
+    our_optimizer = nn.optim.Muon([ours], lr=0.05)
+    their_optimizer = torch.optim.Muon([theirs], lr=0.05)
+    with Tensor.train():
+        for step in range(4):
+            grad = rng.standard_normal(initial.shape).astype(np.float32)
+            ours.grad, theirs.grad = Tensor(grad), torch.tensor(grad)
+            our_optimizer.step()
+            their_optimizer.step()
+            np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), atol=2e-3,
+                                       err_msg=f"after step {step + 1}")
+
+
+def test_muon_on_a_conv_weight_and_a_bias(device: str) -> None:
+    """A 4-d weight is orthogonalized as (out, in*kh*kw), a bias as a column (tinygrad's rule)."""
+    rng = np.random.default_rng(4)
+    shapes = [(3, 2, 2, 2), (3,)]
+    values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    params = [Tensor(v, device=device) for v in values]
+    optimizer = nn.optim.Muon(params, lr=0.1, weight_decay=0.0, momentum=0.0, nesterov=False)
+    with Tensor.train():
+        for param, grad in zip(params, grads):
+            param.grad = Tensor(grad, device=device)
+        optimizer.step()
+    for param, value, grad in zip(params, values, grads):
+        matrix = grad.astype(np.float64).reshape(grad.shape[0], -1)
+        expected = value - 0.1 * numpy_newton_schulz(matrix, 5, MUON).reshape(grad.shape)
+        np.testing.assert_allclose(param.numpy(), expected, atol=1e-5)
+
+
+def test_optimizer_group_steps_both_in_one_schedule(device: str) -> None:
+    rng = np.random.default_rng(5)
+    matrix, vector = rng.standard_normal((3, 4)), rng.standard_normal(4)
+    ours = [Tensor(matrix.astype(np.float32)), Tensor(vector.astype(np.float32))]
+    theirs = [torch.tensor(v.astype(np.float32), requires_grad=True) for v in (matrix, vector)]
+    group = nn.optim.OptimizerGroup(nn.optim.Muon([ours[0]], lr=0.05),
+                                    nn.optim.AdamW([ours[1]], lr=0.01))
+    their_group = [torch.optim.Muon([theirs[0]], lr=0.05), torch.optim.AdamW([theirs[1]], lr=0.01)]
+    assert group[0].params == [ours[0]] and len(group.params) == 2
+    with Tensor.train():
+        for _ in range(3):
+            grads = [rng.standard_normal(v.shape).astype(np.float32) for v in (matrix, vector)]
+            group.zero_grad()
+            for o, t, g in zip(ours, theirs, grads):
+                o.grad, t.grad = Tensor(g), torch.tensor(g)
+            group.step()
+            for optimizer in their_group:
+                optimizer.step()
+    np.testing.assert_allclose(ours[0].numpy(), theirs[0].detach().numpy(), atol=2e-3)
+    np.testing.assert_allclose(ours[1].numpy(), theirs[1].detach().numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: nn.optim.SGD(p, lr=-0.1), "learning rate"),
+    (lambda p: nn.optim.LARS(p, momentum=-0.5), "momentum"),
+    (lambda p: nn.optim.Muon(p, weight_decay=-1.0), "weight_decay"),
+    (lambda p: nn.optim.Adam(p, b1=1.0), "b1"),
+    (lambda p: nn.optim.LAMB(p, eps=-1e-6), "eps"),
+    (lambda p: nn.optim.SGD(p, nesterov=True), "nesterov"),
+])
+def test_bad_hyperparameters_are_refused(make: Callable[[list[Tensor]], Any],
+                                         message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make([Tensor([1.0])])

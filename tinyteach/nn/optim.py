@@ -11,6 +11,8 @@ What this teaches:
   buffer: a step is 3 kernels per parameter (m, v, the parameter) and one for the powers;
 - the update rules (PyTorch's, which tinygrad's match):
   SGD      g = grad + wd*p;  b = mu*b + g;  g = g + mu*b (nesterov) or b;      p -= lr*g
+  LARS     SGD with a trust ratio r = tcoef*|p| / (|g| + wd*|p|) per parameter tensor
+  Muon     b = mu*b + g;  g = g + mu*b;  g = newton_schulz(g);  p = p*(1 - lr*wd) - lr*g
   Adam     m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
            m_hat = m / (1-b1^t);  v_hat = v / (1-b2^t);  u = m_hat / (sqrt(v_hat) + eps)
   AdamW    p -= lr * (u + wd*p)                   (decay decoupled from the moments)
@@ -44,6 +46,8 @@ class Optimizer:
     """Holds the parameters; `zero_grad()` forgets their gradients, `step()` updates them."""
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor):
+        if not isinstance(lr, Tensor) and lr < 0:
+            raise ValueError(f"the learning rate must be >= 0, got {lr}")
         for tensor in params:
             if tensor.requires_grad is None:  # tinygrad: handing it to an optimizer trains it
                 tensor.requires_grad = True
@@ -90,6 +94,29 @@ class Optimizer:
                 for p in self.params]
 
 
+class OptimizerGroup(Optimizer):
+    """Several optimizers stepped as one (say Muon for the matrices, AdamW for the rest): one
+    `step()` realizes every new parameter and all the state in a single schedule."""
+
+    def __init__(self, *optimizers: Optimizer):  # no super().__init__: it holds no lr
+        if not optimizers:
+            raise ValueError("OptimizerGroup needs at least one optimizer")
+        self.optimizers = optimizers
+        self.params = [p for o in optimizers for p in o.params]
+        self.buffers = [b for o in optimizers for b in o.buffers]
+        self.device = optimizers[0].device
+
+    def __getitem__(self, index: int) -> Optimizer:
+        return self.optimizers[index]
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad()
+
+    def schedule_step(self) -> list[Tensor]:
+        return [t for optimizer in self.optimizers for t in optimizer.schedule_step()]
+
+
 def _state(initial: Tensor) -> Tensor:
     """Optimizer state: a real buffer (contiguous) that is never trained."""
     result = initial.contiguous()
@@ -112,26 +139,130 @@ def _vector_state(values: list[float], device: str) -> Tensor:
     return vector
 
 
-class SGD(Optimizer):
-    """Stochastic gradient descent with optional momentum, Nesterov momentum and L2 decay."""
+def SGD(params: Sequence[Tensor], lr: float | Tensor = 0.001, momentum: float = 0.0,
+        weight_decay: float = 0.0, nesterov: bool = False, classic: bool = False) -> LARS:
+    """Stochastic gradient descent with optional momentum, Nesterov momentum and L2 decay:
+    LARS without the trust ratio (tcoef=0), as in tinygrad. classic=False (the default, and
+    PyTorch's rule) applies lr after the momentum; classic=True folds it in before."""
+    return LARS(params, lr, momentum, weight_decay, nesterov=nesterov, classic=classic,
+                pre_wd=True, tcoef=0.0)
+
+
+def Muon(params: Sequence[Tensor], lr: float | Tensor = 0.001, momentum: float = 0.95,
+         weight_decay: float = 0.1, ns_steps: int = 5,
+         ns_coefficients: tuple[float, ...] = (3.4445, -4.775, 2.0315),
+         nesterov: bool = True) -> LARS:
+    """Muon (Jordan et al., 2024): momentum SGD whose step is orthogonalized by `ns_steps`
+    Newton-Schulz iterations (see `newton_schulz`), with decoupled weight decay
+    p <- p * (1 - lr*wd) after the momentum. A parameter of any shape is orthogonalized as the
+    matrix (shape[0], everything else), as tinygrad does.
+
+    tinygrad computes that decay into a local variable and never applies it; PyTorch's
+    torch.optim.Muon applies it, and so does tinyteach. PyTorch's momentum is the average
+    m*b + (1-m)*g, a multiple (1-m) of tinygrad's sum m*b + g: Newton-Schulz divides by the
+    norm first, so the two give the same step."""
+    return LARS(params, lr, momentum, weight_decay, ns_steps, ns_coefficients, nesterov,
+                classic=False, pre_wd=False, tcoef=0.0)
+
+
+class LARS(Optimizer):
+    """Layer-wise adaptive rate scaling (You et al., 2017), tinygrad's general momentum SGD.
+
+    For each parameter p with gradient g, r = tcoef*|p| / (|g| + wd*|p|) (1 where a norm is 0,
+    and r = 1 when tcoef = 0):
+        g = g + wd*p                        (pre_wd: L2 decay before the momentum)
+        g = g * r * lr                      (classic: the rate goes into the momentum)
+        b = mu*b + g;  g = g + mu*b (nesterov) or b
+        g = newton_schulz(g)                (ns_coefficients given: Muon)
+        p = p * (1 - wd*lr)                 (not pre_wd: decoupled decay, Muon's)
+        p = p - g * r * lr (not classic), or p - g (classic)"""
 
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001,
-                 momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False):
-        super().__init__(params, lr)
+                 momentum: float = 0.9, weight_decay: float = 1e-4, ns_steps: int = 0,
+                 ns_coefficients: tuple[float, ...] | None = None, nesterov: bool = False,
+                 classic: bool = True, pre_wd: bool = True, tcoef: float = 0.001):
+        _check_non_negative(momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps)
         if nesterov and momentum <= 0:
             raise ValueError("nesterov momentum needs momentum > 0")
+        if ns_coefficients is not None and len(ns_coefficients) == 0:
+            raise ValueError("ns_coefficients must hold at least one coefficient")
+        super().__init__(params, lr)
         self.momentum, self.wd, self.nesterov = momentum, weight_decay, nesterov
+        self.ns_steps, self.ns_coefficients = ns_steps, ns_coefficients
+        self.classic, self.pre_wd, self.tcoef = classic, pre_wd, tcoef
         self.b = self._zeros_like_params() if momentum else []
 
     def _update(self, indices: list[int]) -> list[Tensor]:
         for i in indices:
-            g = self._gradient(i) + self.wd * self.params[i].detach()
+            param, g = self.params[i].detach(), self._gradient(i)
+            ratio = _lars_ratio(param, g, self.tcoef, self.wd) if self.tcoef else None
+            if self.pre_wd:
+                g = g + self.wd * param
+            if self.classic:
+                g = _scaled(g, ratio) * self.lr
             if self.momentum:
                 # PyTorch starts b at g; from b = 0 the first step gives the same b = g
                 self.b[i].assign(self.momentum * self.b[i] + g)
                 g = g + self.momentum * self.b[i] if self.nesterov else self.b[i]
-            self._apply_update(i, g)
+            if self.ns_coefficients:
+                g = newton_schulz(g.reshape(g.shape[0], -1), self.ns_steps,
+                                  self.ns_coefficients).reshape(g.shape)
+            self._apply(i, g, ratio)
         return [self.b[i] for i in indices] if self.momentum else []
+
+    def _apply(self, index: int, g: Tensor, ratio: Tensor | None) -> None:
+        param = self.params[index]
+        base = param.detach()
+        if not self.pre_wd and self.wd:
+            base = base * (1 - self.wd * self.lr)  # Muon's decoupled decay
+        step = g if self.classic else self.lr * _scaled(g, ratio)
+        param.assign((base - step).cast(param.dtype))
+
+
+def _scaled(g: Tensor, ratio: Tensor | None) -> Tensor:
+    return g if ratio is None else g * ratio
+
+
+def _lars_ratio(param: Tensor, grad: Tensor, tcoef: float, weight_decay: float) -> Tensor:
+    """tcoef * |p| / (|g| + wd*|p|), or 1 when |p| or |g| is 0 (You et al., 2017, eq. 6)."""
+    param_norm = param.square().sum().sqrt()
+    grad_norm = grad.square().sum().sqrt()
+    ratio = (grad_norm > 0).where(tcoef * param_norm / (grad_norm + weight_decay * param_norm),
+                                  1.0)
+    return (param_norm > 0).where(ratio, 1.0)
+
+
+def newton_schulz(g: Tensor, steps: int, coefficients: Sequence[float],
+                  eps: float = 1e-7) -> Tensor:
+    """Push every singular value of the matrix g towards 1, keeping its singular vectors.
+
+    g is divided by its Frobenius norm (so every singular value is at most 1), then each step
+    applies the odd polynomial with the given coefficients (a, b, c, ...):
+        A = G @ G.T;   G <- a*G + b*A@G + c*A@A@G + ...
+    which maps a singular value s to a*s + b*s^3 + c*s^5 + ... Muon's (3.4445, -4.775, 2.0315)
+    sends any s in (0, 1] into about [0.7, 1.2] in five steps. A tall matrix is transposed
+    first, so A is the smaller of the two Gram matrices. Batched over leading axes.
+    tinygrad: Tensor.newton_schulz(steps, params, eps)."""
+    if g.ndim < 2:
+        raise ValueError(f"newton_schulz needs a matrix (2 or more axes), got shape {g.shape}")
+    if g.shape[-2] > g.shape[-1]:
+        return newton_schulz(g.transpose(-2, -1), steps, coefficients, eps).transpose(-2, -1)
+    norm = g.square().sum(axis=(-2, -1), keepdim=True).sqrt()
+    x = g / (norm + eps)
+    for _ in range(steps):
+        gram = x @ x.transpose(-2, -1)
+        term, total = x, coefficients[0] * x
+        for coefficient in coefficients[1:]:
+            term = gram @ term
+            total = total + coefficient * term
+        x = total
+    return x
+
+
+def _check_non_negative(**values: float) -> None:
+    for name, value in values.items():
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
 
 
 class LAMB(Optimizer):
@@ -141,6 +272,10 @@ class LAMB(Optimizer):
     def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9,
                  b2: float = 0.999, eps: float = 1e-6, weight_decay: float = 0.0,
                  adam: bool = False):
+        _check_non_negative(eps=eps, weight_decay=weight_decay)
+        for name, beta in (("b1", b1), ("b2", b2)):
+            if not 0 <= beta < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {beta}")
         super().__init__(params, lr)
         self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
         # [b1^t, b2^t] in one buffer: they count the steps taken, and one kernel updates both
