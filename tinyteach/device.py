@@ -34,6 +34,7 @@ KNOWN_DEVICES = {
     "OPENCL": "tinyteach.runtime.opencl",
     "WEBGPU": "tinyteach.runtime.webgpu",
     "CUDA": "tinyteach.runtime.cuda",
+    "PYTHON": "tinyteach.runtime.python",  # a GPU emulator in numpy (slow; checks kernels)
 }
 PREFERENCE = ["CPU", "NUMPY"]  # Device.DEFAULT picks the first that works
 

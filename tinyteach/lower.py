@@ -46,7 +46,13 @@ from dataclasses import dataclass, field, replace
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import NOOPT
-from tinyteach.opt import NO_OPTIONS, KernelOptions, choose_options, index_value
+from tinyteach.opt import (
+    NO_OPTIONS,
+    KernelOptions,
+    can_group_reduce,
+    choose_options,
+    index_value,
+)
 from tinyteach.rewrite import graph_rewrite, sum_terms, symbolic
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
 from tinyteach.view import (
@@ -61,7 +67,9 @@ from tinyteach.view import (
 
 
 def make_range(kind: str, number: int, size: int) -> UOp:
-    """A loop counter: `kind` is 'g' for an output axis, 'r' for a reduced one."""
+    """A loop counter: `kind` is 'g' for an output axis, 'r' for a reduced one, 'v' for vector
+    lanes, 'w' for an output axis whose every element is computed by a whole work-group (a
+    group reduction: on a GPU, a loop over work-groups instead of threads)."""
     return UOp(Ops.RANGE, dtypes.int32, (), (kind, number, size))
 
 
@@ -72,10 +80,13 @@ def identity_element(op: Ops, dtype: DType) -> float | int | bool:
 
 @dataclass
 class _Lowerer:
-    """Turns the value graph of one kernel into index-carrying ALU, LOAD and REDUCE nodes."""
+    """Turns the value graph of one kernel into index-carrying ALU, LOAD and REDUCE nodes.
+    `group`: threads of a work-group that share each reduction (0: one thread per output)."""
 
-    globals_by_index: dict[int, UOp]
+    group: int = 0
+    group_combine: str = "tree"
     reduce_count: int = 0
+    local_count: int = 0
     memo: dict[tuple[UOp, Index, Valid], UOp] = field(default_factory=dict)
     # one set of loops per reduction: evaluated at several indices (an upcast tile), it still
     # loops once, and the linearizer puts all reductions over the same loops in one loop nest
@@ -128,6 +139,8 @@ class _Lowerer:
 
     def _plan_reduce(self, node: UOp, index: Index, valid: Valid) -> tuple[list[Task], Combine]:
         """A reduction's source is lowered at the index with its loops in the reduced axes."""
+        if self.group:
+            return self._plan_group_reduce(node, index, valid)
         reduce_op, axes = node.arg
         source_shape = node.src[0].shape
         if node not in self.reduce_ranges:
@@ -140,6 +153,74 @@ class _Lowerer:
             inner_index[axis] = loop
         return [(node.src[0], tuple(inner_index), valid)], \
             lambda values: UOp(Ops.REDUCE, node.dtype, (values[0], *ranges), reduce_op)
+
+
+    # ---- a reduction shared by the threads of a work-group ----
+
+    def _plan_group_reduce(self, node: UOp, index: Index,
+                           valid: Valid) -> tuple[list[Task], Combine]:
+        """Thread `lidx0` of the group sums elements lidx0, lidx0 + T, lidx0 + 2T, ... of the last
+        reduced axis (T threads: neighbours read neighbours); its partial sum then goes through
+        shared memory (`_combine_in_group`). Elements past the end count as the identity."""
+        reduce_op, axes = node.arg
+        source_shape = node.src[0].shape
+        split_axis, threads = axes[-1], self.group
+        steps = -(-source_shape[split_axis] // threads)
+        if node not in self.reduce_ranges:
+            sizes = [source_shape[axis] for axis in axes[:-1]] + [steps]
+            self.reduce_ranges[node] = [make_range("r", self.reduce_count + k, size)
+                                        for k, size in enumerate(sizes)]
+            self.reduce_count += len(axes)
+        ranges = self.reduce_ranges[node]
+        inner_index = list(index)
+        for axis, loop in zip(axes[:-1], ranges):
+            inner_index[axis] = loop
+        element = ranges[-1] * threads + local_thread_id(threads)
+        inner_index[split_axis] = element
+        inside = None if source_shape[split_axis] % threads == 0 \
+            else element.lt(source_shape[split_axis])
+        identity = UOp.const(node.dtype, identity_element(reduce_op, node.dtype))
+
+        def combine(values: list[UOp]) -> UOp:
+            value = values[0] if inside is None else inside.where(values[0], identity)
+            partial = UOp(Ops.REDUCE, node.dtype, (value, *ranges), reduce_op)
+            return self._combine_in_group(partial, reduce_op)
+        return [(node.src[0], tuple(inner_index), and_valid(valid, inside))], combine
+
+    def _combine_in_group(self, partial: UOp, reduce_op: Ops) -> UOp:
+        """Every thread stores its partial result in shared memory; after a barrier they are
+        combined, and every thread reads the result from element 0."""
+        threads, lidx = self.group, local_thread_id(self.group)
+        shared = UOp(Ops.DEFINE_LOCAL, partial.dtype, (), (self.local_count, threads))
+        self.local_count += 1
+        barrier = UOp(Ops.BARRIER, dtypes.bool, (UOp(Ops.STORE, partial.dtype,
+                                                     (shared, lidx, partial)),))
+        if self.group_combine == "serial":
+            return self._serial_combine(shared, barrier, reduce_op)
+        half = threads // 2
+        while half >= 1:  # a tree: the first `half` threads each combine two partials
+            active = lidx.lt(half)
+            mine = UOp(Ops.LOAD, partial.dtype, (shared, lidx, active, barrier))
+            partner = UOp(Ops.LOAD, partial.dtype, (shared, lidx + half, active, barrier))
+            combined = UOp(reduce_op, partial.dtype, (mine, partner))
+            store = UOp(Ops.STORE, partial.dtype, (shared, lidx, combined, active))
+            barrier = UOp(Ops.BARRIER, dtypes.bool, (store,))
+            half //= 2
+        return UOp(Ops.LOAD, partial.dtype, (shared, index_const(0), barrier))
+
+    def _serial_combine(self, shared: UOp, barrier: UOp, reduce_op: Ops) -> UOp:
+        """Thread 0 alone loops over the partials (the others read nothing: their value is
+        never stored)."""
+        loop = make_range("r", self.reduce_count, self.group)
+        self.reduce_count += 1
+        first = local_thread_id(self.group).lt(1)
+        value = UOp(Ops.LOAD, shared.dtype, (shared, loop, first, barrier))
+        return UOp(Ops.REDUCE, shared.dtype, (value, loop), reduce_op)
+
+
+def local_thread_id(threads: int) -> UOp:
+    """This thread's index in its work-group (dimension 0), 0 <= lidx0 < threads."""
+    return UOp(Ops.SPECIAL, dtypes.int32, (), ("l", 0, threads))
 
 
 Task = tuple[UOp, Index, Valid]  # lower this node at this index, under this condition
@@ -165,13 +246,14 @@ def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index
     stands for all 16 lanes at once (`vectorize` below)."""
     factors = dict(options.upcasts)
     vector_axis = options.upcasts[-1][0] if options.vector_width else None
+    output_kind = "w" if options.group else "g"  # with a group reduction: one group per output
     per_axis: list[list[UOp]] = []
     for axis, size in enumerate(shape):
         factor = factors.get(axis, 1)
         if size == 1:
             per_axis.append([index_const(0)])
         elif factor == 1:
-            per_axis.append([make_range("g", axis, size)])
+            per_axis.append([make_range(output_kind, axis, size)])
         elif axis == vector_axis:
             base = make_range("g", axis, size // factor) * factor
             lane = make_range("v", axis, options.vector_width)
@@ -188,13 +270,17 @@ def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
     one STORE per element of the tile each loop iteration computes."""
     store = ast.src[0]
     output, value = store.src
-    globals_by_index = {n.arg[0]: n for n in ast.toposort if n.op is Ops.DEFINE_GLOBAL}
-    lowerer = _Lowerer(globals_by_index)
+    if options.group and not can_group_reduce(ast):
+        raise ValueError("a group reduction needs a kernel with exactly one (non-bool) "
+                         "reduction")
+    lowerer = _Lowerer(options.group, options.group_combine)
+    # in a group reduction every thread of the group holds the result: thread 0 stores it
+    gate = (local_thread_id(options.group).lt(1),) if options.group else ()
     stores = []
     for index in output_indices(value.shape, options):
         lowered = lowerer.lower(value, index, None)
         position = linear_index(index, value.shape)
-        stores.append(UOp(Ops.STORE, value.dtype, (output, position, lowered)))
+        stores.append(UOp(Ops.STORE, value.dtype, (output, position, lowered, *gate)))
     return graph_rewrite(UOp(Ops.SINK, dtypes.bool, tuple(stores)), symbolic,
                          memo=_symbolic_memo)
 
@@ -269,6 +355,8 @@ def _base_of_lane_index(index: UOp, lane: UOp) -> UOp | None:
 
 # ---- linearize: a graph with loops -> a straight-line program ----
 
+OUTPUT_KINDS = ("g", "w")  # loops over output elements: by thread ('g') or by work-group ('w')
+
 @dataclass
 class LinearProgram:
     """The ordered UOps of one kernel, ready for a renderer."""
@@ -290,6 +378,21 @@ class LinearProgram:
     @property
     def globals(self) -> list[UOp]:
         return sorted((u for u in self.uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg[0])
+
+    @property
+    def locals(self) -> list[UOp]:
+        """The work-group's shared memory (DEFINE_LOCAL), in order."""
+        return sorted((u for u in self.uops if u.op is Ops.DEFINE_LOCAL), key=lambda u: u.arg[0])
+
+    @property
+    def local_size(self) -> tuple[int, int, int]:
+        """Threads per work-group along each dimension, when the program uses local thread ids
+        (SPECIAL); (1, 1, 1) when it does not say (the renderer chooses)."""
+        size = [1, 1, 1]
+        for u in self.uops:
+            if u.op is Ops.SPECIAL:
+                size[u.arg[1]] = u.arg[2]
+        return (size[0], size[1], size[2])
 
     def __str__(self) -> str:
         number = {u: i for i, u in enumerate(self.uops)}
@@ -356,10 +459,12 @@ class _Linearizer:
         loops = node.src[1:]
         group = [r for r in self.reductions.get(loops, [node]) if r not in self.placed]
         own = set(loops)
-        # hoist: everything the values need that does not depend on these loops
+        # hoist: everything the values need that does not depend on these loops (nor on the
+        # loops of a reduction nested in them, which that reduction places itself)
         for reduce in group:
             for dep in reduce.src[0].toposort:
-                inside = ranges_of(dep, self.range_memo) & own
+                inside = {r for r in ranges_of(dep, self.range_memo)
+                          if r in own or (r.arg[0] == "r" and r not in self.placed)}
                 if dep not in self.placed and not inside and dep.op is not Ops.RANGE:
                     self.place(dep)
         accumulators = [self._define_accumulator(reduce) for reduce in group]
@@ -414,14 +519,16 @@ def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgra
     """Order a lowered kernel: parameters, output loops, body, closing braces."""
     nodes = lowered.toposort
     defines = sorted((n for n in nodes if n.op is Ops.DEFINE_GLOBAL), key=lambda n: n.arg[0])
+    shared = sorted((n for n in nodes if n.op is Ops.DEFINE_LOCAL), key=lambda n: n.arg[0])
     order = options.loop_order or tuple(sorted({n.arg[1] for n in nodes if n.op is Ops.RANGE}))
-    global_loops = sorted((n for n in nodes if n.op is Ops.RANGE and n.arg[0] == "g"),
+    global_loops = sorted((n for n in nodes if n.op is Ops.RANGE and n.arg[0] in OUTPUT_KINDS),
                           key=lambda n: order.index(n.arg[1]) if n.arg[1] in order else n.arg[1])
+    thread_ids = sorted((n for n in nodes if n.op is Ops.SPECIAL), key=lambda n: n.arg[1])
     linearizer = _Linearizer(vectorize=not NOOPT)
     for node in nodes:
         if node.op is Ops.REDUCE:
             linearizer.reductions.setdefault(node.src[1:], []).append(node)
-    for node in [*defines, *global_loops]:
+    for node in [*defines, *shared, *global_loops, *thread_ids]:
         linearizer.uops.append(node)
         linearizer.placed.add(node)
     for store in lowered.src:

@@ -11,6 +11,12 @@ What this teaches:
   a kernel it cannot vectorize falls back to the scalar tile);
 - **threads**: the outermost loop is split across the machine's cores (an OpenMP pragma in C);
   only worth it when there is enough work to pay for waking the threads;
+- **group reduction** (GPU devices whose renderer says `supports_group_reduce`): a reduction
+  with few outputs and a long reduced axis gives each output a whole work-group of
+  GROUP_THREADS threads. Each thread sums every GROUP_THREADS-th element (neighbouring threads
+  read neighbouring memory), writes its partial sum to shared memory, and after a barrier the
+  partials are combined: by halving (a tree, log2 of the threads steps, one barrier each) or by
+  thread 0 alone (serial). lower.py builds it;
 - optimizations never change results beyond float rounding (a tile still sums in order), every
   one is optional (`NOOPT=1` turns them all off) and visible (`DEBUG=3` lists them, viz shows
   them), so you can compare a kernel before and after.
@@ -30,6 +36,7 @@ Builds on: uop.py. Used by: lower.py (applies the options), render/ (the paralle
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import NOOPT, prod, remember
@@ -43,6 +50,10 @@ MAX_UPCAST_GRAPH = 120     # bigger kernels (convolutions, fused backward passes
                            # a tile copies the kernel's whole body 16 times
 MAX_UPCAST_AXES = 2        # 4x4 = 16 accumulators fit in registers
 PARALLEL_MIN_WORK = 1 << 20  # operations below which waking threads costs more than it saves
+GROUP_THREADS = 16         # threads of a work-group that share one reduction (a power of two)
+GROUP_MIN_REDUCE = 32      # shorter reductions stay one thread per output
+GROUP_MAX_OUTPUTS = 4096   # more outputs than this already fill a GPU with one thread each
+GROUP_COMBINES = ("tree", "serial")
 
 
 @dataclass(frozen=True)
@@ -54,8 +65,25 @@ class KernelOptions:
     parallel: bool = False
     vector_width: int = 0
     loop_order: tuple[int, ...] = ()  # output axes, outermost loop first (empty: axis order)
+    group: int = 0  # > 0: threads per work-group that share the (one) reduction (GPU only)
+    group_combine: str = "tree"  # how the partial sums are combined: "tree" or "serial"
+
+    def __post_init__(self) -> None:
+        if self.group and (self.group & (self.group - 1) or self.group < 2):
+            raise ValueError(f"a group reduction needs a power of two >= 2 threads, "
+                             f"got {self.group}")
+        if self.group_combine not in GROUP_COMBINES:
+            raise ValueError(f"group_combine is one of {GROUP_COMBINES}, "
+                             f"got {self.group_combine!r}")
+        if self.group and (self.upcasts or self.vector_width or self.parallel):
+            raise ValueError("a group reduction does not combine with upcasts, vectors or "
+                             "threads over the outer loop")
 
     def describe(self) -> list[str]:
+        if self.group:
+            how = "a tree (halving)" if self.group_combine == "tree" else "thread 0 (serial)"
+            return [f"group reduce: {self.group} threads of a work-group share each reduction, "
+                    f"partials in shared memory, combined by {how}"]
         steps = [f"upcast axis {axis} by {factor}" for axis, factor in self.upcasts]
         if self.vector_width:
             axis, factor = self.upcasts[-1]
@@ -77,22 +105,37 @@ def kernel_value(ast: UOp) -> UOp:
     return ast.src[0].src[1]
 
 
-def choose_options(ast: UOp, vector_width: int = 0) -> KernelOptions:
+def choose_options(ast: UOp, vector_width: int = 0, group_reduce: bool = False) \
+        -> KernelOptions:
     """The hand-written heuristic: tile reductions, thread big kernels. `vector_width`: how
-    many floats the device's vector registers hold (0: it has no vector types). Remembered per
-    kernel: the engine, pack.py and search.py all ask."""
+    many floats the device's vector registers hold (0: it has no vector types).
+    `group_reduce`: the device's renderer can share a reduction across a work-group (shared
+    memory and barriers). Remembered per kernel: the engine, pack.py and search.py all ask."""
     if NOOPT:
         return NO_OPTIONS
-    return remember(_chosen, (ast, vector_width), lambda: _choose(ast, vector_width))
+    return remember(_chosen, (ast, vector_width, group_reduce),
+                    lambda: _choose(ast, vector_width, group_reduce))
 
 
-_chosen: dict[tuple[UOp, int], KernelOptions] = {}
+def options_for_renderer(ast: UOp, renderer: Any) -> KernelOptions:
+    """The heuristic's choice for a device, read off its renderer: its `vector_width` and
+    whether it `supports_group_reduce` (None: an interpreter, which takes no options)."""
+    if renderer is None:
+        return NO_OPTIONS
+    return choose_options(ast, renderer.vector_width,
+                          getattr(renderer, "supports_group_reduce", False))
 
 
-def _choose(ast: UOp, vector_width: int) -> KernelOptions:
+_chosen: dict[tuple[UOp, int, bool], KernelOptions] = {}
+
+
+def _choose(ast: UOp, vector_width: int, group_reduce: bool = False) -> KernelOptions:
     value = kernel_value(ast)
     shape = value.shape
     reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
+    if group_reduce and can_group_reduce(ast) and prod(shape) <= GROUP_MAX_OUTPUTS \
+            and reduces[0].src[0].shape[reduces[0].arg[1][-1]] >= GROUP_MIN_REDUCE:
+        return KernelOptions(group=GROUP_THREADS)
     if reduces and vector_width and len(value.toposort) <= MAX_UPCAST_GRAPH \
             and not reads_contiguously_along_reduction(reduces[0]):
         vectored = _vector_tile(shape, vector_width)
@@ -114,6 +157,13 @@ def _choose(ast: UOp, vector_width: int) -> KernelOptions:
                 upcasts.append((axis, factor))
     upcasts.sort()
     return _with_threads(KernelOptions(tuple(upcasts)), shape, reduces)
+
+
+def can_group_reduce(ast: UOp) -> bool:
+    """A group reduction needs exactly one reduction in the kernel, of floats or ints (a
+    kernel with two would need two rounds of shared memory: it keeps one thread per output)."""
+    reduces = [n for n in kernel_value(ast).toposort if n.op is Ops.REDUCE_AXIS]
+    return len(reduces) == 1 and reduces[0].dtype != dtypes.bool
 
 
 def _with_threads(options: KernelOptions, shape: tuple[int, ...],

@@ -89,6 +89,14 @@ class Ops(enum.Enum):
     DEFINE_ACC = enum.auto()  # an accumulator (arg: number, src: (initial value,))
     ACCUMULATE = enum.auto()  # src: (acc, value); arg: Ops.ADD or Ops.MAX
 
+    # --- GPU kernels: work-groups and shared memory (the GPU chapter) ---
+    DEFINE_LOCAL = enum.auto()  # a work-group's shared memory (arg: (number, size)); LOAD and
+                                # STORE use it as they use a DEFINE_GLOBAL
+    SPECIAL = enum.auto()     # this thread's index in its work-group along a dimension
+                              # (arg: ('l', dimension, size)); 0 <= id < size
+    BARRIER = enum.auto()     # every thread of the group waits here; src: the local stores it
+                              # publishes. A local LOAD after it lists it as its last source
+
 
 UNARY = (Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.CAST)
 BINARY = (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
@@ -389,8 +397,9 @@ SHAPE_RULES = {
     Ops.REDUCE_AXIS: _reduce_shape,
     Ops.WHERE: lambda node: node.src[1].shape,
 }
+SHAPE_RULES[Ops.DEFINE_LOCAL] = lambda node: (node.arg[1],)
 for _op in (Ops.RANGE, Ops.LOAD, Ops.STORE, Ops.SINK, Ops.DEFINE_ACC, Ops.ACCUMULATE, Ops.REDUCE,
-            Ops.END_RANGE):
+            Ops.END_RANGE, Ops.SPECIAL, Ops.BARRIER):
     SHAPE_RULES[_op] = lambda node: ()  # inside a lowered kernel every value is a scalar
 
 
@@ -437,6 +446,7 @@ def _bounds_mod(node: UOp) -> tuple[float | int, float | int] | None:
 BOUNDS_RULES = {
     Ops.CONST: lambda node: (node.arg, node.arg),
     Ops.RANGE: lambda node: (0, node.arg[2] - 1),
+    Ops.SPECIAL: lambda node: (0, node.arg[2] - 1),
     Ops.ADD: lambda node: (node.src[0].vmin + node.src[1].vmin,
                            node.src[0].vmax + node.src[1].vmax),
     Ops.NEG: lambda node: (-node.src[0].vmax, -node.src[0].vmin),
@@ -449,6 +459,42 @@ BOUNDS_RULES = {
     Ops.CMPNE: lambda node: (False, True),
 }
 BOUNDS_FROM_SOURCES = (Ops.ADD, Ops.NEG, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX)
+
+
+# ---- the parts of a LOAD and a STORE ----
+# LOAD:  (buffer, index), then an optional guard (a bool: where it is false the load reads nothing
+#        and gives 0), then, for shared memory, the BARRIER it must wait for.
+# STORE: (buffer, index, value), then an optional gate (a bool: where it is false nothing is
+#        written). A buffer is a DEFINE_GLOBAL (a kernel parameter) or a DEFINE_LOCAL.
+
+@dataclass(frozen=True)
+class LoadParts:
+    buffer: UOp
+    index: UOp
+    valid: UOp | None
+    barrier: UOp | None
+
+
+@dataclass(frozen=True)
+class StoreParts:
+    buffer: UOp
+    index: UOp
+    value: UOp
+    gate: UOp | None
+
+
+def load_parts(load: UOp) -> LoadParts:
+    """A LOAD's buffer, index, guard (or None) and barrier (or None)."""
+    rest = load.src[2:]
+    barrier = rest[-1] if rest and rest[-1].op is Ops.BARRIER else None
+    guards = rest[:-1] if barrier is not None else rest
+    return LoadParts(load.src[0], load.src[1], guards[0] if guards else None, barrier)
+
+
+def store_parts(store: UOp) -> StoreParts:
+    """A STORE's buffer, index, value and gate (or None)."""
+    gate = store.src[3] if len(store.src) > 3 else None
+    return StoreParts(store.src[0], store.src[1], store.src[2], gate)
 
 
 # ---- printing ----

@@ -1,0 +1,562 @@
+"""The GPU chapter (part 2): the PYTHON device — a GPU emulator that runs a kernel's linear
+program in numpy, and checks it.
+
+What this teaches:
+- a GPU runs one program on many *threads*. Threads come in *work-groups*; the threads of a
+  group run side by side, share a small fast memory (*shared* or *local* memory,
+  `DEFINE_LOCAL`) and can wait for each other at a *barrier* (`BARRIER`). Groups never wait for
+  each other. This device runs exactly that model, in Python: the threads of a work-group are
+  the lanes of numpy arrays, so one step of the program is one numpy operation for every thread;
+- a kernel's output loops become threads as on every GPU backend (render/gpu.py's
+  `plan_launch`: grid-stride loops over the threads); a kernel with local thread ids
+  (`SPECIAL`, a group reduction) gets one work-group per output element (its 'w' loops);
+- threads of one group may take different paths (a grid-stride loop runs once for some threads
+  and not at all for others): each lane has an *active* bit, and a lane that is not active
+  neither reads, writes nor accumulates;
+- the emulator checks what a real GPU silently gets wrong, and names the thread and the address:
+  an access outside a buffer (`OutOfBoundsError`), a barrier that some threads of a group do not
+  reach (`BarrierDivergenceError`), and two threads of a group that touch the same shared
+  element between two barriers, one of them writing (`SharedMemoryRaceError`);
+- with `record_threads()` it keeps every thread's reads and writes (viz/threads.py draws them).
+
+The values are the NUMPY device's (the same reference functions compute every op), so this
+device gives NUMPY's numbers, up to the order of float sums.
+
+Conceptually the emulator runs one work-group at a time. Groups that fit in MAX_LANES lanes are
+run side by side as more lanes (their barriers, shared memory and checks stay their own): the
+result is the same, and Python's overhead is paid once per step instead of once per group.
+
+Builds on: device.py, lower.py (LinearProgram), runtime/numpy.py (the ops), render/gpu.py (the
+launch). Used by: tests, viz/threads.py, the GPU chapter.
+
+>>> from tinyteach import Tensor
+>>> (Tensor([[1.0, 2.0], [3.0, 4.0]], device="PYTHON").sum(axis=1)).numpy().tolist()
+[3.0, 7.0]
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tinyteach.device import Backend, Buffer, Compiler, HostAllocator
+from tinyteach.lower import LinearProgram
+from tinyteach.render.gpu import MAX_GROUPS, output_loops, plan_launch
+from tinyteach.runtime.numpy import NUMPY_OPS
+from tinyteach.uop import ALU, Ops, UOp, load_parts, store_parts
+
+MAX_LANES = 1 << 14  # threads emulated side by side (several work-groups when they are small)
+
+
+class EmulatorError(RuntimeError):
+    """A kernel did something a GPU does not define: the message names the thread."""
+
+
+class OutOfBoundsError(EmulatorError):
+    """A load or store outside its buffer."""
+
+
+class BarrierDivergenceError(EmulatorError):
+    """Some threads of a work-group reach a barrier and others of the same group do not."""
+
+
+class SharedMemoryRaceError(EmulatorError):
+    """Two threads of a group touch one shared element between two barriers, one writing."""
+
+
+# ---- the launch: how many groups, how many threads each ----
+
+@dataclass(frozen=True)
+class GroupLaunch:
+    """`groups` work-groups of `local_size` threads (each a 3-d shape). `thread_loops`: output
+    loops each thread runs grid-stride along a dimension; `group_loops`: loops each group runs
+    grid-stride over the group ids along a dimension."""
+
+    groups: tuple[int, int, int]
+    local_size: tuple[int, int, int]
+    thread_loops: dict[UOp, int] = field(default_factory=dict)
+    group_loops: dict[UOp, int] = field(default_factory=dict)
+
+    @property
+    def threads_per_group(self) -> int:
+        return self.local_size[0] * self.local_size[1] * self.local_size[2]
+
+    @property
+    def group_count(self) -> int:
+        return self.groups[0] * self.groups[1] * self.groups[2]
+
+    @property
+    def global_size(self) -> tuple[int, int, int]:
+        g, size = self.groups, self.local_size
+        return (g[0] * size[0], g[1] * size[1], g[2] * size[2])
+
+
+def plan_group_launch(program: LinearProgram) -> GroupLaunch:
+    """A kernel without local thread ids: render/gpu.py's launch (the same one OPENCL, CUDA and
+    WEBGPU use). With them: the program's own group shape, one group per element of the 'w'
+    loops (the innermost three become group dimensions 0, 1, 2)."""
+    has_local_ids = any(u.op is Ops.SPECIAL for u in program.uops)
+    if not has_local_ids:
+        loops = output_loops(program)
+        launch = plan_launch(tuple(loop.arg[2] for loop in loops))
+        mapping = {loops[position]: dim for position, dim in launch.dimension_of.items()}
+        return GroupLaunch(launch.groups, launch.local_size, thread_loops=mapping)
+    if any(u.op is Ops.RANGE and u.arg[0] == "g" for u in program.uops):
+        raise EmulatorError("a kernel with local thread ids has its outputs in 'w' loops "
+                            "(one work-group per output), not 'g' loops")
+    group_loops = sorted((u for u in program.uops if u.op is Ops.RANGE and u.arg[0] == "w"),
+                         key=lambda u: u.arg[1])[-3:][::-1]  # innermost first
+    groups = [1, 1, 1]
+    for dim, loop in enumerate(group_loops):
+        groups[dim] = min(loop.arg[2], MAX_GROUPS)
+    return GroupLaunch((groups[0], groups[1], groups[2]), program.local_size,
+                       group_loops={loop: dim for dim, loop in enumerate(group_loops)})
+
+
+# ---- what a run records ----
+
+@dataclass(frozen=True)
+class AccessEvent:
+    """One LOAD or STORE step of the program, for every thread that took part: `groups[i]`,
+    `threads[i]` (a 3-d id each) accessed `addresses[i]` of `buffer` in barrier `phase`."""
+
+    step: int                # the op's position in the linear program
+    kind: str                # "read" or "write"
+    buffer: str              # "data1" (a kernel parameter) or "local0" (shared memory)
+    phase: int               # barriers the group had passed before this access
+    groups: np.ndarray       # (n, 3) work-group ids
+    threads: np.ndarray      # (n, 3) thread ids within the group
+    addresses: np.ndarray    # (n,) element index in the buffer
+
+    @property
+    def is_shared(self) -> bool:
+        return self.buffer.startswith("local")
+
+
+@dataclass
+class Trace:
+    """Everything one launch did, for viz/threads.py: the launch, the buffers' sizes, every
+    access (when recorded) and the number of barriers each group passed."""
+
+    name: str
+    launch: GroupLaunch
+    buffer_sizes: dict[str, int]
+    shared_bytes: int
+    events: list[AccessEvent] = field(default_factory=list)
+    barriers: int = 0
+
+    def accesses(self, kind: str | None = None, buffer: str | None = None) -> list[AccessEvent]:
+        return [e for e in self.events if (kind is None or e.kind == kind)
+                and (buffer is None or e.buffer == buffer)]
+
+
+_trace_logs: list[list[Trace]] = []
+
+
+@contextlib.contextmanager
+def record_threads() -> Iterator[list[Trace]]:
+    """Record every thread's reads and writes of each PYTHON launch inside the block:
+    `with record_threads() as traces: ...` (one Trace per launch)."""
+    traces: list[Trace] = []
+    _trace_logs.append(traces)
+    try:
+        yield traces
+    finally:
+        _trace_logs.remove(traces)
+
+
+# ---- running a batch of work-groups ----
+
+def _thread(lanes: _Lanes, lane: int) -> str:
+    return f"thread {tuple(int(v) for v in lanes.local_id[lane])}"
+
+
+def _thread_name(lanes: _Lanes, lane: int) -> str:
+    return f"{_thread(lanes, lane)} of work-group {tuple(int(v) for v in lanes.group_id[lane])}"
+
+
+@dataclass
+class _Lanes:
+    """The threads of a batch of work-groups, one numpy lane each."""
+
+    group_id: np.ndarray     # (lanes, 3)
+    local_id: np.ndarray     # (lanes, 3)
+    group_index: np.ndarray  # (lanes,) which group of the batch, 0.. (for shared memory)
+    groups_in_batch: int
+
+    @property
+    def count(self) -> int:
+        return len(self.local_id)
+
+
+def _make_lanes(launch: GroupLaunch, first_group: int, group_count: int) -> _Lanes:
+    """Lanes for groups first_group .. first_group + group_count - 1 (groups numbered with
+    dimension 0 fastest, threads within a group likewise)."""
+    lx, ly, lz = launch.local_size
+    gx, gy, _ = launch.groups
+    per_group = launch.threads_per_group
+    lane = np.arange(group_count * per_group)
+    within, batch_group = lane % per_group, lane // per_group
+    local_id = np.stack([within % lx, (within // lx) % ly, within // (lx * ly)], axis=1)
+    group = batch_group + first_group
+    group_id = np.stack([group % gx, (group // gx) % gy, group // (gx * gy)], axis=1)
+    return _Lanes(group_id, local_id, batch_group, group_count)
+
+
+@dataclass
+class _Loop:
+    start: int            # position of the RANGE in the program
+    outer_active: np.ndarray
+    step: int
+
+
+class _Run:
+    """One batch: the program's values (one numpy lane per thread), the active lanes, the
+    loops that are open, shared memory and the race bookkeeping of the current phase."""
+
+    def __init__(self, program: LinearProgram, launch: GroupLaunch, arrays: list[np.ndarray],
+                 lanes: _Lanes, trace: Trace | None):
+        self.program, self.launch, self.lanes, self.trace = program, launch, lanes, trace
+        self.arrays = arrays
+        self.values: dict[UOp, np.ndarray] = {}
+        self.active = np.ones(lanes.count, dtype=bool)
+        self.loops: list[_Loop] = []
+        self.phase = 0
+        self.shared: dict[UOp, np.ndarray] = {}
+        self.writers: dict[UOp, tuple[np.ndarray, np.ndarray]] = {}
+        self.readers: dict[UOp, tuple[np.ndarray, np.ndarray]] = {}
+        for define in program.locals:
+            # fresh shared memory holds garbage on a GPU: NaN (or a large int) makes a read
+            # before any write show up in the results
+            garbage = np.nan if define.dtype.np.kind == "f" else 0x5A5A
+            shape = (lanes.groups_in_batch, define.arg[1])
+            self.shared[define] = np.full(shape, garbage).astype(define.dtype.np)
+        self._reset_phase()
+
+    def _reset_phase(self) -> None:
+        """A barrier: what each thread touched before it no longer races with what comes after.
+        Per element: the smallest and largest thread (lane) that wrote / read it, or -1."""
+        for define, memory in self.shared.items():
+            empty = np.full(memory.size, -1, dtype=np.int64)
+            self.writers[define] = (empty.copy(), empty.copy())
+            self.readers[define] = (empty.copy(), empty.copy())
+
+    def run(self) -> None:
+        uops, pc = self.program.uops, 0
+        ends = _matching_ends(uops)
+        with np.errstate(all="ignore"):  # inf, nan and wrap-around are values, not errors
+            while pc < len(uops):
+                pc = self.step(pc, uops[pc], ends)
+
+    def step(self, pc: int, u: UOp, ends: dict[int, int]) -> int:
+        """Run the op at `pc`; returns the position of the next one."""
+        if u.op is Ops.RANGE:
+            return self._open_loop(pc, u, ends)
+        if u.op is Ops.END_RANGE:
+            return self._close_loop(pc, u)
+        handler = _HANDLERS.get(u.op)
+        if handler is not None:
+            handler(self, pc, u)
+        elif u.op in ALU:
+            sources = [self.values[s] for s in u.src]
+            self.values[u] = np.broadcast_to(
+                np.asarray(NUMPY_OPS[u.op](u, *sources), dtype=u.dtype.np),
+                (self.lanes.count,))
+        else:
+            raise NotImplementedError(f"the PYTHON device cannot run {u.op.name}")
+        return pc + 1
+
+    # ---- loops ----
+
+    def _loop_start(self, u: UOp) -> tuple[np.ndarray, int]:
+        """Each lane's first value of a loop, and its step: grid-stride over the threads ('g'
+        loops that are thread dimensions) or the groups ('w' loops), else 0, 1, 2, ..."""
+        kind, _, size = u.arg
+        if u in self.launch.thread_loops:
+            dim = self.launch.thread_loops[u]
+            first = self.lanes.group_id[:, dim] * self.launch.local_size[dim] + \
+                self.lanes.local_id[:, dim]
+            return first.astype(np.int32), self.launch.global_size[dim]
+        if u in self.launch.group_loops:
+            dim = self.launch.group_loops[u]
+            return self.lanes.group_id[:, dim].astype(np.int32), self.launch.groups[dim]
+        if kind == "v":
+            raise NotImplementedError("the PYTHON device runs scalar kernels (no vector lanes)")
+        return np.zeros(self.lanes.count, dtype=np.int32), 1
+
+    def _open_loop(self, pc: int, u: UOp, ends: dict[int, int]) -> int:
+        first, step = self._loop_start(u)
+        active = self.active & (first < u.arg[2])
+        if not active.any():
+            return ends[pc] + 1  # no thread runs this loop
+        self.loops.append(_Loop(pc, self.active, step))
+        self.values[u] = first
+        self.active = active
+        return pc + 1
+
+    def _close_loop(self, pc: int, u: UOp) -> int:
+        loop = self.loops[-1]
+        counter = u.src[0]
+        following = self.values[counter] + loop.step
+        active = loop.outer_active & (following < counter.arg[2])
+        if active.any():
+            self.values[counter] = following
+            self.active = active
+            return loop.start + 1
+        self.loops.pop()
+        self.active = loop.outer_active
+        return pc + 1
+
+    # ---- memory ----
+
+    def memory_of(self, define: UOp) -> tuple[np.ndarray, str]:
+        if define.op is Ops.DEFINE_LOCAL:
+            return self.shared[define], f"local{define.arg[0]}"
+        return self.arrays[define.arg[0]], f"data{define.arg[0]}"
+
+    def check_bounds(self, pc: int, kind: str, define: UOp, lanes: np.ndarray,
+                     addresses: np.ndarray) -> None:
+        size = define.arg[1]
+        outside = (addresses < 0) | (addresses >= size)
+        if outside.any():
+            lane = int(lanes[np.argmax(outside)])
+            _, name = self.memory_of(define)
+            address = int(addresses[np.argmax(outside)])
+            verb = "reads" if kind == "read" else "writes"
+            raise OutOfBoundsError(
+                f"out-of-bounds {'load' if kind == 'read' else 'store'} at step %{pc}: "
+                f"{_thread_name(self.lanes, lane)} {verb} {name}[{address}], but {name} has "
+                f"{size} elements")
+
+    def record(self, pc: int, kind: str, define: UOp, lanes: np.ndarray,
+               addresses: np.ndarray) -> None:
+        if self.trace is None or not lanes.size:
+            return
+        _, name = self.memory_of(define)
+        self.trace.events.append(AccessEvent(
+            pc, kind, name, self.phase, self.lanes.group_id[lanes], self.lanes.local_id[lanes],
+            addresses.astype(np.int64)))
+
+    def track_shared(self, pc: int, kind: str, define: UOp, lanes: np.ndarray,
+                     addresses: np.ndarray) -> None:
+        """Race check: between two barriers, an element of shared memory may be written by
+        one thread only, and read by others only if nobody writes it."""
+        slots = self.lanes.group_index[lanes] * define.arg[1] + addresses
+        _update_range((self.writers if kind == "write" else self.readers)[define], slots, lanes)
+        others = [self.writers[define]] if kind == "read" else \
+            [self.writers[define], self.readers[define]]
+        for low_high in others:
+            low, high = low_high[0][slots], low_high[1][slots]
+            clash = (high >= 0) & ((low != lanes) | (high != lanes))
+            if clash.any():
+                at = int(np.argmax(clash))
+                other = int(low[at]) if low[at] != lanes[at] else int(high[at])
+                self._raise_race(pc, kind, define, int(lanes[at]), other,
+                                 int(addresses[at]), low_high is self.writers[define])
+
+    def _raise_race(self, pc: int, kind: str, define: UOp, lane: int, other: int,
+                    address: int, other_wrote: bool) -> None:
+        _, name = self.memory_of(define)
+        verb = "writes" if kind == "write" else "reads"
+        other_verb = "wrote" if other_wrote else "read"
+        raise SharedMemoryRaceError(
+            f"shared-memory race at step %{pc}: {_thread_name(self.lanes, lane)} {verb} "
+            f"{name}[{address}], which {_thread(self.lanes, other)} "
+            f"{other_verb} since the last barrier (phase {self.phase}): put a barrier "
+            "between them")
+
+
+def _update_range(low_high: tuple[np.ndarray, np.ndarray], slots: np.ndarray,
+                  lanes: np.ndarray) -> None:
+    """Widen each slot's (smallest, largest) lane to include `lanes` (-1: none yet)."""
+    low, high = low_high
+    unset = np.iinfo(np.int64).max
+    widened = np.where(low < 0, unset, low)
+    np.minimum.at(widened, slots, lanes)
+    low[:] = np.where(widened == unset, -1, widened)
+    np.maximum.at(high, slots, lanes)
+
+
+def _matching_ends(uops: list[UOp]) -> dict[int, int]:
+    """The position of each RANGE's END_RANGE."""
+    ends, open_loops = {}, []
+    for pc, u in enumerate(uops):
+        if u.op is Ops.RANGE:
+            open_loops.append(pc)
+        elif u.op is Ops.END_RANGE:
+            ends[open_loops.pop()] = pc
+    return ends
+
+
+# ---- one small function per op that is not plain arithmetic ----
+
+def _run_define(run: _Run, pc: int, u: UOp) -> None:
+    """Buffers are looked up by LOAD and STORE; nothing to compute."""
+
+
+def _run_const(run: _Run, pc: int, u: UOp) -> None:
+    run.values[u] = np.full(run.lanes.count, u.arg, dtype=u.dtype.np)
+
+
+def _run_special(run: _Run, pc: int, u: UOp) -> None:
+    run.values[u] = run.lanes.local_id[:, u.arg[1]].astype(np.int32)
+
+
+def _run_load(run: _Run, pc: int, u: UOp) -> None:
+    parts = load_parts(u)
+    taking = run.active.copy()
+    if parts.valid is not None:
+        taking &= run.values[parts.valid].astype(bool)
+    lanes = np.flatnonzero(taking)
+    addresses = run.values[parts.index][lanes].astype(np.int64)
+    run.check_bounds(pc, "read", parts.buffer, lanes, addresses)
+    memory, _ = run.memory_of(parts.buffer)
+    result = np.zeros(run.lanes.count, dtype=u.dtype.np)
+    if parts.buffer.op is Ops.DEFINE_LOCAL:
+        run.track_shared(pc, "read", parts.buffer, lanes, addresses)
+        result[lanes] = memory[run.lanes.group_index[lanes], addresses]
+    else:
+        result[lanes] = memory[addresses]
+    run.record(pc, "read", parts.buffer, lanes, addresses)
+    run.values[u] = result
+
+
+def _run_store(run: _Run, pc: int, u: UOp) -> None:
+    parts = store_parts(u)
+    taking = run.active.copy()
+    if parts.gate is not None:
+        taking &= run.values[parts.gate].astype(bool)
+    lanes = np.flatnonzero(taking)
+    addresses = run.values[parts.index][lanes].astype(np.int64)
+    run.check_bounds(pc, "write", parts.buffer, lanes, addresses)
+    memory, _ = run.memory_of(parts.buffer)
+    values = run.values[parts.value][lanes]
+    if parts.buffer.op is Ops.DEFINE_LOCAL:
+        run.track_shared(pc, "write", parts.buffer, lanes, addresses)
+        memory[run.lanes.group_index[lanes], addresses] = values
+    else:
+        memory[addresses] = values
+    run.record(pc, "write", parts.buffer, lanes, addresses)
+
+
+def _run_barrier(run: _Run, pc: int, u: UOp) -> None:
+    """Every thread of a group that runs this step must be here: a group is either all active
+    or (it finished its loop early) all inactive."""
+    per_group = run.active.reshape(run.lanes.groups_in_batch, -1)
+    split = per_group.any(axis=1) & ~per_group.all(axis=1)
+    if split.any():
+        group = int(np.argmax(split))
+        waiting = np.flatnonzero(per_group[group])
+        missing = np.flatnonzero(~per_group[group])
+        start = group * per_group.shape[1]
+        raise BarrierDivergenceError(
+            f"barrier divergence at step %{pc}: in work-group "
+            f"{tuple(int(v) for v in run.lanes.group_id[start])}, {len(waiting)} threads wait "
+            f"at the barrier but {len(missing)} never reach it, e.g. "
+            f"{_thread(run.lanes, start + int(missing[0]))}: "
+            "the group would wait forever")
+    run.phase += 1
+    run._reset_phase()
+    if run.trace is not None:
+        run.trace.barriers = max(run.trace.barriers, run.phase)
+
+
+def _run_define_acc(run: _Run, pc: int, u: UOp) -> None:
+    run.values[u] = np.full(run.lanes.count, u.src[0].arg, dtype=u.dtype.np)
+
+
+def _run_accumulate(run: _Run, pc: int, u: UOp) -> None:
+    acc, value = u.src
+    combined = NUMPY_OPS[u.arg](u, run.values[acc], run.values[value])
+    run.values[acc] = np.where(run.active, combined, run.values[acc]).astype(u.dtype.np)
+
+
+def _run_reduce(run: _Run, pc: int, u: UOp) -> None:
+    run.values[u] = run.values[run.program.accumulators[u]]
+
+
+_HANDLERS = {
+    Ops.DEFINE_GLOBAL: _run_define, Ops.DEFINE_LOCAL: _run_define, Ops.CONST: _run_const,
+    Ops.SPECIAL: _run_special, Ops.LOAD: _run_load, Ops.STORE: _run_store,
+    Ops.BARRIER: _run_barrier, Ops.DEFINE_ACC: _run_define_acc,
+    Ops.ACCUMULATE: _run_accumulate, Ops.REDUCE: _run_reduce,
+}
+
+
+# ---- the whole launch ----
+
+def emulate(program: LinearProgram, arrays: list[np.ndarray], name: str = "kernel",
+            record: bool = False, groups_at_once: int | None = None) -> Trace:
+    """Run `program` on `arrays` (one flat numpy array per DEFINE_GLOBAL, written in place),
+    work-group by work-group. `record`: keep every thread's reads and writes in the Trace.
+    `groups_at_once`: how many groups run side by side (default: as many as MAX_LANES
+    threads allow; 1 runs them strictly one after another)."""
+    if any(u.dtype.count > 1 for u in program.uops):
+        raise NotImplementedError("the PYTHON device runs scalar kernels (no vector types)")
+    launch = plan_group_launch(program)
+    sizes = {f"data{g.arg[0]}": g.arg[1] for g in program.globals}
+    sizes.update({f"local{d.arg[0]}": d.arg[1] for d in program.locals})
+    shared_bytes = sum(d.arg[1] * d.dtype.itemsize for d in program.locals)
+    trace = Trace(name, launch, sizes, shared_bytes)
+    batch = groups_at_once or max(1, MAX_LANES // launch.threads_per_group)
+    for first in range(0, launch.group_count, batch):
+        lanes = _make_lanes(launch, first, min(batch, launch.group_count - first))
+        _Run(program, launch, arrays, lanes, trace if record else None).run()
+    return trace
+
+
+# ---- the device: Renderer, Compiler and Program ----
+
+class PythonRenderer:
+    """The PYTHON device's "source" is the linear program itself, printed; the compiler gets
+    the program back. It supports group reductions (shared memory and barriers)."""
+
+    device = "PYTHON"
+    vector_width = 0
+    supports_group_reduce = True
+
+    def __init__(self) -> None:
+        self.programs: dict[str, LinearProgram] = {}
+
+    def render(self, name: str, program: LinearProgram) -> str:
+        launch = plan_group_launch(program)
+        source = (f"// launch: global {launch.global_size} local {launch.local_size}\n"
+                  f"// kernel {name}\n{program}\n")
+        self.programs[source] = program
+        return source
+
+
+class PythonCompiler(Compiler):
+    """Nothing to compile: the "binary" is the program the source was printed from."""
+
+    cache_key = "python-emulator"
+
+    def __init__(self, renderer: PythonRenderer):
+        self.renderer = renderer
+
+    def compile(self, source: str) -> Any:
+        if source not in self.renderer.programs:
+            raise ValueError("the PYTHON device runs programs its renderer printed")
+        return self.renderer.programs[source]
+
+
+class PythonProgram:
+    """Runs one linear program on buffers, and hands its record to `record_threads`."""
+
+    def __init__(self, name: str, program: LinearProgram):
+        self.name, self.linear = name, program
+
+    def __call__(self, *buffers: Buffer) -> None:
+        arrays = [b.storage.view(b.dtype.np, b.size) for b in buffers]
+        trace = emulate(self.linear, arrays, self.name, record=bool(_trace_logs))
+        for log in _trace_logs:
+            log.append(trace)
+
+
+def make_backend() -> Backend:
+    renderer = PythonRenderer()
+    return Backend("PYTHON", HostAllocator(), renderer, PythonCompiler(renderer), PythonProgram)
+
