@@ -8,10 +8,12 @@ import math
 import numpy as np
 import pytest
 
+from tinyteach import rewrite
 from tinyteach.dtype import dtypes
 from tinyteach.rewrite import (
     PatternMatcher,
     UPat,
+    fold_constant_sources,
     fold_constants,
     graph_rewrite,
     record_rewrites,
@@ -176,6 +178,21 @@ def test_fold_binary_int_constants(op):
         folded = graph_rewrite(node, symbolic)
         assert folded.op is Ops.CONST
         assert folded.arg == reference(op, a, b), (op, a, b)
+
+
+def test_the_folding_rule_waits_until_every_source_is_a_constant():
+    i = UOp(Ops.RANGE, I32, (), ("g", 0, 4))
+    assert fold_constant_sources(const(3) + i) is None
+    assert fold_constant_sources(UOp(Ops.RANGE, I32, (), ("g", 0, 4))) is None  # no sources
+    assert fold_constant_sources(const(3) + const(4)).arg == 7
+
+
+def test_symbolic_keeps_its_pattern_variables_to_itself():
+    """Issue 12: the rules' `x`, `y`, `c1`, `c2` are local to symbolic_rules(), not module names."""
+    module_patterns = [name for name, value in vars(rewrite).items() if isinstance(value, UPat)]
+    assert module_patterns == []
+    assert [name for name, _, _ in symbolic.rules] == [name for name, _, _ in
+                                                       rewrite.symbolic_rules()]
 
 
 def test_fold_wraps_around_like_the_dtype():

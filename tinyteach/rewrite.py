@@ -423,36 +423,47 @@ def _is_int(node: UOp) -> bool:
     return node.dtype.kind in ("int", "uint")
 
 
-x, y, c1, c2 = UPat.var("x"), UPat.var("y"), UPat.cvar("c1"), UPat.cvar("c2")
+def fold_constant_sources(node: UOp) -> UOp | None:
+    """The folding rule: an ALU op with sources, all of them constants, becomes a constant."""
+    if node.src and all(source.op is Ops.CONST for source in node.src):
+        return fold_constants(node)
+    return None
 
-symbolic = PatternMatcher("symbolic", [
-    ("fold constants", UPat(ALU, name="node", src=None), lambda node: fold_constants(node)
-     if node.src and all(s.op is Ops.CONST for s in node.src) else None),
-    ("x+0 -> x", UPat(Ops.ADD, src=(x, UPat(Ops.CONST, arg=0, name="zero"))), drop_added_zero),
-    ("x*1 -> x", UPat(Ops.MUL, src=(x, UPat.const(1))), lambda x: x),
-    ("x*0 -> 0 (ints)", UPat(Ops.MUL, src=(x, UPat.const(0))),
-     lambda x: UOp.const(x.dtype, 0) if _is_int(x) else None),
-    ("x//1 -> x", UPat(Ops.IDIV, src=(x, UPat.const(1))), lambda x: x),
-    ("x%1 -> 0 (ints)", UPat(Ops.MOD, src=(x, UPat.const(1))),
-     lambda x: UOp.const(x.dtype, 0) if _is_int(x) else None),
-    ("--x -> x", UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(x,)),)), lambda x: x),
-    ("(x+c1)+c2 -> x+(c1+c2)", UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(x, c1)), c2)),
-     lambda x, c1, c2: x + UOp.const(x.dtype, c1.arg + c2.arg) if _is_int(x) else None),
-    ("(x*c1)*c2 -> x*(c1*c2)", UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(x, c1)), c2)),
-     lambda x, c1, c2: x * UOp.const(x.dtype, c1.arg * c2.arg) if _is_int(x) else None),
-    ("c+x -> x+c", UPat(Ops.ADD, src=(c1, x)),
-     lambda c1, x: x + c1 if x.op is not Ops.CONST else None),
-    ("(a*c+b)//c -> a+b//c", UPat(Ops.IDIV, src=(x, c1)), lambda x, c1: simplify_idiv(x, c1)),
-    ("(x+y)*c -> x*c+y*c (ints)", UPat(Ops.MUL, src=(UPat(Ops.ADD, src=(x, y)), c1)),
-     lambda x, y, c1: x * c1 + y * c1 if _is_int(x) else None),
-    ("(x//c)*c + x%c -> x", UPat(Ops.ADD, name="total"),
-     lambda total: recombine_divmod(total) if _is_int(total) else None),
-    ("(a*c+b)%c -> b%c", UPat(Ops.MOD, src=(x, c1)), lambda x, c1: simplify_mod(x, c1)),
-    ("x<c known from x's range", UPat(Ops.CMPLT, src=(x, c1)),
-     lambda x, c1: fold_compare_by_range(x, c1) if _is_int(x) else None),
-    ("x&True -> x", UPat(Ops.AND, src=(x, UPat.const(True))), lambda x: x),
-    ("x&False -> False", UPat(Ops.AND, src=(x, UPat.const(False))),
-     lambda x: UOp.const(dtypes.bool, False)),
-    ("where(True, a, b) -> a", UPat(Ops.WHERE, src=(UPat.const(True), x, y)), lambda x, y: x),
-    ("where(False, a, b) -> b", UPat(Ops.WHERE, src=(UPat.const(False), x, y)), lambda x, y: y),
-])
+
+def symbolic_rules() -> list[Rule]:
+    """symbolic's table, in the order its rules are tried at each node. The pattern variables
+    are local: each rule binds its own `x`, and no module-level `x` shadows a reader's."""
+    x, y, c1, c2 = UPat.var("x"), UPat.var("y"), UPat.cvar("c1"), UPat.cvar("c2")
+    return [
+        ("fold constants", UPat(ALU, name="node", src=None), fold_constant_sources),
+        ("x+0 -> x", UPat(Ops.ADD, src=(x, UPat(Ops.CONST, arg=0, name="zero"))), drop_added_zero),
+        ("x*1 -> x", UPat(Ops.MUL, src=(x, UPat.const(1))), lambda x: x),
+        ("x*0 -> 0 (ints)", UPat(Ops.MUL, src=(x, UPat.const(0))),
+         lambda x: UOp.const(x.dtype, 0) if _is_int(x) else None),
+        ("x//1 -> x", UPat(Ops.IDIV, src=(x, UPat.const(1))), lambda x: x),
+        ("x%1 -> 0 (ints)", UPat(Ops.MOD, src=(x, UPat.const(1))),
+         lambda x: UOp.const(x.dtype, 0) if _is_int(x) else None),
+        ("--x -> x", UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(x,)),)), lambda x: x),
+        ("(x+c1)+c2 -> x+(c1+c2)", UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(x, c1)), c2)),
+         lambda x, c1, c2: x + UOp.const(x.dtype, c1.arg + c2.arg) if _is_int(x) else None),
+        ("(x*c1)*c2 -> x*(c1*c2)", UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(x, c1)), c2)),
+         lambda x, c1, c2: x * UOp.const(x.dtype, c1.arg * c2.arg) if _is_int(x) else None),
+        ("c+x -> x+c", UPat(Ops.ADD, src=(c1, x)),
+         lambda c1, x: x + c1 if x.op is not Ops.CONST else None),
+        ("(a*c+b)//c -> a+b//c", UPat(Ops.IDIV, src=(x, c1)), lambda x, c1: simplify_idiv(x, c1)),
+        ("(x+y)*c -> x*c+y*c (ints)", UPat(Ops.MUL, src=(UPat(Ops.ADD, src=(x, y)), c1)),
+         lambda x, y, c1: x * c1 + y * c1 if _is_int(x) else None),
+        ("(x//c)*c + x%c -> x", UPat(Ops.ADD, name="total"),
+         lambda total: recombine_divmod(total) if _is_int(total) else None),
+        ("(a*c+b)%c -> b%c", UPat(Ops.MOD, src=(x, c1)), lambda x, c1: simplify_mod(x, c1)),
+        ("x<c known from x's range", UPat(Ops.CMPLT, src=(x, c1)),
+         lambda x, c1: fold_compare_by_range(x, c1) if _is_int(x) else None),
+        ("x&True -> x", UPat(Ops.AND, src=(x, UPat.const(True))), lambda x: x),
+        ("x&False -> False", UPat(Ops.AND, src=(x, UPat.const(False))),
+         lambda x: UOp.const(dtypes.bool, False)),
+        ("where(True, a, b) -> a", UPat(Ops.WHERE, src=(UPat.const(True), x, y)), lambda x, y: x),
+        ("where(False, a, b) -> b", UPat(Ops.WHERE, src=(UPat.const(False), x, y)), lambda x, y: y),
+    ]
+
+
+symbolic = PatternMatcher("symbolic", symbolic_rules())
