@@ -6,6 +6,7 @@ format), becomes `chapters/NN_name.ipynb`, executed with the book's settings.
     python chapters/book.py build --keep-outputs 08_codegen    # prose-only edit: no re-run
     python chapters/book.py check                              # notebooks match their sources?
     python chapters/book.py source 08_codegen                  # .ipynb -> .py (edited in Lab)
+    python chapters/book.py times                              # the slowest cells of each run
 
 A source cell starts with `# %%` (code) or `# %% [markdown]`, followed by its metadata; `id` is the
 notebook cell's id, kept stable so tests and nbgrader can name cells (`id="sched-19"`). Magics are
@@ -18,6 +19,7 @@ import argparse
 import copy
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import jupytext
@@ -146,9 +148,27 @@ def write_source(name: str) -> None:
     print(f"wrote chapters/src/{name}.py")
 
 
+def cell_seconds(cell: nbformat.NotebookNode) -> float:
+    """How long a cell of an executed notebook ran, from the timestamps nbclient records."""
+    run = cell.metadata.get("execution", {})
+    if "iopub.execute_input" not in run:
+        return 0.0
+    start = datetime.fromisoformat(run["iopub.execute_input"].rstrip("Z"))
+    end = datetime.fromisoformat(run["shell.execute_reply"].rstrip("Z"))
+    return (end - start).total_seconds()
+
+
+def report_times(name: str, slowest: int = 5) -> None:
+    """One line: the seconds the last run of `<name>.ipynb` spent in cells, and the slowest."""
+    cells = nbformat.read(CHAPTERS / f"{name}.ipynb", as_version=4).cells
+    times = sorted(((cell_seconds(cell), cell.id) for cell in cells), reverse=True)
+    top = ", ".join(f"{cell_id} {seconds:.1f} s" for seconds, cell_id in times[:slowest])
+    print(f"{name}: {sum(seconds for seconds, _ in times):.1f} s in cells; slowest: {top}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["build", "check", "source"])
+    parser.add_argument("command", choices=["build", "check", "source", "times"])
     parser.add_argument("names", nargs="*", help="chapters, e.g. 08_codegen (default: all)")
     parser.add_argument("--all", action="store_true", help="every chapter with a source")
     parser.add_argument("--no-execute", action="store_true", help="build without running")
@@ -164,6 +184,9 @@ def main(argv: list[str]) -> int:
     elif args.command == "source":
         for name in names:
             write_source(name)
+    elif args.command == "times":
+        for name in names:
+            report_times(name)
     else:
         problems = [line for name in names for line in differences(name)]
         print("\n".join(problems) or f"{len(names)} notebooks match their sources")
