@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinyteach import Context, Tensor, search
-from tinyteach import realize as realize_module
+from tinyteach import Context, Tensor, clear_caches, search
 from tinyteach.device import Device
 from tinyteach.dtype import dtypes
 from tinyteach.opt import KernelOptions, kernel_value, outer_loop_size
@@ -19,11 +18,9 @@ def fresh_caches(tmp_path, monkeypatch):
     """Each test starts with no remembered choice, a private disk cache and no compiled
     runners (a runner compiled earlier would skip the search)."""
     monkeypatch.setattr(search, "beam_cache_dir", lambda: tmp_path / "beam")
-    search.clear_memory_cache()
-    realize_module._runner_cache.clear()
+    clear_caches()
     yield
-    search.clear_memory_cache()
-    realize_module._runner_cache.clear()
+    clear_caches()
 
 
 @pytest.fixture

@@ -36,12 +36,12 @@ Tensor inherits, with tensor), then jit, nn and exercises on top.
 from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
 from tinyteach.device import Device
 from tinyteach.dtype import dtypes
-from tinyteach.helpers import DEBUG, Context, GlobalCounters, getenv
+from tinyteach.helpers import DEBUG, Context, GlobalCounters, clear_caches, getenv
 from tinyteach.jit import TinyJit
 from tinyteach.tensor import Tensor
 
 __all__ = ["Tensor", "TinyJit", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters", "nn",
-           "getenv"]
+           "getenv", "clear_caches"]
 
 
 def load_ipython_extension(ipython: object) -> None:

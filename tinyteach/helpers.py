@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import operator
 import os
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
 def getenv(key: str, default: Any = 0) -> Any:
@@ -114,14 +118,95 @@ def argsort(values: list[Any]) -> list[int]:
     return sorted(range(len(values)), key=values.__getitem__)
 
 
-def remember(cache: dict[Any, T], key: Any, compute: Callable[[], T], limit: int = 10_000) -> T:
-    """`cache[key]`, computed once by `compute()`; the cache starts over past `limit` entries
-    (it keeps what it holds alive)."""
+# ---- caches: each has a size bound, and clear_caches() empties them all ----
+
+class LRUCache(Generic[K, T]):
+    """A memo that holds at most `limit` entries: a new entry past the limit pushes out the one
+    used least recently (tinygrad's LRU). Every LRUCache is listed in `LRUCache.every`, by
+    name, so `clear_caches()` can empty them all and a test never reaches for a private dict."""
+
+    every: ClassVar[dict[str, LRUCache[Any, Any]]] = {}
+
+    def __init__(self, name: str, limit: int):
+        if limit < 1:
+            raise ValueError(f"an LRUCache holds at least one entry, not {limit}")
+        self.name, self.limit = name, limit
+        self.entries: OrderedDict[K, T] = OrderedDict()
+        LRUCache.every[name] = self
+
+    def __repr__(self) -> str:
+        return f"<LRUCache {self.name}: {len(self)} of {self.limit}>"
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.entries
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(list(self.entries))  # a copy: deleting while iterating is allowed
+
+    def __getitem__(self, key: K) -> T:
+        self.entries.move_to_end(key)  # just used: the last to go
+        return self.entries[key]
+
+    def __setitem__(self, key: K, value: T) -> None:
+        self.entries[key] = value
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.limit:
+            self.entries.popitem(last=False)
+
+    def __delitem__(self, key: K) -> None:
+        del self.entries[key]
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+# the plain dicts that remember() has filled (modules that do not use an LRUCache yet)
+_remembered: dict[int, dict[Any, Any]] = {}
+
+
+def remember(cache: dict[Any, T] | LRUCache[Any, T], key: Any, compute: Callable[[], T],
+             limit: int = 10_000) -> T:
+    """`cache[key]`, computed once by `compute()`. A plain dict starts over past `limit` entries
+    (it keeps what it holds alive); an LRUCache keeps its own bound."""
     if key not in cache:
-        if len(cache) > limit:
-            cache.clear()
+        if isinstance(cache, dict):
+            _remembered.setdefault(id(cache), cache)
+            if len(cache) > limit:
+                cache.clear()
         cache[key] = compute()
     return cache[key]
+
+
+def clear_caches() -> None:
+    """Forget, in this process, every compiled program, chosen optimization and packing plan
+    (every LRUCache, and each dict `remember` filled); the caches on disk stay. For a test or
+    a notebook that changes what a cache does not key on (a backend's code, the vector width);
+    nothing else needs it: the caches are keyed by everything their result depends on."""
+    for cache in LRUCache.every.values():
+        cache.clear()
+    for plain in _remembered.values():
+        plain.clear()
+
+
+def cache_dir(part: str) -> Path:
+    """Where a part of tinyteach caches on disk: ~/.cache/tinyteach/<part> (the folder in
+    `TINYTEACH_CACHE`, when set), e.g. "cpu" for compiled kernels, "beam" for BEAM's choices."""
+    default = Path.home() / ".cache" / "tinyteach"
+    return Path(os.environ.get("TINYTEACH_CACHE", default)) / part
+
+
+def machine_identity() -> str:
+    """The CPU model and features: what a binary built with -march=native, or a timing, is
+    only valid for."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    wanted = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    return hashlib.sha256("\n".join(sorted(set(wanted))).encode()).hexdigest()[:16]
 
 
 def dedup(values: Iterable[T]) -> list[T]:

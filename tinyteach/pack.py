@@ -1,4 +1,4 @@
-"""Chapter 7 (part 3): packing — copying an operand into the order its kernel reads it.
+"""Chapter 7 (part 4): packing — copying an operand into the order its kernel reads it.
 
 A vector matmul tile (opt.py) reads, at each step of its sum, 32 consecutive floats of one row
 of `b`, then jumps a whole row (4 KB for 1024 floats) to the next step. Addresses 4 KB apart
@@ -16,7 +16,8 @@ weights) stays in cache without it. `NOOPT=1` turns it off; DEBUG=3 shows the ex
 why it is there.
 
 Builds on: opt.py (which kernels get a vector tile), schedule.py (ScheduleItem).
-Used by: realize.py, between scheduling and running.
+Used by: realize.build_schedule, between scheduling and running (so viz draws the packing
+kernels too).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes
-from tinyteach.helpers import NOOPT, prod, remember
+from tinyteach.helpers import NOOPT, LRUCache, prod, remember
 from tinyteach.opt import buffer_reads, choose_options, kernel_value, step_along
 from tinyteach.schedule import ScheduleItem
 from tinyteach.uop import MOVEMENT, Ops, UOp
@@ -46,7 +47,7 @@ class PackPlan:
     panel: int                # columns per panel
 
 
-_plans: dict[tuple[UOp, int], PackPlan | None] = {}
+_plans: LRUCache[tuple[UOp, int], PackPlan | None] = LRUCache("pack.plans", limit=10_000)
 
 
 def pack_operands(items: list[ScheduleItem]) -> list[ScheduleItem]:
@@ -60,19 +61,28 @@ def pack_operands(items: list[ScheduleItem]) -> list[ScheduleItem]:
         if plan is None:
             packed.append(item)
             continue
-        panels = Buffer(item.device, plan.packed_size, plan.dtype)
-        source = item.buffers[plan.input_index]
-        packed.append(ScheduleItem(
-            "kernel", f"pack_{plan.panel}_{plan.packed_size}", plan.copy_ast, [panels, source],
-            item.device, f"packing: input {plan.input_index} of {item.name} copied into panels "
-            f"of {plan.panel} columns, so the kernel reads it in order"))
-        buffers = list(item.buffers)
-        buffers[plan.input_index] = panels
-        packed.append(ScheduleItem(
-            item.kind, item.name, plan.kernel_ast, buffers, item.device, item.boundary_reason,
-            item.fusions, [*item.input_reasons, f"input {plan.input_index} is read packed"],
-            item.old_contents_read, item.node, item.input_nodes))
+        packed.extend(_packed_pair(item, plan))
     return packed
+
+
+def _packed_pair(item: ScheduleItem, plan: PackPlan) -> tuple[ScheduleItem, ScheduleItem]:
+    """The packing kernel, and the item's kernel reading its panels instead of the operand."""
+    panels = Buffer(item.device, plan.packed_size, plan.dtype)
+    number = plan.input_index
+    name = f"pack_{plan.panel}_{plan.packed_size}"
+    pack = ScheduleItem(
+        "kernel", name, plan.copy_ast, [panels, item.buffers[number]], item.device,
+        f"packing: input {number} of {item.name} copied into panels of {plan.panel} columns, "
+        "so the kernel reads it in order", ["a reshape and a permute, made contiguous"],
+        [f"input 1: input {number} of {item.name}, the operand it packs"])
+    buffers = list(item.buffers)
+    buffers[number] = panels
+    reasons = list(item.input_reasons)
+    reasons[number - 1] = f"input {number}: the panels {name} wrote (the operand, packed)"
+    kernel = ScheduleItem(item.kind, item.name, plan.kernel_ast, buffers, item.device,
+                          item.boundary_reason, item.fusions, reasons, item.old_contents_read,
+                          item.node, item.input_nodes)
+    return pack, kernel
 
 
 def _vector_width(item: ScheduleItem) -> int:

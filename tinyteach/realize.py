@@ -1,20 +1,24 @@
 """Chapter 9 (part 4): the engine — running a schedule.
 
 What this teaches:
-- realizing a tensor is three steps: schedule its graph into kernels (chapter 6), get a runnable
-  program for each kernel (interpret it, or lower -> render -> compile it: chapters 7-8), then
-  run them in order on their buffers;
+- realizing a tensor is three steps: schedule its graph into kernels for its device
+  (`build_schedule`: chapter 6's kernels, with packing copies before big matmuls, chapter 7),
+  get a runnable program for each kernel (interpret it, or lower -> render -> compile it:
+  chapters 7-8), then run them in order on their buffers. viz draws the schedule that
+  `build_schedule` returns, so what it shows is what runs;
 - programs are cached by kernel AST: the second time the same computation runs, nothing is
-  lowered or compiled again;
+  lowered or compiled again (the cache holds at most `RUNNER_CACHE_SIZE` programs, and
+  `clear_caches()` empties it);
 - everything the engine does can be watched: DEBUG=1 prints each launch, 2 adds timings, 3 the
   AST and the fusion reasons, 4 the generated source; `GlobalCounters` counts kernels, ops,
   bytes and time; `record_launches()` hands each launch to Python code (viz, the JIT).
 
-Builds on: device.py, schedule.py, lower.py, render/. Used by: tensor.py.
+Builds on: device.py, schedule.py, pack.py, lower.py, render/. Used by: tensor.py, viz.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,10 +26,10 @@ from typing import Any
 
 from tinyteach import search
 from tinyteach.device import Backend, Buffer, Device
-from tinyteach.helpers import DEBUG, GlobalCounters, format_bytes
+from tinyteach.helpers import DEBUG, GlobalCounters, LRUCache, format_bytes
 from tinyteach.lower import LinearProgram, lower
 from tinyteach.pack import pack_operands
-from tinyteach.schedule import ScheduleItem, create_schedule, estimate_ops
+from tinyteach.schedule import Schedule, ScheduleItem, estimate_ops, schedule_graph
 from tinyteach.uop import Ops, UOp, pretty
 
 
@@ -52,7 +56,11 @@ class Launch:
     buffers: list[Buffer] = field(default_factory=list)
 
 
-_runner_cache: dict[tuple[str, UOp, str], Runner] = {}
+# compiled programs by (device, kernel AST, name); the least recently used go first past the
+# bound (a long session builds many kernels that never come back)
+RUNNER_CACHE_SIZE = 4096
+runner_cache: LRUCache[tuple[str, UOp, str], Runner] = LRUCache("realize.runners",
+                                                                 RUNNER_CACHE_SIZE)
 _launch_logs: list[list[Launch]] = []
 
 
@@ -86,9 +94,17 @@ def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
 
 def get_runner(item: ScheduleItem) -> Runner:
     key = (item.device, item.ast, item.name)
-    if key not in _runner_cache:
-        _runner_cache[key] = compile_kernel(Device[item.device], item.name, item.ast)
-    return _runner_cache[key]
+    if key not in runner_cache:
+        runner_cache[key] = compile_kernel(Device[item.device], item.name, item.ast)
+    return runner_cache[key]
+
+
+def forget_runners(device: str) -> None:
+    """Drop the programs compiled for one device, so a re-registered backend (exercise 12)
+    compiles everything again with its new code."""
+    for key in runner_cache:
+        if key[0] == device:
+            del runner_cache[key]
 
 
 def _print_item(item: ScheduleItem) -> None:
@@ -130,7 +146,7 @@ def _count(item: ScheduleItem, runner: Runner | None, seconds: float) -> None:
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
-    items = pack_operands(items)  # big matmul operands: copied into panels first (pack.py)
+    """Run the items in order (as `build_schedule` made them: packing copies included)."""
     precompile(items)
     for item in items:
         run_item(item)
@@ -146,7 +162,7 @@ def precompile(items: list[ScheduleItem]) -> None:
     queued: set[tuple[str, UOp]] = set()  # (a set: a deep chain's schedule has many kernels)
     for item in items:
         key = (item.device, item.ast, item.name)
-        if item.kind == "kernel" and key not in _runner_cache and \
+        if item.kind == "kernel" and key not in runner_cache and \
                 (item.device, item.ast) not in queued:
             waiting.setdefault(item.device, []).append(item)
             queued.add((item.device, item.ast))
@@ -164,7 +180,7 @@ def _compile_together(backend: Backend, group: list[ScheduleItem]) -> None:
     for item, name, linear, source, binary in zip(group, names, linears, sources, binaries):
         runner = Runner(name, backend.name, backend.program(name, binary), item.ast, linear,
                         source, estimate_ops(item.ast))
-        _runner_cache[(item.device, item.ast, item.name)] = runner
+        runner_cache[(item.device, item.ast, item.name)] = runner
 
 
 def _unique_names(names: list[str]) -> list[str]:
@@ -180,15 +196,24 @@ def _unique_names(names: list[str]) -> list[str]:
 
 # ---- realizing ----
 
+def build_schedule(roots: list[UOp], default_device: str) -> Schedule:
+    """The schedule that runs: the scheduler's kernels in order (schedule.py), with a packing
+    copy before each kernel that profits from one (pack.py). realize() runs exactly these
+    items and viz draws exactly these, so a drawing shows every kernel that runs. Nothing is
+    computed: the Buffers are allocated when a kernel first uses them."""
+    schedule = schedule_graph(roots, default_device)
+    return dataclasses.replace(schedule, items=pack_operands(schedule.items))
+
+
 def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
     """Compute `roots`; returns, for each, a BUFFER-backed node holding its value.
 
     Nothing is remembered between calls: a graph built again is computed again (a cache keyed
     by graph would have to guess when memory that assign() or a JIT replay rewrote is stale,
     and whether a value is still cached would depend on the garbage collector)."""
-    items, becomes = create_schedule(roots, default_device)
-    run_schedule(items)
-    for item in items:
+    schedule = build_schedule(roots, default_device)
+    run_schedule(schedule.items)
+    for item in schedule.items:
         if item.node is not None and item.node.op is Ops.ASSIGN:
             item.output.overwritten = True  # older graphs must not read it as if unchanged
-    return [becomes.get(node, node) for node in roots]
+    return [schedule.becomes.get(node, node) for node in roots]

@@ -26,7 +26,7 @@ be an index, and a random one could read out of bounds.
 tinygrad: its BEAM also tries local (workgroup) sizes, unrolling of reduce loops and grouped
 reductions, and times with the kernel's real buffers; tinyteach has only upcasts and threads.
 
-Builds on: opt.py (the heuristic and KernelOptions), lower.py, device.py, runtime/ (the cache
+Builds on: opt.py (the heuristic and KernelOptions), lower.py, device.py, helpers.py (the cache
 folder, the machine's identity). Used by: realize.py (`options_for`, when a kernel is compiled).
 
 The neighbours of "upcast axis 1 by 8" for a 32x32 output (a factor must divide the axis and
@@ -61,15 +61,19 @@ import numpy as np
 
 from tinyteach.device import Backend, Buffer, CompileError
 from tinyteach.dtype import DType, dtypes
-from tinyteach.helpers import BEAM, DEBUG, NOOPT, dedup, prod
+from tinyteach.helpers import BEAM, DEBUG, NOOPT, LRUCache, cache_dir, dedup, machine_identity, prod
 from tinyteach.lower import lower
-from tinyteach.opt import KernelOptions, choose_options, kernel_value, outer_loop_size
-from tinyteach.runtime.cpu import cache_dir, machine_identity
+from tinyteach.opt import (
+    MAX_UPCAST_AXES,
+    KernelOptions,
+    choose_options,
+    kernel_value,
+    outer_loop_size,
+)
 from tinyteach.uop import Ops, UOp
 
 SEARCHED_DEVICES = ("CPU", "OPENCL")
 UPCAST_FACTORS = (2, 4, 8, 16, 32)
-MAX_UPCAST_AXES = 2
 MAX_TILE = 256             # outputs per loop iteration (16x16): more spill out of registers
 MAX_UNROLLED_NODES = 4096  # a tile copies the kernel's body: keep the copies compilable
 MAX_ROUNDS = 3
@@ -325,7 +329,7 @@ def beam_search(backend: Backend, ast: UOp, name: str, width: int) -> SearchResu
 
 # ---- the cache and the entry point ----
 
-_memory_cache: dict[str, KernelOptions] = {}
+_memory_cache: LRUCache[str, KernelOptions] = LRUCache("search.choices", limit=10_000)
 
 
 def options_for(backend: Backend, name: str, ast: UOp) -> KernelOptions:
@@ -377,7 +381,7 @@ def cache_key(backend: Backend, ast: UOp, width: int) -> str:
 
 def beam_cache_dir() -> Path:
     """Next to the CPU's compiled kernels: ~/.cache/tinyteach/beam (TINYTEACH_CACHE moves it)."""
-    return cache_dir().parent / "beam"
+    return cache_dir("beam")
 
 
 def read_cached(key: str, heuristic: KernelOptions) -> KernelOptions | None:

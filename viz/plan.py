@@ -2,13 +2,15 @@
 
 What this teaches:
 - the scheduler (chapter 6) is a pure function of the graph: `find_realized` says which nodes get
-  their own buffer and why, `create_schedule` turns each of them into a kernel. Calling them on a
-  tensor's graph computes nothing and changes nothing (UOps are immutable; the Buffers it makes
-  are not allocated until a kernel runs), so viz can ask "what would happen?" at no cost;
+  their own buffer and why, `create_schedule` turns each of them into a kernel. viz plans with
+  `realize.build_schedule`, the very function realize() runs (packing copies included), so it
+  draws the kernels that would run. Calling it on a tensor's graph computes nothing and changes
+  nothing (UOps are immutable; the Buffers it makes are not allocated until a kernel runs), so
+  viz can ask "what would happen?" at no cost;
 - a node belongs to every kernel that reads it without going through a stored buffer. Elementwise
   nodes used by two kernels are in both: the scheduler recomputes them rather than store them.
 
-Builds on: tinyteach.schedule. Used by: every view.
+Builds on: tinyteach.realize, tinyteach.schedule. Used by: every view.
 """
 from __future__ import annotations
 
@@ -16,18 +18,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tinyteach.device import Device
-from tinyteach.schedule import ScheduleItem, create_schedule, find_realized
+from tinyteach.realize import build_schedule
+from tinyteach.schedule import ScheduleItem
 from tinyteach.uop import Ops, UOp
 
 
 @dataclass
 class Plan:
-    """The schedule of some roots, and for each node the kernels (item numbers) it lands in."""
+    """The schedule of some roots, and for each node the kernels (item numbers: positions in
+    `items`, the order they run in) it lands in."""
 
     roots: list[UOp]
     items: list[ScheduleItem]
     realized: dict[UOp, str]
-    item_of: dict[UOp, int]                        # realized node -> its item number
+    item_of: dict[UOp, int]                        # realized node -> the item that stores it
     kernels_of: dict[UOp, list[int]] = field(default_factory=dict)
     left_out: set[UOp] = field(default_factory=set)  # BUFFERs standing in for undrawn nodes
 
@@ -91,20 +95,19 @@ def make_plan(targets: tuple[Any, ...], device: str | None = None,
     """Schedule the graph of `targets` (Tensors or UOps) as realize() would, without running it.
     `left_out`: BUFFER nodes that stand in for parts of the graph that are not drawn."""
     roots = as_uops(targets)
-    realized = find_realized(roots)
-    items, _ = create_schedule(roots, device_of(targets, device))
-    plan = Plan(roots, items, realized, {}, left_out=left_out or set())
-    stored = [node for node in plan.nodes() if node in realized]
-    plan.item_of = {node: number for number, node in enumerate(stored)}
-    plan.kernels_of = _membership(stored, realized)
-    return plan
+    schedule = build_schedule(roots, device_of(targets, device))
+    # keyed by node: an item's number is its place in the run order, which assigns can change
+    item_of = {item.node: number for number, item in enumerate(schedule.items)
+               if item.node is not None}
+    return Plan(roots, schedule.items, schedule.realized, item_of,
+                _membership(item_of, schedule.realized), left_out=left_out or set())
 
 
-def _membership(stored: list[UOp], realized: dict[UOp, str]) -> dict[UOp, list[int]]:
+def _membership(item_of: dict[UOp, int], realized: dict[UOp, str]) -> dict[UOp, list[int]]:
     """Walk down from each stored node to the buffers it reads; everything on the way is part
-    of that kernel."""
+    of that node's kernel (numbers in run order, smallest first)."""
     kernels_of: dict[UOp, list[int]] = {}
-    for number, root in enumerate(stored):
+    for root, number in sorted(item_of.items(), key=lambda pair: pair[1]):
         stack, seen = [root], set()
         while stack:
             node = stack.pop()

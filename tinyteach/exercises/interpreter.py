@@ -26,7 +26,7 @@ from functools import partial
 import numpy as np
 
 from tinyteach.device import Backend, Device, HostAllocator
-from tinyteach.realize import _runner_cache
+from tinyteach.realize import forget_runners
 from tinyteach.runtime.numpy import InterpretedProgram
 from tinyteach.uop import PRIMITIVE_OPS, Ops
 
@@ -40,8 +40,7 @@ OpFunction = Callable[..., np.ndarray]
 def forget_device(name: str) -> None:
     """Drop the kernels the engine compiled for a device (its runner cache), so a
     re-registered backend recomputes everything with its new code."""
-    for key in [key for key in _runner_cache if key[0] == name]:
-        del _runner_cache[key]
+    forget_runners(name)
 
 
 class InterpreterBackend:
