@@ -1,22 +1,33 @@
 """Chapter 11c: state dicts, load_state_dict's errors, and the safetensors file format."""
 from __future__ import annotations
 
+import io
 import json
+import os
+import pickle
 import struct
+import tarfile
+import zipfile
 from collections import namedtuple
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tinyteach import Tensor, dtypes, nn
+from tinyteach import dtype as dtype_module
 from tinyteach.nn.state import (
     SafetensorsError,
+    TorchLoadError,
+    UnsafeArchiveError,
     get_parameters,
     get_state_dict,
     load_state_dict,
     safe_load,
     safe_save,
+    tar_extract,
+    torch_load,
 )
 
 
@@ -110,16 +121,32 @@ def test_load_state_dict_non_strict_loads_what_is_there() -> None:
     np.testing.assert_array_equal(model.bias.numpy(), bias_before)
 
 
-ALL_DTYPES = [dtypes.float16, dtypes.float32, dtypes.float64, dtypes.int8, dtypes.int32,
-              dtypes.int64, dtypes.uint8, dtypes.uint32, dtypes.uint64, dtypes.bool]
+ALL_DTYPES = sorted(set(dtype_module.ALL_DTYPES.values()), key=lambda d: d.name)
+
+
+def test_every_dtype_round_trips() -> None:
+    """The round trips below cover every dtype tinyteach has (dtype.ALL_DTYPES), each at its
+    extremes, and safetensors has a name for each."""
+    assert {d.name for d in ALL_DTYPES} >= {"float16", "int16", "uint16", "uint64", "bool"}
+    assert all(d in nn.state._NAME_OF_DTYPE for d in ALL_DTYPES)
 
 
 def sample_tensors() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     arrays = {}
     for dtype in ALL_DTYPES:
-        values = rng.uniform(-100, 100, size=(2, 3))
-        arrays[dtype.name] = (values > 0) if dtype == dtypes.bool else values.astype(dtype.np)
+        if dtype == dtypes.bool:
+            arrays[dtype.name] = rng.uniform(size=(2, 3)) > 0.5
+        elif dtypes.is_float(dtype):
+            values = rng.uniform(-100, 100, size=(2, 3)).astype(dtype.np)
+            values.flat[:3] = [np.finfo(dtype.np).max, np.finfo(dtype.np).tiny, -0.0]
+            arrays[dtype.name] = values
+        else:
+            info = np.iinfo(dtype.np)
+            values = rng.integers(info.min, info.max, size=(2, 3), dtype=dtype.np,
+                                  endpoint=True)
+            values.flat[:2] = [info.min, info.max]
+            arrays[dtype.name] = values
     arrays["scalar"] = np.array(3.5, dtype=np.float32)
     arrays["empty"] = np.zeros((0, 4), dtype=np.float32)
     return arrays
@@ -196,3 +223,204 @@ def test_inconsistent_headers_are_rejected(tmp_path: Path) -> None:
     for message, header in bad_headers.items():
         with pytest.raises(SafetensorsError, match=message):
             safe_load(write_file(tmp_path / "bad.safetensors", header, b"\x00" * 8))
+
+
+# ---- torch_load: PyTorch's zip checkpoints, without running what a pickle asks for ----
+
+def test_torch_load_reads_a_real_state_dict(tmp_path: Path) -> None:
+    """torch.save of a real model's state_dict (trained BatchNorm included), plus the storage
+    tricks torch uses: a transposed view, a slice of a larger storage, two tensors sharing one
+    storage, every dtype torch and tinyteach share, bfloat16 and an empty tensor."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3),
+                                torch.nn.Flatten(), torch.nn.Linear(12, 4))
+    model.train()
+    model(torch.randn(5, 2, 4, 4))
+    state = model.state_dict()
+    base = torch.arange(12, dtype=torch.float32)
+    extra = {"transposed": torch.arange(6.0).reshape(2, 3).T, "slice": base[3:9],
+             "shares_storage": base.reshape(3, 4), "empty": torch.zeros(0, 3),
+             "bfloat16": torch.tensor([1.5, -2.25, 3e38], dtype=torch.bfloat16)}
+    for name in ["float16", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                 "uint32", "uint64", "bool"]:
+        extra[name] = (torch.arange(-3, 3) * 7).to(getattr(torch, name))
+    path = tmp_path / "model.pt"
+    torch.save({"model": state, "extra": extra, "epoch": 7, "tag": b"v1"}, path)
+    loaded = torch_load(path)
+    assert loaded["epoch"] == 7 and loaded["tag"] == b"v1"
+    for group in ("model", "extra"):
+        expected = {"model": state, "extra": extra}[group]
+        assert list(loaded[group]) == list(expected)
+        for name, tensor in expected.items():
+            ours = loaded[group][name]
+            assert isinstance(ours, Tensor) and ours.shape == tuple(tensor.shape), name
+            theirs = tensor.float() if tensor.dtype == torch.bfloat16 else tensor
+            np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=name)
+    assert loaded["model"]["1.num_batches_tracked"].item() == 1
+
+
+def test_torch_load_into_a_tinyteach_model(tmp_path: Path) -> None:
+    """A torch BatchNorm's state dict, num_batches_tracked included (int64, shape ()), loads
+    into nn.BatchNorm2d; so does tinygrad's (1,)-shaped counter; eval outputs then agree."""
+    torch = pytest.importorskip("torch")
+    theirs = torch.nn.BatchNorm2d(3)
+    theirs.train()
+    for seed in range(3):
+        theirs(torch.randn(4, 3, 2, 2, generator=torch.Generator().manual_seed(seed)))
+    torch.save(theirs.state_dict(), tmp_path / "bn.pt")
+    ours = nn.BatchNorm2d(3)
+    load_state_dict(ours, torch_load(tmp_path / "bn.pt"))
+    assert ours.num_batches_tracked.item() == 3
+    theirs.eval()
+    x = np.random.default_rng(0).standard_normal((2, 3, 2, 2)).astype(np.float32)
+    np.testing.assert_allclose(ours(Tensor(x)).numpy(), theirs(torch.tensor(x)).detach().numpy(),
+                               atol=1e-5)
+    tinygrad_style = dict(get_state_dict(ours), num_batches_tracked=Tensor([5]))
+    load_state_dict(ours, tinygrad_style)
+    assert ours.num_batches_tracked.item() == 5
+    with pytest.raises(KeyError, match="mis-shaped"):
+        load_state_dict(ours, dict(tinygrad_style, num_batches_tracked=Tensor([1, 2])))
+
+
+class WouldRunACommand:
+    """What an attacker pickles: unpickling calls os.system(command)."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (self.command,))
+
+
+class WouldWriteAFile:
+    """Unpickling calls open(path, 'w'), which creates the file."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.path, "w"))
+
+
+def zip_checkpoint(path: Path, payload: bytes) -> Path:
+    """A file laid out as torch.save writes it, with `payload` as its data.pkl."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.pkl", payload)
+        archive.writestr("archive/byteorder", "little")
+        archive.writestr("archive/version", "3\n")
+    return path
+
+
+@pytest.mark.parametrize("make", ["command", "file", "torch.save"])
+def test_torch_load_refuses_a_pickle_that_would_run_code(tmp_path: Path, make: str) -> None:
+    """A checkpoint whose pickle would call os.system (creating a file) or open() (creating
+    another) is refused with a clear error naming the call; neither file appears."""
+    planted = tmp_path / "planted"
+    command = f"touch {planted}"
+    if make == "torch.save":
+        torch = pytest.importorskip("torch")
+        path = tmp_path / "evil.pt"
+        torch.save({"weight": torch.ones(2), "payload": WouldRunACommand(command)}, path)
+    else:
+        evil = WouldRunACommand(command) if make == "command" else WouldWriteAFile(str(planted))
+        path = zip_checkpoint(tmp_path / "evil.pt", pickle.dumps({"x": evil}, protocol=2))
+    with pytest.raises(TorchLoadError, match="not on the allow-list") as error:
+        torch_load(path)
+    assert ("system" in str(error.value)) or ("open" in str(error.value))
+    assert "refused" in str(error.value)
+    assert not planted.exists()
+    pickle.loads(pickle.dumps(WouldWriteAFile(str(planted))))  # the same pickle, unchecked:
+    assert planted.exists()  # it does write the file, so the check above can fail
+
+
+def test_torch_load_refuses_other_files_and_broken_checkpoints(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.pt"
+    plain.write_bytes(pickle.dumps({"x": 1}))
+    with pytest.raises(TorchLoadError, match="not a zip file"):
+        torch_load(plain)
+    empty = tmp_path / "empty.pt"
+    with zipfile.ZipFile(empty, "w") as archive:
+        archive.writestr("archive/version", "3")
+    with pytest.raises(TorchLoadError, match="data.pkl"):
+        torch_load(empty)
+    torch = pytest.importorskip("torch")
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.ones(4)}, good)
+    broken = tmp_path / "broken.pt"
+    with zipfile.ZipFile(good) as source, zipfile.ZipFile(broken, "w") as target:
+        for name in source.namelist():
+            data = source.read(name)
+            target.writestr(name, data[:8] if name.endswith("data/0") else data)
+    with pytest.raises(TorchLoadError, match="fewer than 4 elements"):
+        torch_load(broken)
+
+
+# ---- tar_extract: every file of a tar archive, and nothing outside its folder ----
+
+def make_tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
+    with tarfile.open(path, "w") as archive:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def file_member(name: str) -> tarfile.TarInfo:
+    return tarfile.TarInfo(name)
+
+
+def link_member(name: str, target: str, hard: bool = False) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.LNKTYPE if hard else tarfile.SYMTYPE
+    info.linkname = target
+    return info
+
+
+def test_tar_extract_returns_every_file_and_writes_them_inside_target(tmp_path: Path) -> None:
+    files = {"a/weights.bin": bytes(range(256)) * 3, "readme.txt": b"hello", "empty": b"",
+             "very/" * 30 + "long_name.txt": b"pax"}
+    members: list[tuple[tarfile.TarInfo, bytes | None]] = [
+        (file_member(name), data) for name, data in files.items()]
+    members.append((link_member("a/link", "weights.bin"), None))  # inside: allowed
+    path = make_tar(tmp_path / "ok.tar", members)
+    loaded = tar_extract(path, tmp_path / "out")
+    assert sorted(loaded) == sorted(files)
+    for name, data in files.items():
+        assert loaded[name].dtype == dtypes.uint8
+        assert bytes(loaded[name].numpy().tobytes()) == data
+        assert (tmp_path / "out" / name).read_bytes() == data
+    assert (tmp_path / "out" / "a" / "link").read_bytes() == files["a/weights.bin"]
+
+
+@pytest.mark.parametrize("member, reason", [
+    (("../escaped.txt", None), "climbs out"),
+    (("a/../../escaped.txt", None), "climbs out"),
+    (("/tmp/absolute.txt", None), "absolute"),
+    (("evil_link", "../../outside"), "link to"),
+    (("evil_link", "/etc/passwd"), "link to"),
+    (("hard_link", "../outside"), "link to"),
+])
+def test_tar_extract_refuses_paths_that_escape(tmp_path: Path, member: tuple[str, str | None],
+                                               reason: str) -> None:
+    """The whole archive is refused, naming the member, and nothing at all is written."""
+    name, link = member
+    info = file_member(name) if link is None else link_member(name, link,
+                                                              hard=name == "hard_link")
+    path = make_tar(tmp_path / "evil.tar", [(file_member("fine.txt"), b"ok"),
+                                            (info, b"bad" if link is None else None)])
+    target = tmp_path / "deep" / "target"
+    with pytest.raises(UnsafeArchiveError, match=reason) as error:
+        tar_extract(path, target)
+    assert repr(name) in str(error.value)
+    assert not target.exists() and not (tmp_path / "escaped.txt").exists()
+    assert not (tmp_path / "deep" / "escaped.txt").exists()
+
+
+def test_tar_extract_refuses_special_files(tmp_path: Path) -> None:
+    fifo = tarfile.TarInfo("pipe")
+    fifo.type = tarfile.FIFOTYPE
+    path = make_tar(tmp_path / "fifo.tar", [(fifo, None)])
+    with pytest.raises(UnsafeArchiveError, match="special file"):
+        tar_extract(path)
