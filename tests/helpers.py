@@ -15,12 +15,12 @@ import numpy as np
 from tinyteach import Tensor
 from tinyteach.device import Device
 
-ALWAYS = ["NUMPY", "CPU"]
+ALWAYS = ["NUMPY", "CPU", "PYTHON"]  # PYTHON: the GPU emulator (numpy only, so always here)
 OPTIONAL = ["OPENCL", "WEBGPU", "CUDA"]
 
 
 def test_devices() -> list[str]:
-    """NUMPY and CPU always; OPENCL, WEBGPU and CUDA where their libraries, drivers (and for
+    """NUMPY, CPU and PYTHON always; OPENCL, WEBGPU and CUDA where their libraries, drivers (and for
     CUDA a GPU) exist."""
     return ALWAYS + [name for name in OPTIONAL if Device.is_available(name)]
 

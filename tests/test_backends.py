@@ -40,6 +40,9 @@ def gpu_device(name: str):
 
 
 gpu = pytest.mark.parametrize("device", [gpu_device(name) for name in GPU_DEVICES])
+# the same tests on the GPU emulator (PYTHON), where they do not check a language's source
+gpu_or_emulator = pytest.mark.parametrize(
+    "device", [*(gpu_device(name) for name in GPU_DEVICES), "PYTHON"])
 rng = np.random.default_rng(0)
 
 
@@ -79,14 +82,14 @@ CANONICAL = {
 }
 
 
-@gpu
+@gpu_or_emulator
 @pytest.mark.parametrize("pattern", sorted(CANONICAL))
 def test_canonical_patterns(device, pattern):
     build, shapes = CANONICAL[pattern]
     assert_matches_numpy(device, build, *(floats(*s) for s in shapes))
 
 
-@gpu
+@gpu_or_emulator
 def test_large_output_uses_grid_stride_loops(device):
     # more elements than one launch of MAX_GROUPS groups could cover one thread each
     assert_matches_numpy(device, lambda x: x * 2 + 1, floats(300_001))
@@ -94,7 +97,7 @@ def test_large_output_uses_grid_stride_loops(device):
     assert launch.groups[0] == MAX_GROUPS
 
 
-@gpu
+@gpu_or_emulator
 def test_backward_matches_numpy(device):
     x, w = floats(4, 6), floats(6, 3)
 
@@ -126,14 +129,14 @@ INTEGER_CASES = {
 }
 
 
-@gpu
+@gpu_or_emulator
 @pytest.mark.parametrize("case", sorted(INTEGER_CASES))
 def test_integer_and_bool_dtypes(device, case):
     array, build = INTEGER_CASES[case]
     assert_matches_numpy(device, build, array)
 
 
-@gpu
+@gpu_or_emulator
 def test_float16(device):
     if dtypes.float16 in Device[device].unsupported_dtypes:
         with pytest.raises(Exception, match="float16"):
@@ -198,7 +201,7 @@ def test_webgpu_storage_buffer_limit():
 
 # ---- devices: copies, mixing, DEBUG=4, platform choice, JIT graphs ----
 
-@gpu
+@gpu_or_emulator
 def test_copies_between_devices(device):
     x = floats(3, 5)
     on_device = Tensor(x, device="CPU").to(device)
@@ -211,7 +214,7 @@ def test_copies_between_devices(device):
         np.testing.assert_allclose((on_device.to(other) + 1).numpy(), x + 1, rtol=1e-6)
 
 
-@gpu
+@gpu_or_emulator
 def test_mixing_devices_names_both(device):
     with pytest.raises(Exception, match=f"(?s)(CPU.*{device}|{device}.*CPU)"):
         (Tensor([1.0, 2.0], device=device) + Tensor([1.0, 2.0], device="CPU")).numpy()
@@ -271,7 +274,7 @@ def train_losses(device: str, jit: bool, steps: int = 5) -> list[float]:
             for x, y in (batches[k % 2] for k in range(steps))]
 
 
-@gpu
+@gpu_or_emulator
 def test_training_with_jit_gives_the_reference_loss_curve(device):
     expected = train_losses("NUMPY", jit=False)
     assert expected[-1] < expected[0]  # it learns
@@ -280,7 +283,7 @@ def test_training_with_jit_gives_the_reference_loss_curve(device):
 
 # ---- the differential fuzzer, a fixed-seed slice ----
 
-@pytest.mark.parametrize("device", ["CPU", *[gpu_device(name) for name in GPU_DEVICES]])
+@pytest.mark.parametrize("device", ["CPU", *[gpu_device(name) for name in GPU_DEVICES], "PYTHON"])
 def test_fuzz_slice(device):
     """30 graphs, some with NaN, ±inf, -0.0, subnormal and int32-limit inputs."""
     report = fuzz(30, [device], seed=2026)

@@ -230,3 +230,22 @@ def test_fuzz_slice_without_optimizations():
 def test_fuzz_slice_with_small_vectors(lanes, monkeypatch):
     monkeypatch.setattr(Device["CPU"].renderer, "vector_width", lanes)
     _fuzz(40, seed=2028 + lanes)
+
+
+# ---- the group reduction (a GPU option: only where the renderer supports it) ----
+
+def test_group_reduction_is_never_chosen_for_the_cpu():
+    from tinyteach.opt import options_for_renderer
+    (ast,) = kernel_asts(Tensor(data(8, 512)).sum(axis=1))
+    assert options_for_renderer(ast, Device["CPU"].renderer).group == 0
+    assert choose_options(ast, 16).group == 0
+    assert choose_options(ast, 0, group_reduce=True).group > 0
+
+
+def test_group_reduction_is_listed_like_the_cpu_options():
+    (ast,) = kernel_asts(Tensor(data(8, 512)).max(axis=1))
+    program = lower(ast, KernelOptions(group=32, group_combine="serial"))
+    assert program.applied_opts == ["group reduce: 32 threads of a work-group share each "
+                                    "reduction, partials in shared memory, combined by "
+                                    "thread 0 (serial)"]
+    assert lower(ast, KernelOptions(group=32)).applied_opts[0].endswith("by a tree (halving)")

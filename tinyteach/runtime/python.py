@@ -558,5 +558,8 @@ class PythonProgram:
 
 def make_backend() -> Backend:
     renderer = PythonRenderer()
-    return Backend("PYTHON", HostAllocator(), renderer, PythonCompiler(renderer), PythonProgram)
+    backend = Backend("PYTHON", HostAllocator(), renderer, PythonCompiler(renderer),
+                      PythonProgram)
+    backend.unsupported_dtypes = {}  # type: ignore[attr-defined]  # numpy holds every dtype
+    return backend
 
