@@ -138,7 +138,7 @@ def test_compile_error_is_raised_through_the_engine(cache):
     from tinyteach.uop import Ops
 
     class BrokenRenderer(CRenderer):
-        def store(self, buffer: str, index: str, value: str) -> str:
+        def store(self, buffer: str, index: str, value: str, *more: object) -> str:
             return f"{buffer}[{index}] = {value} +* ;"
 
     backend = Device["CPU"]

@@ -7,15 +7,35 @@ What this teaches:
   compiler and its flags. A cached file is written under a temporary name and renamed into place,
   so several processes compiling at once never see a half-written file; nothing is unpickled;
 - a kernel that does not compile raises `CompileError` with the compiler's message and the
-  offending source lines.
+  offending source lines;
+- **tiered compilation**, as a JIT in a virtual machine does it: the first run of a training
+  step brings dozens of new kernels, and gcc -O2 needs about a second for them. So a schedule's
+  new kernels (`compile_many`) first run from a *fast tier* — tcc, which compiles a kernel in
+  a few milliseconds, or gcc -O0 where tcc is missing or cannot read the source (tcc knows no
+  vector types) — while gcc -O2 builds the optimized library in a background thread; when it
+  is done, each program swaps its function pointer, and later launches (and JIT graphs) run
+  the optimized code. The disk cache keeps only optimized libraries: a warm cache skips the
+  fast tier;
+- tiering must never change a number, or a result would depend on which build happened to be
+  ready. An unoptimized build does each float operation as written, in the order written; so
+  does gcc -O2, except where the source lets it reorder: `#pragma omp simd reduction` (sums
+  split into vector lanes) and the fused multiply-add attribute. Kernels with either are built
+  optimized at once (`needs_optimized_build`); every other kernel gives the same bits on both
+  tiers (tests/test_cpu_tiers.py checks NaN, ±inf, -0.0, denormals, casts and integer division
+  by zero on each tier).
 
-Set `CC` to choose the compiler (gcc or clang; default: cc, then gcc, then clang) and
-`TINYTEACH_CACHE` to move the cache (default ~/.cache/tinyteach).
+Settings: `CC` chooses the compiler (gcc or clang; default: cc, then gcc, then clang),
+`TINYTEACH_CACHE` moves the cache (default ~/.cache/tinyteach), `CPU_TIERED=0` (or
+`Context(CPU_TIERED=0)`) turns tiering off: every kernel waits for its optimized build, as does
+every kernel under BEAM (which times the builds). `DEBUG=2` shows the tiers: a launch of a
+fast-tier build prints a line naming its tier, and each swap prints when the optimized build
+took over. `compile(source)` on its own always returns the optimized, cached library.
 
 Builds on: device.py, render/c.py.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import os
@@ -23,8 +43,13 @@ import re
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from tinyteach.device import (
     Backend,
@@ -35,6 +60,7 @@ from tinyteach.device import (
     DeviceUnavailable,
     HostAllocator,
 )
+from tinyteach.helpers import BEAM, DEBUG, ContextVar
 from tinyteach.render.c import CRenderer
 
 # -march=native: use this machine's vector instructions (the cache key names the machine).
@@ -47,6 +73,12 @@ KERNELS_PER_PROCESS = 8   # compile_many starts another compiler per this many k
 THREAD_FLAGS = ["-fopenmp"]  # `#pragma omp parallel for` on big kernels (opt.py decides)
 # idle OpenMP threads sleep instead of spinning, so they do not steal the other core
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+CPU_TIERED = ContextVar("CPU_TIERED", 1)  # 0: no fast tier, every kernel waits for gcc -O2
+OPTIMIZED = "gcc -O2"  # the name DEBUG=2 gives the optimized tier (whichever CC built it)
+# what lets gcc -O2 compute other bits than an unoptimized build (see the docstring)
+REORDERING_MARKS = ("#pragma omp simd", "fp-contract=fast")
+TCC_CANNOT = ("vector_size", "_Float16")  # tcc 0.9.27 knows neither
 
 
 def machine_identity() -> str:
@@ -125,8 +157,130 @@ def explain_compile_error(source: str, message: str) -> str:
     return f"kernel failed to compile:\n{message.strip()}\nin:\n{where}"
 
 
+# ---- the fast tier ----
+
+def needs_optimized_build(source: str) -> bool:
+    """True when gcc -O2 may compute other bits than an unoptimized build of `source` (it may
+    reorder a sum under `omp simd`, or fuse a multiply-add): such a kernel skips the fast tier."""
+    return any(mark in source for mark in REORDERING_MARKS)
+
+
+class FastCompiler:
+    """The fast tier: tcc where it is installed and can read the source (a few ms), else the
+    main compiler at -O0 (a process start and no optimizer: ~5x faster than -O2 here). Its
+    libraries live in a temporary directory for this process only, never in the cache."""
+
+    def __init__(self, compiler: str, flags: list[str]):
+        self.tcc = shutil.which("tcc")
+        self.unoptimized = [compiler, *["-O0" if f == "-O2" else f for f in flags]]
+        self.unoptimized_name = f"{Path(compiler).name} -O0"
+        self._directory: Path | None = None
+
+    def tier_for(self, source: str) -> str:
+        """The name of the tier that builds `source`: "tcc" or "<cc> -O0"."""
+        if self.tcc and not any(word in source for word in TCC_CANNOT):
+            return "tcc"
+        return self.unoptimized_name
+
+    def build(self, source: str, tier: str) -> Path | None:
+        """A library of `source` built by `tier`, or None if that compiler refused it (the
+        optimized build then reports the error)."""
+        output = self.directory() / f"{hashlib.sha256(source.encode()).hexdigest()[:32]}.so"
+        if tier == "tcc":
+            command = [str(self.tcc), "-shared", "-o", str(output), "-", "-lm"]
+        else:
+            command = [*self.unoptimized, "-x", "c", "-", "-o", str(output), "-lm"]
+        result = subprocess.run(command, input=source, capture_output=True, text=True)
+        return output if result.returncode == 0 else None
+
+    def directory(self) -> Path:
+        if self._directory is None:
+            self._directory = Path(tempfile.mkdtemp(prefix="tinyteach-fast-tier-"))
+            atexit.register(shutil.rmtree, self._directory, True)
+        return self._directory
+
+
+class OptimizedBuild:
+    """A library that gcc -O2 builds in the background. Programs wait on it with `when_done`:
+    each is called once with the library's path (None if the build failed)."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.error: str | None = None
+        self.started = time.perf_counter()
+        self.seconds = 0.0  # how long the build took, once done
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting: list[Callable[[Path | None], None]] = []
+
+    def when_done(self, callback: Callable[[Path | None], None]) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                self._waiting.append(callback)
+                return
+        callback(self.path)
+
+    def finish(self, path: Path | None, error: str | None = None) -> None:
+        with self._lock:
+            self.path, self.error = path, error
+            self.seconds = time.perf_counter() - self.started
+            self._done.set()
+            waiting, self._waiting = self._waiting, []
+        for callback in waiting:
+            callback(path)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the build is done (True) or `timeout` seconds passed (False)."""
+        return self._done.wait(timeout)
+
+
+@dataclass
+class TieredBinary:
+    """What `compile_many` returns for a kernel that starts on the fast tier: a library to run
+    now, the tier that built it, and the optimized build to swap in when it is done."""
+
+    fast: Path
+    tier: str
+    optimized: OptimizedBuild
+    optimized_tier: str = "gcc -O2"  # what DEBUG=2 calls the optimized build
+
+
+_background: ThreadPoolExecutor | None = None
+_pending: list[Future] = []  # background builds not yet finished
+
+
+def background() -> ThreadPoolExecutor:
+    """One worker thread for the optimized builds. Python waits for it at exit, so builds in
+    flight still reach the disk cache (the next process starts warm)."""
+    global _background
+    if _background is None:
+        _background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinyteach-optimize")
+    return _background
+
+
+def wait_for_optimized_builds(timeout: float | None = None) -> None:
+    """Block until every background build started so far is done (tests and benchmarks)."""
+    deadline = None if timeout is None else time.perf_counter() + timeout
+    for future in list(_pending):
+        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        future.result(left)
+
+
+def chunks_of(sources: list[str]) -> list[list[str]]:
+    """Groups of sources for one compiler process each: one per KERNELS_PER_PROCESS kernels, up
+    to one per core (starting gcc costs ~50 ms, and each process runs on its own core)."""
+    if not sources:
+        return []
+    groups = min(os.cpu_count() or 1, max(1, len(sources) // KERNELS_PER_PROCESS))
+    size = -(-len(sources) // groups)
+    return [sources[start:start + size] for start in range(0, len(sources), size)]
+
+
+# ---- the compiler ----
+
 class ClangStyleCompiler(Compiler):
-    """Compiles C source to a shared object with gcc or clang, with an on-disk cache."""
+    """Compiles C source to a shared object with gcc or clang, with an on-disk cache; for
+    `compile_many`, with a fast tier first (see the module docstring)."""
 
     def __init__(self, compiler: str):
         self.compiler = compiler
@@ -135,17 +289,29 @@ class ClangStyleCompiler(Compiler):
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True)
         self.cache_key = (f"{compiler} {version.stdout.splitlines()[0]} {' '.join(self.flags)} "
                           f"{machine_identity()}")
+        self.fast = FastCompiler(compiler, self.flags)
+        self.optimized_tier = f"{Path(compiler).name} -O2"
+        self.nice = shutil.which("nice")  # background builds yield the cores to the kernels
+
+    def library_path(self, source: str) -> Path:
+        """Where the cache keeps the optimized library of `source`."""
+        digest = hashlib.sha256((self.cache_key + "\n" + source).encode()).hexdigest()
+        return cache_dir() / f"{digest[:32]}.so"
 
     def compile(self, source: str) -> Path:
-        """Compile (or find in the cache) and return the shared object's path."""
-        digest = hashlib.sha256((self.cache_key + "\n" + source).encode()).hexdigest()
-        target = cache_dir() / f"{digest[:32]}.so"
+        """Compile (or find in the cache) and return the optimized shared object's path."""
+        return self._compile(source, background=False)
+
+    def _compile(self, source: str, background: bool) -> Path:
+        target = self.library_path(source)
         if target.exists():
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
         os.close(handle)
         command = [self.compiler, *self.flags, "-x", "c", "-", "-o", temporary, "-lm"]
+        if background and self.nice:
+            command = [self.nice, "-n", "10", *command]
         result = subprocess.run(command, input=source, capture_output=True, text=True)
         if result.returncode != 0:
             os.unlink(temporary)
@@ -153,29 +319,155 @@ class ClangStyleCompiler(Compiler):
         os.replace(temporary, target)  # atomic: readers see the old state or the whole file
         return target
 
-    def compile_many(self, sources: list[str]) -> list[Path]:
-        """Several kernels (with different function names) in a few shared objects: one
-        compiler process per core instead of one per kernel (starting gcc costs ~50 ms), all
-        running at once. Each kernel's program loads its group's library."""
-        groups = min(os.cpu_count() or 1, max(1, len(sources) // KERNELS_PER_PROCESS))
-        size = -(-len(sources) // groups)
-        chunks = [sources[start:start + size] for start in range(0, len(sources), size)]
-        with ThreadPoolExecutor(len(chunks)) as pool:  # the threads only wait for gcc
-            libraries = list(pool.map(lambda chunk: self.compile("\n".join(chunk)), chunks))
-        return [library for library, chunk in zip(libraries, chunks) for _ in chunk]
+    def tiering(self) -> bool:
+        """Whether compile_many may hand out fast-tier builds now (not under BEAM, which times
+        the builds it is given)."""
+        return bool(CPU_TIERED) and not BEAM >= 1
 
+    def compile_many(self, sources: list[str]) -> list[Path | TieredBinary]:
+        """Several kernels (with different function names) in a few shared objects: one
+        compiler process per core instead of one per kernel, all running at once. Kernels
+        that may reorder (needs_optimized_build) are grouped apart from the others; with
+        tiering, the others' groups that are not in the cache start on the fast tier and are
+        optimized in the background. Each kernel's program loads its group's library."""
+        exact = [s for s in sources if not needs_optimized_build(s)]
+        groups = chunks_of([s for s in sources if needs_optimized_build(s)]) + chunks_of(exact)
+        late = [g for g in groups if self.tiering() and not needs_optimized_build(g[0])
+                and not self.library_path("\n".join(g)).exists()]
+        now = [g for g in groups if not any(g is other for other in late)]
+        with ThreadPoolExecutor(len(now) + 1) as pool:  # the threads only wait for compilers
+            fast = pool.submit(self._fast_tier, late)
+            built = list(pool.map(lambda group: self.compile("\n".join(group)), now))
+            binaries: dict[str, Path | TieredBinary] = fast.result()
+        for group, library in zip(now, built):
+            binaries.update(dict.fromkeys(group, library))
+        if DEBUG >= 2 and late:
+            print(f"    CPU compile: {sum(map(len, late))} of {len(sources)} new kernels on the "
+                  f"fast tier, {self.optimized_tier} builds them in the background")
+        return [binaries[source] for source in sources]
+
+    def _fast_tier(self, groups: list[list[str]]) -> dict[str, Path | TieredBinary]:
+        """Fast-tier libraries for `groups` (one per tier), and their optimized builds queued
+        in the background. A group the fast tier refuses is compiled optimized now."""
+        by_tier: dict[str, list[str]] = {}
+        for source in (s for group in groups for s in group):
+            by_tier.setdefault(self.fast.tier_for(source), []).append(source)
+        fast_libraries = {tier: self.fast.build("\n".join(part), tier)
+                          for tier, part in by_tier.items()}
+        binaries: dict[str, Path | TieredBinary] = {}
+        queued: list[tuple[list[str], OptimizedBuild]] = []
+        for group in groups:
+            tiers = [self.fast.tier_for(source) for source in group]
+            if any(fast_libraries[tier] is None for tier in tiers):
+                binaries.update(dict.fromkeys(group, self.compile("\n".join(group))))
+                continue
+            build = OptimizedBuild()
+            queued.append((group, build))
+            for source, tier in zip(group, tiers):
+                library = fast_libraries[tier]
+                assert library is not None
+                binaries[source] = TieredBinary(library, tier, build, self.optimized_tier)
+        if queued:
+            _pending.append(background().submit(self._optimize, queued))
+        return binaries
+
+    def _optimize(self, queued: list[tuple[list[str], OptimizedBuild]]) -> None:
+        """In the background thread: the optimized build of every group, all at once."""
+        def build_one(group: list[str], build: OptimizedBuild) -> None:
+            try:
+                build.finish(self._compile("\n".join(group), background=True))
+            except CompileError as error:  # the fast tier's build keeps running
+                build.finish(None, str(error))
+        with ThreadPoolExecutor(len(queued)) as pool:
+            list(pool.map(lambda item: build_one(*item), queued))
+
+    def compile_glue(self, source: str) -> Path:
+        """C that only calls other functions (the graph runner below): tcc builds it as well
+        as gcc -O2 would, in milliseconds. Without tcc: the optimized, cached build."""
+        if self.fast.tcc and CPU_TIERED:
+            library = self.fast.build(source, "tcc")
+            if library is not None:
+                return library
+        return self.compile(source)
+
+
+# ---- programs and graphs ----
 
 class CPUProgram:
-    """A compiled kernel: call it with Buffers, it passes their addresses to the C function."""
+    """A compiled kernel: call it with Buffers, it passes their addresses to the C function.
+    Given a TieredBinary, it runs the fast tier's function until the optimized build is done,
+    then swaps (from the background thread; a call in flight finishes on the old code)."""
 
-    def __init__(self, name: str, library_path: Path):
+    swaps = 0  # how many programs have swapped so far (graphs re-read their pointers)
+
+    def __init__(self, name: str, binary: Path | TieredBinary):
         self.name = name
-        self.library = ctypes.CDLL(str(library_path))
-        self.function = getattr(self.library, name)
-        self.function.restype = None
+        self.libraries: list[ctypes.CDLL] = []  # all stay loaded: a graph may hold the old one
+        self.announce = False  # a DEBUG=2 note is due at the next launch
+        self.optimized_tier = ""
+        if isinstance(binary, TieredBinary):
+            self._load(binary.fast, binary.tier)
+            self.optimized_tier = binary.optimized_tier
+            self.announce = True
+            binary.optimized.when_done(self._swap)
+        else:
+            self._load(binary, "optimized")
+
+    def _load(self, path: Path, tier: str) -> None:
+        library = ctypes.CDLL(str(path))
+        function = getattr(library, self.name)
+        function.restype = None
+        self.libraries.append(library)
+        self.function, self.tier = function, tier
+
+    def _swap(self, path: Path | None) -> None:
+        if path is None:  # the optimized build failed: stay on the fast tier
+            self.announce = False
+            return
+        self._load(path, "optimized")
+        self.announce = True
+        CPUProgram.swaps += 1
+
+    def function_address(self) -> int:
+        """The address of the C function a launch calls now (a graph calls it directly)."""
+        address = ctypes.cast(self.function, ctypes.c_void_p).value
+        assert address is not None
+        return address
+
+    def _note(self) -> None:
+        if self.tier == "optimized":
+            print(f"    {self.name}: now runs its {self.optimized_tier} build")
+            self.announce = False
+        else:
+            print(f"    {self.name}: runs its {self.tier} build ({self.optimized_tier} is "
+                  "compiling in the background)")
 
     def __call__(self, *buffers: Buffer) -> None:
+        if self.announce and DEBUG >= 2:
+            self._note()
         self.function(*(ctypes.c_void_p(b.storage.address) for b in buffers))
+
+
+@runtime_checkable
+class NativeKernel(Protocol):
+    """What a graph executor needs of a launch's program: the address of the native function
+    it runs now (CPUProgram is one; a program that swaps tiers changes its answer)."""
+
+    name: str
+
+    def function_address(self) -> int: ...
+
+
+def native_kernels(launches: list[Any]) -> list[NativeKernel]:
+    """Each launch's program (`launch.runner.program`), checked to be a NativeKernel."""
+    kernels = []
+    for number, launch in enumerate(launches):
+        program = getattr(getattr(launch, "runner", None), "program", None)
+        if not isinstance(program, NativeKernel):
+            raise TypeError(f"launch {number} runs {type(program).__name__}, not a compiled "
+                            "CPU kernel: the CPU graph replays only those")
+        kernels.append(program)
+    return kernels
 
 
 def render_graph(arities: list[int]) -> str:
@@ -192,24 +484,32 @@ def render_graph(arities: list[int]) -> str:
 
 class CPUGraph:
     """Graph execution for TinyJit on the CPU: one ctypes call runs every captured kernel.
-    The buffer addresses live in one C array; a replay only rewrites the input slots."""
+    The buffer addresses live in one C array; a replay only rewrites the input slots. The
+    kernels' addresses live in another, re-read after a program swapped tiers."""
 
-    def __init__(self, launches: list) -> None:
+    def __init__(self, launches: list[Any]) -> None:
         arities = [len(launch.buffers) for launch in launches]
         compiler = Device["CPU"].compiler
-        assert compiler is not None
-        library_path = compiler.compile(render_graph(arities))
+        assert isinstance(compiler, ClangStyleCompiler)
+        library_path = compiler.compile_glue(render_graph(arities))
         self.library = ctypes.CDLL(str(library_path))
         self.run = self.library.run_graph
         self.run.restype = None
-        functions = [ctypes.cast(launch.runner.program.function, ctypes.c_void_p).value
-                     for launch in launches]
-        self.kernels = (ctypes.c_void_p * len(functions))(*functions)
+        self.programs = native_kernels(launches)
+        self.kernels = (ctypes.c_void_p * len(self.programs))()
+        self._read_kernels()
         self.offsets = [sum(arities[:k]) for k in range(len(arities))]
         addresses = [b.storage.address for launch in launches for b in launch.buffers]
         self.buffers = (ctypes.c_void_p * len(addresses))(*addresses)
 
-    def __call__(self, launches: list, changed: list[tuple[int, int]]) -> None:
+    def _read_kernels(self) -> None:
+        self.swaps_seen = CPUProgram.swaps  # read first: a swap from now on is seen next time
+        for k, program in enumerate(self.programs):
+            self.kernels[k] = program.function_address()
+
+    def __call__(self, launches: list[Any], changed: list[tuple[int, int]]) -> None:
+        if CPUProgram.swaps != self.swaps_seen:
+            self._read_kernels()
         for k, position in changed:
             self.buffers[self.offsets[k] + position] = launches[k].buffers[position].storage.address
         self.run(self.kernels, self.buffers)
