@@ -283,6 +283,21 @@ def test_kernel_shows_every_stage_and_every_renderer() -> None:
     assert "<span style=" in figure.html  # pygments colours, inline
 
 
+def test_a_renderer_that_fails_to_import_is_named_with_its_error(monkeypatch) -> None:
+    """A broken module in tinyteach/render/ does not break viz.kernel, and does not vanish
+    either: its own section names the file and the error."""
+    import sys
+
+    kernel_module = sys.modules["viz.kernel"]  # (viz.kernel is also the function)
+    monkeypatch.setitem(sys.modules, "tinyteach.render.wgsl", None)  # its import now fails
+    renderers, failures = kernel_module.discover_renderers()
+    assert [f.module for f in failures] == ["wgsl"]
+    assert "WGSL" not in [r.language for r in renderers] and renderers
+    text = viz.kernel(seed_example()).text
+    assert "tinyteach/render/wgsl.py gave no renderer: ModuleNotFoundError: " in text
+    assert "C source" in text  # the others are still shown
+
+
 def test_kernel_index_and_schedule_item() -> None:
     out = softmax_example()
     items, _ = create_schedule([out.uop], "CPU")

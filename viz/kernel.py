@@ -8,7 +8,8 @@ What a student sees, top to bottom:
 - the linear program: loops, loads, accumulators and index arithmetic in order (chapter 7);
 - the source every renderer in `tinyteach/render/` writes for it (chapter 8), highlighted with
   pygments. Rendering is only string building, so OpenCL, CUDA and WGSL source is shown on a
-  machine without those devices.
+  machine without those devices. A renderer module that cannot be imported (or its renderer
+  made) gets a section of its own that names it and says why, instead of vanishing.
 
 Accepts a Tensor or UOp (its kernels are planned, nothing runs; `index` picks one, the last by
 default), a ScheduleItem, or a Launch from `record_launches` (adds the measured time).
@@ -46,26 +47,47 @@ class RendererInfo:
     renderer: CStyleRenderer
 
 
-def find_renderers() -> list[RendererInfo]:
-    """Every concrete CStyleRenderer in tinyteach/render/: C first, then the others by name.
-    A renderer module that fails to import is skipped (another chapter may be half-written)."""
+@dataclass
+class RendererFailure:
+    """A module of tinyteach/render/ that could not give a renderer, and why."""
+
+    module: str
+    reason: str  # "ImportError: cannot import name ..."
+
+    def describe(self) -> str:
+        return f"tinyteach/render/{self.module}.py gave no renderer: {self.reason}"
+
+
+def discover_renderers() -> tuple[list[RendererInfo], list[RendererFailure]]:
+    """Every concrete CStyleRenderer in tinyteach/render/ (C first, then the others by name),
+    and every module that failed to import or whose renderer failed to construct, with the
+    error. A failure never breaks the view (another chapter may be half-written), and it is
+    never hidden either: `kernel()` shows it."""
     import tinyteach.render as render_package
 
     names = sorted(info.name for info in pkgutil.iter_modules(render_package.__path__))
     names.sort(key=lambda name: (list(LANGUAGES).index(name) if name in LANGUAGES else 99))
     found: list[RendererInfo] = []
+    failures: list[RendererFailure] = []
     for name in names:
         try:
             module = importlib.import_module(f"tinyteach.render.{name}")
-        except Exception:  # noqa: BLE001 - a broken optional renderer must not break viz
+        except Exception as error:  # noqa: BLE001 - reported, not raised
+            failures.append(RendererFailure(name, f"{type(error).__name__}: {error}"))
             continue
         for cls in _renderer_classes(module):
             language, lexer = LANGUAGES.get(name, (cls.__name__.removesuffix("Renderer"), "c"))
             try:
                 found.append(RendererInfo(name, language, lexer, cls()))
-            except Exception:  # noqa: BLE001
-                continue
-    return found
+            except Exception as error:  # noqa: BLE001 - reported, not raised
+                reason = f"{cls.__name__}() raised {type(error).__name__}: {error}"
+                failures.append(RendererFailure(name, reason))
+    return found, failures
+
+
+def find_renderers() -> list[RendererInfo]:
+    """The renderers that work (`discover_renderers` also says which modules failed, and why)."""
+    return discover_renderers()[0]
 
 
 def _renderer_classes(module: Any) -> list[type[CStyleRenderer]]:
@@ -141,10 +163,14 @@ def kernel_stages(info: KernelInfo, languages: list[str] | None = None) -> Stage
         return Stages(None, sections)
     sections.append(("2 · linear program: loops, loads and index math in order",
                      preformatted(str(linear)), str(linear)))
-    for renderer in find_renderers():
+    renderers, failures = discover_renderers()
+    for renderer in renderers:
         if languages is not None and renderer.language not in languages:
             continue
         sections.append(source_section(info, renderer, linear))
+    for failure in failures:
+        message = failure.describe()
+        sections.append((f"3 · {failure.module}: no source", notice(message), message))
     return Stages(linear, sections)
 
 

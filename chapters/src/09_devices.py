@@ -41,7 +41,7 @@ import weakref
 
 from tinyteach.device import Buffer
 from tinyteach.dtype import dtypes
-from tinyteach.realize import _runner_cache, get_runner
+from tinyteach.realize import runner_cache, get_runner
 from tinyteach.schedule import create_schedule
 
 # %% [markdown] id="dev-03"
@@ -255,11 +255,11 @@ assert {op.name for op in PRIMITIVE_OPS if op not in NUMPY_OPS} == {"BUFFER", "C
 # %% id="dev-24"
 x1 = Tensor(rng.standard_normal((8, 8)).astype(np.float32)).realize()
 (x1.exp() * 3).sum(0).realize()
-cached_before = len(_runner_cache)
+cached_before = len(runner_cache)
 x2 = Tensor(rng.standard_normal((8, 8)).astype(np.float32)).realize()  # new data, same shape
 (x2.exp() * 3).sum(0).realize()
-print("runners compiled for the second call:", len(_runner_cache) - cached_before)
-assert len(_runner_cache) == cached_before
+print("runners compiled for the second call:", len(runner_cache) - cached_before)
+assert len(runner_cache) == cached_before
 
 # %% [markdown] id="dev-25"
 # The disk cache, in a fresh temporary directory so that we see it fill (the path is not
