@@ -204,7 +204,10 @@ class GPT:
             _init_linear(block.attention.proj, residual_std)
             _init_linear(block.mlp.fc, 0.02)
             _init_linear(block.mlp.proj, residual_std)
-        Tensor.realize(*get_parameters(self))
+        # one realize per parameter: equal graphs are one UOp (Tensor.ones(C) of two LayerNorms,
+        # two zero biases), and realized together they would share one buffer (and a gradient)
+        for parameter in get_parameters(self):
+            parameter.realize()
 
     def parameter_count(self) -> int:
         return sum(p.numel() for p in get_parameters(self))
