@@ -1,0 +1,185 @@
+# %% [markdown] id="gpu-01"
+# # Chapter 8b — GPU kernels: threads, work-groups and shared memory
+#
+# Chapter 8 rendered every kernel for the GPU languages the CPU way: each output element is one
+# *thread*, and each thread runs its whole reduction alone. This chapter looks at what a GPU
+# adds, and runs it on the **PYTHON** device, a GPU emulator written in numpy:
+#
+# - **threads and work-groups**: a GPU runs one program on many threads; threads come in
+#   *work-groups* that run side by side, share a small fast memory (*shared* memory) and can
+#   wait for each other at a *barrier*. Groups never wait for each other;
+# - **a reduction two ways**: one thread per output row, then a **group reduction**: a whole
+#   work-group shares a row, each thread sums a slice, the partial sums meet in shared memory,
+#   and a *tree* halves them until one is left;
+# - **the emulator's drawings**: which thread touches which element (GPU-Puzzles style),
+#   coalesced vs strided memory access, shared-memory traffic between barriers, and a launch
+#   summary;
+# - **the emulator's checks**: an access out of bounds, a barrier that some threads of a group
+#   skip, and a race on shared memory are errors that name the thread and the address.
+#
+# Modules: [`tinyteach/runtime/python.py`](../tinyteach/runtime/python.py) (the emulator),
+# [`tinyteach/lower.py`](../tinyteach/lower.py) and [`tinyteach/opt.py`](../tinyteach/opt.py)
+# (the group reduction), [`viz/threads.py`](../viz/threads.py) (the drawings).
+
+# %% id="gpu-02"
+import numpy as np
+
+from tinyteach import Device, Tensor
+
+Device.DEFAULT = "CPU"   # every chapter runs on the CPU device; this one's tensors say PYTHON
+Tensor.manual_seed(0)
+rng = np.random.default_rng(0)
+
+from tinyteach.lower import LinearProgram, lower
+from tinyteach.opt import KernelOptions
+from tinyteach.runtime.python import SharedMemoryRaceError, emulate, record_threads
+from tinyteach.schedule import create_schedule
+from tinyteach.uop import Ops
+from viz.threads import access_pattern, launch_summary, shared_traffic, thread_map
+
+# %% [markdown] id="gpu-03"
+# ## Threads and work-groups
+#
+# `x * 2` on a 4×8 matrix is one kernel with one output loop per axis. On a GPU each loop becomes
+# a thread dimension: 8 threads along dimension 0 (the columns, so that neighbouring threads
+# write neighbouring memory) and 4 along dimension 1. Here they fit in one work-group of 8×4.
+# `record_threads()` keeps every thread's reads and writes:
+
+# %% id="gpu-04"
+x = rng.normal(size=(4, 8)).astype(np.float32)
+with record_threads() as traces:
+    doubled = (Tensor(x, device="PYTHON") * 2).numpy()
+assert np.array_equal(doubled, x * 2)
+print(launch_summary(traces[0]).text)
+
+# %% [markdown] id="gpu-05"
+# Each square is one element of the output, `data0`, labelled with the thread that wrote it
+# (its number within the group: x + 8·y). Thread 9 is thread (1, 1): row 1, column 1.
+
+# %% id="gpu-06"
+written = thread_map(traces[0], "data0", kind="write", columns=8)
+write, = traces[0].accesses("write")
+thread_numbers = write.threads[:, 0] + 8 * write.threads[:, 1]
+assert np.array_equal(np.sort(write.addresses), np.arange(32))
+assert np.array_equal(thread_numbers, write.addresses)  # thread n writes element n
+written
+
+# %% [markdown] id="gpu-07"
+# ## A row sum, one thread per row
+#
+# Now a reduction: the sum of each row of a 4×64 matrix. Without further options the kernel is
+# chapter 7's: one thread per output, and each thread loops over its row.
+
+# %% id="gpu-08"
+matrix = rng.normal(size=(4, 64)).astype(np.float32)
+item = create_schedule([Tensor(matrix, device="PYTHON").sum(axis=1).uop], "PYTHON")[0][-1]
+
+
+def run(options):
+    """The row-sum kernel lowered with `options`, emulated with a record of every access."""
+    program = lower(item.ast, options)
+    output = np.zeros(4, np.float32)
+    trace = emulate(program, [output, matrix.reshape(-1).copy()], item.name, record=True)
+    assert np.allclose(output, matrix.sum(axis=1), rtol=1e-5)  # numpy's numbers, each time
+    return program, trace
+
+
+one_per_row, row_trace = run(KernelOptions())
+print(launch_summary(row_trace).text)
+
+# %% [markdown] id="gpu-09"
+# Four threads do all the work: each reads 64 elements, one after another. The drawing of the
+# input shows a row per colour:
+
+# %% id="gpu-10"
+thread_map(row_trace, "data1", columns=64)
+
+# %% [markdown] id="gpu-11"
+# And at each step of the loop, the four threads read addresses 64 apart. A GPU serves a group
+# of neighbouring threads that read *neighbouring* addresses with one wide memory transaction
+# (the access is *coalesced*); addresses 64 elements apart need one transaction per thread:
+
+# %% id="gpu-12"
+access_pattern(row_trace, threads=4)
+
+# %% [markdown] id="gpu-13"
+# ## A group reduction in shared memory
+#
+# The **group reduction** gives each row a whole work-group of 16 threads. Thread `lidx0` sums
+# elements `lidx0`, `lidx0 + 16`, `lidx0 + 32`, ... of its row, writes its partial sum to shared
+# memory (`DEFINE_LOCAL`), and waits at a `BARRIER` until every thread of the group has. Then a
+# tree: the first 8 threads each add two partials, barrier, the first 4, barrier, ..., until
+# element 0 holds the row's sum, which thread 0 stores. The linear program shows it all: the
+# thread id is a `SPECIAL`, the output loop is a loop over work-groups (kind `'w'`), guarded
+# loads and gated stores keep the idle threads of each step out of memory:
+
+# %% id="gpu-14"
+grouped, group_trace = run(KernelOptions(group=16))
+print(grouped.applied_opts)
+print(grouped)
+
+# %% [markdown] id="gpu-15"
+# Sixty-four threads in 4 groups now, each reading 4 elements instead of 64:
+
+# %% id="gpu-16"
+print(launch_summary(group_trace).text)
+thread_map(group_trace, "data1", columns=64)
+
+# %% [markdown] id="gpu-17"
+# Each row is painted with 16 colours, and the neighbouring threads of a step read neighbouring
+# addresses: coalesced.
+
+# %% id="gpu-18"
+access_pattern(group_trace)
+
+# %% [markdown] id="gpu-19"
+# Shared memory between the barriers: 16 writes of partial sums, then the tree's halving steps
+# (8 threads read two partials each and write one, then 4, 2, 1), then every thread reads the
+# result:
+
+# %% id="gpu-20"
+shared_traffic(group_trace)
+
+# %% [markdown] id="gpu-21"
+# The tree is one way to combine the partials. The other (`group_combine="serial"`): after one
+# barrier, thread 0 adds all 16 partials alone. One barrier instead of five, but 16 steps of one
+# thread instead of 4 steps of many. Both give the serial sum's numbers:
+
+# %% id="gpu-22"
+serial, serial_trace = run(KernelOptions(group=16, group_combine="serial"))
+for name, program in [("tree", grouped), ("serial", serial)]:
+    barriers = sum(u.op is Ops.BARRIER for u in program.uops)
+    print(f"{name:>6}: barriers: {barriers}")
+print(shared_traffic(serial_trace).text)
+
+# %% [markdown] id="gpu-23"
+# ## What the emulator catches
+#
+# On a real GPU, a missing barrier is a bug that shows up as wrong numbers now and then. The
+# emulator tracks, between two barriers, which thread wrote and read each element of shared
+# memory. Take the group reduction and delete its barriers:
+
+# %% id="gpu-24"
+no_barriers = LinearProgram([u for u in grouped.uops if u.op is not Ops.BARRIER],
+                            grouped.global_sizes, grouped.accumulators, grouped.options)
+try:
+    emulate(no_barriers, [np.zeros(4, np.float32), matrix.reshape(-1).copy()])
+except SharedMemoryRaceError as error:
+    print(error)
+else:
+    raise AssertionError("the race was not caught")
+
+# %% [markdown] id="gpu-25"
+# Thread 0 reads element 8, its partner's partial sum, before thread 8 is known to have written
+# it. The emulator also names the thread and address of a load or store outside its buffer
+# (`OutOfBoundsError`) and of a barrier that some threads of a group never reach
+# (`BarrierDivergenceError`: the group would wait forever).
+#
+# ## Where this goes next
+#
+# The optimizer chooses the group reduction by itself for a long reduction with few outputs,
+# on devices whose renderer says it can write shared memory and barriers
+# (`supports_group_reduce`: so far the emulator), never under `NOOPT=1`, and lists it with
+# `DEBUG=3` like the CPU's upcasts. The GPU renderers are next: the same program becomes
+# OpenCL's `__local` and `barrier(CLK_LOCAL_MEM_FENCE)`, CUDA's `__shared__` and
+# `__syncthreads()`, WGSL's `var<workgroup>` and `workgroupBarrier()`.
