@@ -141,3 +141,41 @@ def test_jitted_method() -> None:
     for k in range(4):
         x = np.array([[k, 1.0]], dtype=np.float32)
         np.testing.assert_allclose(model(Tensor(x)).numpy(), x @ np.array([[1, 2], [3, 4.0]]))
+
+
+GRAPH_DEVICES = ["OPENCL", "WEBGPU"]
+
+
+@pytest.mark.parametrize("device", GRAPH_DEVICES)
+def test_device_graph_replays_with_new_inputs(device: str) -> None:
+    """OPENCL and WEBGPU replay through their graph executor (one wait / one submit), which
+    takes each launch's program as its own kind (helpers.programs_of)."""
+    from tinyteach.device import Device
+
+    if not Device.is_available(device):
+        pytest.skip(f"{device}: {Device.why_unavailable(device)}")
+
+    @TinyJit
+    def two_kernels(x: Tensor) -> Tensor:
+        return (x - x.max()).exp().realize()
+
+    for values in ([1.0, 2.0, 3.0], [0.5, 0.0, -1.0]):
+        two_kernels(Tensor(values, device=device))
+    assert two_kernels.captured is not None and two_kernels.captured.graph is not None
+    for values in ([3.0, 2.0, 1.0], [-2.0, 4.0, 0.25]):
+        out = two_kernels(Tensor(values, device=device))
+        expected = np.exp(np.array(values) - max(values))
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5)
+
+
+def test_a_graph_names_a_program_it_cannot_replay() -> None:
+    """A launch whose program is not the device's own kind is a clear TypeError."""
+    from types import SimpleNamespace
+
+    from tinyteach.helpers import programs_of
+
+    launches = [SimpleNamespace(runner=SimpleNamespace(program=print), buffers=[])]
+    with pytest.raises(TypeError, match="launch 0 runs builtin_function_or_method, not a int: "
+                                        "the TEST graph replays only those"):
+        programs_of(launches, int, "TEST")
+    assert programs_of([SimpleNamespace(runner=SimpleNamespace(program=3))], int, "TEST") == [3]

@@ -209,6 +209,20 @@ def machine_identity() -> str:
     return hashlib.sha256("\n".join(sorted(set(wanted))).encode()).hexdigest()[:16]
 
 
+def programs_of(launches: Iterable[Any], kind: type[T], device: str) -> list[T]:
+    """Each launch's program (`launch.runner.program`), checked to be a `kind`: what a device's
+    graph executor (TinyJit's replay, chapter 10) may use beyond `program(*buffers)`. A launch
+    of another kind is a TypeError that names it, not an AttributeError deep in a replay."""
+    programs = []
+    for number, launch in enumerate(launches):
+        program = getattr(getattr(launch, "runner", None), "program", None)
+        if not isinstance(program, kind):
+            raise TypeError(f"launch {number} runs {type(program).__name__}, not a "
+                            f"{kind.__name__}: the {device} graph replays only those")
+        programs.append(program)
+    return programs
+
+
 def dedup(values: Iterable[T]) -> list[T]:
     """Drop repeated items, keeping the first of each, in order."""
     return list(dict.fromkeys(values))

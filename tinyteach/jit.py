@@ -36,7 +36,7 @@ from tinyteach.helpers import DEBUG, GlobalCounters
 from tinyteach.realize import Launch, record_launches
 from tinyteach.schedule import is_contiguous_buffer
 from tinyteach.tensor import Tensor
-from tinyteach.uop import Ops
+from tinyteach.uop import base_buffer
 
 ReturnType = TypeVar("ReturnType")
 
@@ -61,9 +61,9 @@ class InputSignature:
 
 
 def _buffer_of(tensor: Tensor) -> Buffer:
-    node = tensor.uop
-    while node.op is Ops.RESHAPE:
-        node = node.src[0]
+    """The buffer of a realized, contiguous tensor argument (`_realized_inputs` made it so)."""
+    node = base_buffer(tensor.uop)
+    assert node is not None, "jitted inputs are realized contiguous buffers"
     buffer: Buffer = node.arg
     return buffer
 

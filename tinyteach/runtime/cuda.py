@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler, DeviceUnavailable
+from tinyteach.helpers import programs_of
 from tinyteach.lower import lower
 from tinyteach.render.cuda import CUDARenderer
 from tinyteach.render.gpu import Launch, launch_of
@@ -176,12 +177,13 @@ class CUDAProgram:
 class CUDAGraph:
     """Graph execution for TinyJit: every captured kernel launched back to back, one wait."""
 
-    def __init__(self, launches: list) -> None:
-        self.driver = launches[0].runner.program.driver
+    def __init__(self, launches: list[Any]) -> None:
+        self.programs = programs_of(launches, CUDAProgram, "CUDA")
+        self.driver = self.programs[0].driver
 
-    def __call__(self, launches: list, changed: list[tuple[int, int]]) -> None:
-        for launch in launches:
-            launch.runner.program(*launch.buffers)
+    def __call__(self, launches: list[Any], changed: list[tuple[int, int]]) -> None:
+        for program, launch in zip(self.programs, launches):
+            program(*launch.buffers)
         self.driver.Context.synchronize()
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler, DeviceUnavailable
+from tinyteach.helpers import programs_of
 from tinyteach.render.gpu import launch_of
 from tinyteach.render.opencl import EXTENSIONS, OpenCLRenderer
 
@@ -189,12 +190,13 @@ class OpenCLProgram:
 class OpenCLGraph:
     """Graph execution for TinyJit: enqueue every captured kernel, wait once."""
 
-    def __init__(self, launches: list) -> None:
-        self.queue = launches[0].runner.program.queue
+    def __init__(self, launches: list[Any]) -> None:
+        self.programs = programs_of(launches, OpenCLProgram, "OPENCL")
+        self.queue = self.programs[0].queue
 
-    def __call__(self, launches: list, changed: list[tuple[int, int]]) -> None:
-        for launch in launches:
-            launch.runner.program(*launch.buffers)
+    def __call__(self, launches: list[Any], changed: list[tuple[int, int]]) -> None:
+        for program, launch in zip(self.programs, launches):
+            program(*launch.buffers)
         self.queue.finish()
 
 

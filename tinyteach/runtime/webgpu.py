@@ -27,6 +27,7 @@ import numpy as np
 
 from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler, DeviceUnavailable
 from tinyteach.dtype import DType, dtypes
+from tinyteach.helpers import programs_of
 from tinyteach.render.gpu import launch_of
 from tinyteach.render.wgsl import (
     DEFAULT_STORAGE_BUFFERS,
@@ -172,18 +173,19 @@ class WebGPUGraph:
     """Graph execution for TinyJit: all captured dispatches in one command encoder, submitted
     once. Bind groups are made once and remade only for launches whose inputs changed."""
 
-    def __init__(self, launches: list) -> None:
-        self.device = launches[0].runner.program.device
-        self.bind_groups = [launch.runner.program.bind_group(launch.buffers)
-                            for launch in launches]
+    def __init__(self, launches: list[Any]) -> None:
+        self.programs = programs_of(launches, WebGPUProgram, "WEBGPU")
+        self.device = self.programs[0].device
+        self.bind_groups = [program.bind_group(launch.buffers)
+                            for program, launch in zip(self.programs, launches)]
 
-    def __call__(self, launches: list, changed: list[tuple[int, int]]) -> None:
+    def __call__(self, launches: list[Any], changed: list[tuple[int, int]]) -> None:
         for k in sorted({k for k, _ in changed}):
-            self.bind_groups[k] = launches[k].runner.program.bind_group(launches[k].buffers)
+            self.bind_groups[k] = self.programs[k].bind_group(launches[k].buffers)
         encoder = self.device.create_command_encoder()
         compute_pass = encoder.begin_compute_pass()
-        for launch, bind_group in zip(launches, self.bind_groups):
-            launch.runner.program.record(compute_pass, bind_group)
+        for program, bind_group in zip(self.programs, self.bind_groups):
+            program.record(compute_pass, bind_group)
         compute_pass.end()
         self.device.queue.submit([encoder.finish()])
 
