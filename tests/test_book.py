@@ -184,3 +184,16 @@ def test_a_source_without_stable_ids_is_refused(tmp_path, monkeypatch, text, mes
     write_source(tmp_path, monkeypatch, text)
     with pytest.raises(SystemExit, match=message):
         book.notebook_from_source("99_test")
+
+
+def test_a_build_runs_the_cells_in_chapters_with_the_books_vector_width(tmp_path, monkeypatch):
+    write_source(tmp_path, monkeypatch, '# %% id="t-01"\nimport os\n\n'
+                 'print(os.environ["CPU_VECTOR_WIDTH"], os.getcwd())\n')
+    monkeypatch.setenv("CPU_VECTOR_WIDTH", "16")
+    book.build("99_test")
+    cell = json.loads((tmp_path / "99_test.ipynb").read_text())["cells"][0]
+    assert cell["id"] == "t-01"
+    assert "".join(cell["outputs"][0]["text"]) == f"16 {tmp_path}\n"
+    monkeypatch.delenv("CPU_VECTOR_WIDTH")
+    with pytest.raises(SystemExit, match="16-lane CPU"):
+        book.build("99_test")
