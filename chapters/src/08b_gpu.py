@@ -171,10 +171,44 @@ else:
 
 # %% [markdown] id="gpu-25"
 # Thread 0 reads element 8, its partner's partial sum, before thread 8 is known to have written
-# it. The emulator also names the thread and address of a load or store outside its buffer
-# (`OutOfBoundsError`) and of a barrier that some threads of a group never reach
-# (`BarrierDivergenceError`: the group would wait forever).
-#
+# it. Two more mistakes, in kernels written by hand from UOps (chapter 3): an off-by-one,
+# `data0[i] = data1[i + 1]`, and a barrier inside the output loop of 6 elements, which runs on a
+# group of 8 threads: threads 6 and 7 have no element, skip the loop, and never reach the
+# barrier that the other six wait at.
+
+# %% id="gpu-26"
+from tinyteach.dtype import dtypes
+from tinyteach.runtime.python import BarrierDivergenceError, OutOfBoundsError
+from tinyteach.uop import UOp, toposort_of
+
+
+def hand_written(store, loop):
+    """A linear program: everything the store needs, sources first, then the loop's end."""
+    return LinearProgram(toposort_of([store]) + [UOp(Ops.END_RANGE, dtypes.bool, (loop,))],
+                         (loop.arg[2],))
+
+
+out = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), (0, 6))
+source = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), (1, 6))
+i = UOp(Ops.RANGE, dtypes.int32, (), ("g", 0, 6))
+arrays = [np.zeros(6, np.float32), np.arange(6, dtype=np.float32)]
+
+off_by_one = UOp(Ops.STORE, dtypes.float32, (out, i, UOp(Ops.LOAD, dtypes.float32,
+                                                          (source, i + 1))))
+shared = UOp(Ops.DEFINE_LOCAL, dtypes.float32, (), (0, 8))
+publish = UOp(Ops.STORE, dtypes.float32, (shared, i, UOp(Ops.LOAD, dtypes.float32, (source, i))))
+wait = UOp(Ops.BARRIER, dtypes.bool, (publish,))
+in_the_loop = UOp(Ops.STORE, dtypes.float32, (out, i, UOp(Ops.LOAD, dtypes.float32,
+                                                           (shared, i, wait))))
+for broken, error in [(off_by_one, OutOfBoundsError), (in_the_loop, BarrierDivergenceError)]:
+    try:
+        emulate(hand_written(broken, i), arrays)
+    except error as caught:
+        print(f"{type(caught).__name__}: {caught}")
+    else:
+        raise AssertionError(f"{error.__name__} was not raised")
+
+# %% [markdown] id="gpu-27"
 # ## Where this goes next
 #
 # The optimizer chooses the group reduction by itself for a long reduction with few outputs,
