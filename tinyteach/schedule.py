@@ -468,9 +468,8 @@ def create_schedule(outputs: list[UOp], default_device: str) -> tuple[list[Sched
 
 
 # why a buffer's old contents get a kernel of their own (see schedule_graph)
-OLD_CONTENTS_COPIED = ("its old contents are still read where an assign has overwritten them "
-                       "(the assigns read each other's old values: no order of them works), "
-                       "so they are copied first and every reader of the old value reads the copy")
+OLD_CONTENTS_COPIED = ("assigns read each other's old values (no order of them works): this "
+                       "buffer's old contents are copied first, and its readers read the copy")
 
 
 def schedule_graph(outputs: list[UOp], default_device: str) -> Schedule:

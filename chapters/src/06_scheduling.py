@@ -208,9 +208,8 @@ assert len(both) == 2 and all("EXP2" in " ".join(item.fusions) for item in both)
 # the same whichever output is listed first. (The assign reads the old `w` too, but each element
 # just before it overwrites that same element, which is safe.) If the assigned value itself reads its target
 # through a view (`w.assign(w.T)`), writing in place would overwrite elements still to be read:
-# the value is computed into a fresh buffer first. (A kernel that needs both the old and the new
-# contents cannot be ordered at all: the scheduler raises and asks for a `realize()` between the
-# two uses.)
+# the value is computed into a fresh buffer first. (When no order works at all, the next
+# section shows what the scheduler does.)
 
 # %% id="sched-44"
 w = random_tensor(4, 4)
@@ -232,6 +231,39 @@ for item in schedule_of(v):
     print(f"{item.name}: {item.boundary_reason}")
 v.realize()
 np.testing.assert_allclose(v.numpy(), v_old.T + 1, rtol=1e-6)
+
+# %% [markdown] id="sched-45"
+# ### When no order works: copy the old value
+#
+# Train both `x` and `W` of `loss = (x @ W).sum()` with SGD (tinygrad's quickstart does). The
+# gradient of `x` is built from the old `W`, the gradient of `W` from the old `x`, and each
+# assign's kernel computes its gradient itself. So the assign into `x` must wait until the assign
+# into `W` has read the old `x`, and the assign into `W` must wait for the assign into `x`: a
+# knot, and no order of the two kernels is right. The scheduler cuts it by copying the *old*
+# contents of one of the buffers into a fresh buffer first. Every kernel that wanted the old
+# value reads the copy, so the assign into that buffer waits for nobody. One copy, one kernel
+# more, the same numbers as PyTorch (a kernel that reads both the old and the new value of a
+# buffer is the same knot, cut the same way).
+
+# %% id="sched-46"
+from tinyteach.nn.optim import SGD
+
+x, W = random_tensor(2, 3), random_tensor(3, 3)
+x_start, W_start = x.numpy(), W.numpy()
+optimizer = SGD([x, W], lr=0.1)
+with Tensor.train():
+    optimizer.zero_grad()
+    (x @ W).sum().backward()
+    updated = optimizer.schedule_step()   # the assigns, lazily (step() = this, then realize)
+    for item in schedule_of(*updated):
+        role = "assign" if item.node.op.name == "ASSIGN" else "kernel"
+        print(f"{item.name} ({role}): {item.boundary_reason}")
+    Tensor.realize(*updated)
+
+# the same step by hand: d(sum(x @ W))/dx = ones @ W.T, and /dW = x.T @ ones
+ones = np.ones((2, 3), dtype=np.float32)
+np.testing.assert_allclose(x.numpy(), x_start - 0.1 * ones @ W_start.T, rtol=1e-5)
+np.testing.assert_allclose(W.numpy(), W_start - 0.1 * x_start.T @ ones, rtol=1e-5)
 
 # %% [markdown] id="sched-25"
 # ## `DEBUG=3` says the same thing
