@@ -13,6 +13,11 @@ What this teaches:
   columns at once; `vectorize` turns what depends on it into vector values (DType.vec): a load
   at `base + lane` becomes one vector load at `base`, and float math on it vector math.
 
+- with a group reduction (opt.py, GPU devices), each output is computed by a whole work-group:
+  its output loops are loops over groups (kind 'w'), each thread (`SPECIAL` lidx0) sums a
+  strided slice of the reduced axis, and the partial sums meet in shared memory
+  (`DEFINE_LOCAL`), separated by `BARRIER`s, combined by a tree or by thread 0.
+
 The result, a `LinearProgram`, is what every renderer (chapter 8) turns into source code.
 
 Builds on: uop.py, view.py, rewrite.py. Used by: render/, realize.py.

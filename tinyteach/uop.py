@@ -10,6 +10,9 @@ What this teaches:
   subgraphs are shared for free (common-subexpression elimination by construction);
 - every node knows its shape (derived from its sources and arg), and the integer nodes of index
   arithmetic know their smallest and largest value (`vmin`, `vmax`), which the simplifier uses.
+- GPU kernels add three nodes (the GPU chapter): `DEFINE_LOCAL` (a work-group's shared memory),
+  `SPECIAL` (a thread's index within its group) and `BARRIER` (the group waits until every
+  thread is there); `load_parts` and `store_parts` name the sources of a LOAD and a STORE;
 - a graph may be 100,000 ops deep, and Python allows only ~1,000 nested calls: every walk over
   a graph keeps its own stack of nodes (`toposort_of`, `fill_sources_first`), never recursion.
 
