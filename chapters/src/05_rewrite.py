@@ -230,6 +230,62 @@ assert graph_rewrite(graph_rewrite(e, recombine), symbolic) is x6
 # running several passes with different tables, in an order chosen by hand. The other cure is a rule
 # that does not depend on the order at all — exercise 3.
 
+# %% [markdown] id="rewrite-36"
+# ## Which passes of the book are tables
+#
+# A table of rules is the right shape for a pass when each rule can decide from what it sees: a
+# node and its sources. Where a rule only needs the op, the table is a dict keyed by op — a
+# pattern matcher whose every pattern is `UPat(op)` — and that is how three later passes are
+# written: the gradient rules (chapter 2), each renderer's `code_for_op` (chapter 8) and the NUMPY
+# device's ops (chapter 9). `symbolic` needs real patterns (`x*1` is a `MUL` *whose second source
+# is the constant 1*), so it is a `PatternMatcher`; lowering (chapter 7) runs it over every
+# kernel's index math.
+
+# %% id="rewrite-37"
+from tinyteach.gradient import GRADIENT_RULES
+from tinyteach.render.c import CRenderer
+from tinyteach.runtime.numpy import NUMPY_OPS
+
+tables = {"symbolic (chapters 5 and 7)": symbolic, "gradient rules (chapter 2)": GRADIENT_RULES,
+          "C's code_for_op (chapter 8)": CRenderer().code_for_op,
+          "NUMPY's ops (chapter 9)": NUMPY_OPS}
+for title, table in tables.items():
+    if isinstance(table, PatternMatcher):
+        print(f"{title:<30} {len(table.rules):>2} rules with patterns: a PatternMatcher")
+    else:
+        assert all(isinstance(op, Ops) for op in table)
+        print(f"{title:<30} {len(table):>2} rules keyed by op: a dict")
+
+# %% [markdown] id="rewrite-38"
+# The other passes are walks, and the reason is the direction. `graph_rewrite` goes from the leaves
+# up: when a rule sees a node, its sources are done and its users are not yet built. A rule that
+# watches every `ADD` and `MUL` shows it — `shared` is seen first, before either of its two users:
+
+# %% id="rewrite-39"
+seen = []
+
+
+def note(node: UOp) -> None:
+    """A rule that changes nothing: it records the order in which nodes are visited."""
+    seen.append(expression(node))
+
+
+watch = PatternMatcher("watch", [("note ADD and MUL", UPat((Ops.ADD, Ops.MUL), name="node"), note)])
+shared = i + j
+graph_rewrite(shared * 2 + shared * 3, watch)
+print("\n".join(seen))
+assert seen[0] == expression(shared) and len(seen) == 4
+
+# %% [markdown] id="rewrite-40"
+# When the rule saw `shared`, nothing said that two nodes would read it. That is exactly what the
+# scheduler (chapter 6) must know before it decides to store a value ("used by 2 kernels", "broadcast
+# back"), so `find_realized` counts every node's users first and walks from the outputs *down*.
+# Lowering (chapter 7) also walks from the store down, because a node's index comes from its user:
+# a `PERMUTE` changes the index its source is read at. Both hand what is local back to a table —
+# the index math they build goes through `symbolic`. tinygrad writes these passes as rules too, with
+# a context object that carries what a rule cannot see; tinyteach keeps them as walks, which read
+# in the one direction the information flows.
+
 # %% [markdown] id="rewrite-24"
 # ## Rules that never finish
 #
