@@ -33,11 +33,13 @@ ROWS = [
     Row("MLP 1st step, cold cache (ms)", "mlp", "cold", "first_step_ms", "lower", "{:.0f}"),
     Row("MLP 2nd step (capture), cold (ms)", "mlp", "cold", "second_step_ms", "lower", "{:.0f}"),
     Row("MLP 1st step, warm cache (ms)", "mlp", "warm", "first_step_ms", "lower", "{:.0f}"),
+    Row("MLP peak RSS of the process (MB)", "mlp", "steady", "peak_rss_mb", "lower", "{:.0f}"),
     Row("CNN step, JIT (ms/step)", "cnn", "steady", "ms_step", "lower"),
     Row("CNN kernels/step", "cnn", "steady", "kernels_step", "lower", "{:.0f}"),
     Row("CNN 1st step, cold cache (ms)", "cnn", "cold", "first_step_ms", "lower", "{:.0f}"),
     Row("CNN 2nd step (capture), cold (ms)", "cnn", "cold", "second_step_ms", "lower", "{:.0f}"),
     Row("CNN 1st step, warm cache (ms)", "cnn", "warm", "first_step_ms", "lower", "{:.0f}"),
+    Row("CNN peak RSS of the process (MB)", "cnn", "steady", "peak_rss_mb", "lower", "{:.0f}"),
     Row("matmul 512² (GFLOP/s)", "matmul512", "steady", "gflops", "higher", "{:.1f}"),
     Row("matmul 1024² (GFLOP/s)", "matmul1024", "steady", "gflops", "higher", "{:.1f}"),
     Row("matmul 1024² kernels", "matmul1024", "steady", "kernels", "lower", "{:.0f}"),
@@ -207,9 +209,32 @@ GOALS = [
 ]
 
 
-def goal_rows(results: Results) -> list[dict[str, Any]]:
+# ---- goals against PyTorch (issue 16: from ahead of tinygrad to level with PyTorch) ----
+
+TORCH_GOALS = [
+    Goal("MLP ms/step <= torch", _ratio("mlp", "ms_step", "torch"), 1.0, "lower",
+         "{:.2f}x torch"),
+    Goal("CNN ms/step <= torch", _ratio("cnn", "ms_step", "torch"), 1.0, "lower",
+         "{:.2f}x torch"),
+    Goal("softmax time <= torch", _ratio("softmax", "ms", "torch"), 1.0, "lower",
+         "{:.2f}x torch"),
+    Goal("layernorm time <= torch", _ratio("layernorm", "ms", "torch"), 1.0, "lower",
+         "{:.2f}x torch"),
+    Goal("tiny kernel eager realize <= 20 µs", _ours("tiny", "eager_us"), 20.0, "lower",
+         "{:.1f} µs"),
+    Goal("MLP first step, cold cache <= 100 ms", _ours("mlp", "first_step_ms", "cold"), 100.0,
+         "lower", "{:.0f} ms"),
+    Goal("MLP peak RSS <= torch", _ratio("mlp", "peak_rss_mb", "torch"), 1.0, "lower",
+         "{:.2f}x torch"),
+    Goal("CNN peak RSS <= torch", _ratio("cnn", "peak_rss_mb", "torch"), 1.0, "lower",
+         "{:.2f}x torch"),
+]
+
+
+def goal_rows(results: Results, goals: list[Goal] | None = None) -> list[dict[str, Any]]:
+    """Each goal (issue 7's by default), its figure in this run and whether it is met."""
     rows = []
-    for goal in GOALS:
+    for goal in GOALS if goals is None else goals:
         figure = goal.measure(results)
         met = None if figure is None else (
             figure <= goal.target if goal.better == "lower" else figure >= goal.target)
@@ -218,9 +243,9 @@ def goal_rows(results: Results) -> list[dict[str, Any]]:
     return rows
 
 
-def format_goals(results: Results) -> str:
+def format_goals(results: Results, goals: list[Goal] | None = None) -> str:
     status = {True: "met", False: "NOT met", None: "n/a"}
-    rows = goal_rows(results)
+    rows = goal_rows(results, goals)
     width = max(len(row["goal"]) for row in rows)
     return "\n".join(f"  {row['goal']:<{width}}  {row['shown']:>18}  {status[row['met']]}"
                      for row in rows)

@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} cores; {elapsed:.0f} s in all{' (--quick)' if args.quick else ''}")
     print("\ngoals (issue 7; JIT replay per kernel from issue 3):")
     print(report.format_goals(results))
+    print("\ngoals against PyTorch (issue 16):")
+    print(report.format_goals(results, report.TORCH_GOALS))
     agreement = report.loss_agreement(results)
     if agreement:
         print("\nsame computation (losses vs torch, same data/init/Adam):")
@@ -174,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                          "python": platform.python_version(), "versions": versions(),
                          "quick": args.quick, "seconds": elapsed},
                 "table": report.table_rows(results), "goals": report.goal_rows(results),
+                "torch_goals": report.goal_rows(results, report.TORCH_GOALS),
                 "results": [{"workload": w, "run": r, "framework": fw, **entry}
                             for (w, r), by_fw in results.items() for fw, entry in by_fw.items()]}
         args.json.write_text(json.dumps(dump, indent=1))

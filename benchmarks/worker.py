@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -75,6 +76,14 @@ def ms(seconds: float) -> float:
     return seconds * 1e3
 
 
+def peak_rss_mb() -> float:
+    """The most memory this worker process has held so far (its peak resident set, in MB of
+    10^6 bytes): imports, data, the framework's caches and every step's tensors. Each
+    (framework, workload) has a process of its own, so this is the framework's own figure."""
+    kilobytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
+    return kilobytes * 1024 / 1e6
+
+
 # ---- training steps ----
 
 def train_first(impl: Any, kind: str, data: Data) -> dict[str, Any]:
@@ -91,8 +100,10 @@ def train_first(impl: Any, kind: str, data: Data) -> dict[str, Any]:
 
 
 def train_steady(impl: Any, kind: str, data: Data, quick: bool) -> dict[str, Any]:
-    """ms per step (median) after the warm-up steps, and kernels per replayed step."""
+    """ms per step (median) after the warm-up steps, kernels per replayed step, and the
+    process's peak memory over the whole run (and before the first step, in "extra")."""
     step = impl.train_step(kind, data)
+    rss_before = peak_rss_mb()
     warmup, steps = repeats("train_warmup", quick), reps(impl, "train_steps", quick)
     losses, warm_times, times = [], [], []
     for i in range(warmup):
@@ -107,9 +118,10 @@ def train_steady(impl: Any, kind: str, data: Data, quick: bool) -> dict[str, Any
         losses.append(step(i))
         times.append(time.perf_counter() - start)
     kernels = read() / steps if impl.counts_kernels else None
-    return {"metrics": {"ms_step": ms(statistics.median(times)), "kernels_step": kernels},
+    return {"metrics": {"ms_step": ms(statistics.median(times)), "kernels_step": kernels,
+                        "peak_rss_mb": peak_rss_mb()},
             "extra": {"warmup_ms": [ms(t) for t in warm_times], "step_ms": [ms(t) for t in times],
-                      "losses": losses}}
+                      "losses": losses, "peak_rss_mb_before_training": rss_before}}
 
 
 # ---- single kernels ----

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,3 +88,32 @@ def test_device_columns_stay_out_of_the_ratios() -> None:
     assert report.device_notes(results) == ["  tt OPENCL: pocl"]
     cpu_only = {key: {"tinyteach": entries["tinyteach"]} for key, entries in results.items()}
     assert "tt OPENCL" not in report.format_table(cpu_only)
+
+
+def test_peak_memory_is_reported_next_to_torch() -> None:
+    """Peak RSS rows (MB, lower is better) for the training runs, and the issue-16 goals
+    against PyTorch judged from the same figures."""
+    results: report.Results = {
+        ("mlp", "steady"): {"tinyteach": {"metrics": {"ms_step": 2.0, "peak_rss_mb": 60.0}},
+                            "torch": {"metrics": {"ms_step": 1.0, "peak_rss_mb": 300.0}}},
+        ("mlp", "cold"): {"tinyteach": {"metrics": {"first_step_ms": 250.0}}},
+    }
+    row = next(r for r in report.ROWS if r.workload == "mlp" and r.metric == "peak_rss_mb")
+    assert row.better == "lower" and report.ratio(results, row, "torch") == pytest.approx(0.2)
+    assert "MLP peak RSS" in report.format_table(results)
+    goals = {g["goal"]: g for g in report.goal_rows(results, report.TORCH_GOALS)}
+    assert goals["MLP peak RSS <= torch"]["met"] is True
+    assert goals["MLP ms/step <= torch"]["met"] is False
+    assert goals["MLP first step, cold cache <= 100 ms"]["shown"] == "250 ms"
+    assert goals["CNN peak RSS <= torch"]["met"] is None  # not measured
+
+
+def test_worker_measures_its_own_peak_memory() -> None:
+    """The figure is the worker's own peak resident set: at least what it holds now."""
+    from benchmarks import worker
+    held = np.ones(20_000_000, dtype=np.uint8)  # 20 MB, touched
+    with open("/proc/self/status") as status:
+        now_kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS"))
+    peak = worker.peak_rss_mb()
+    # Linux updates the high-water mark lazily (a few pages may be missing from it)
+    assert peak >= 0.95 * now_kb * 1024 / 1e6 and peak >= held.nbytes / 1e6
