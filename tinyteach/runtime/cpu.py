@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from tinyteach import helpers
 from tinyteach.device import (
     Backend,
     Buffer,
@@ -60,7 +61,7 @@ from tinyteach.device import (
     DeviceUnavailable,
     HostAllocator,
 )
-from tinyteach.helpers import BEAM, DEBUG, ContextVar
+from tinyteach.helpers import BEAM, DEBUG, ContextVar, machine_identity
 from tinyteach.render.c import CRenderer
 
 # -march=native: use this machine's vector instructions (the cache key names the machine).
@@ -79,16 +80,6 @@ OPTIMIZED = "gcc -O2"  # the name DEBUG=2 gives the optimized tier (whichever CC
 # what lets gcc -O2 compute other bits than an unoptimized build (see the docstring)
 REORDERING_MARKS = ("#pragma omp simd", "fp-contract=fast")
 TCC_CANNOT = ("vector_size", "_Float16")  # tcc 0.9.27 knows neither
-
-
-def machine_identity() -> str:
-    """The CPU model and features: binaries built with -march=native only run on the same."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    wanted = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
-    return hashlib.sha256("\n".join(sorted(set(wanted))).encode()).hexdigest()[:16]
 
 
 def supports_flags(compiler: str, flags: list[str]) -> bool:
@@ -142,8 +133,8 @@ def find_c_compiler() -> str:
 
 
 def cache_dir() -> Path:
-    default = Path.home() / ".cache" / "tinyteach"
-    return Path(os.environ.get("TINYTEACH_CACHE", default)) / "cpu"
+    """The compiled kernels' folder: ~/.cache/tinyteach/cpu, or under `TINYTEACH_CACHE`."""
+    return helpers.cache_dir("cpu")
 
 
 def explain_compile_error(source: str, message: str) -> str:
