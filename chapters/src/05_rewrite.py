@@ -193,6 +193,8 @@ from viz.rewrites import collect_steps
 
 steps = collect_steps(out)
 print(steps_text(steps))
+assert steps[9].rule == "(a*c+b)%c -> b%c"                          # step 10: the MOD's operand
+assert "(x//c)*c + x%c -> x" not in [step.rule for step in steps]   # recombining never fired
 viz.rewrites(out)
 
 
