@@ -257,12 +257,12 @@ def wait_for_optimized_builds(timeout: float | None = None) -> None:
         future.result(left)
 
 
-def chunks_of(sources: list[str]) -> list[list[str]]:
-    """Groups of sources for one compiler process each: one per KERNELS_PER_PROCESS kernels, up
-    to one per core (starting gcc costs ~50 ms, and each process runs on its own core)."""
+def chunks_of(sources: list[str], per_process: int = KERNELS_PER_PROCESS) -> list[list[str]]:
+    """Groups of sources for one compiler process each: one per `per_process` kernels, up to
+    one per core (starting gcc costs ~50 ms, and each process runs on its own core)."""
     if not sources:
         return []
-    groups = min(os.cpu_count() or 1, max(1, len(sources) // KERNELS_PER_PROCESS))
+    groups = min(os.cpu_count() or 1, max(1, len(sources) // per_process))
     size = -(-len(sources) // groups)
     return [sources[start:start + size] for start in range(0, len(sources), size)]
 
@@ -322,7 +322,9 @@ class ClangStyleCompiler(Compiler):
         tiering, the others' groups that are not in the cache start on the fast tier and are
         optimized in the background. Each kernel's program loads its group's library."""
         exact = [s for s in sources if not needs_optimized_build(s)]
-        groups = chunks_of([s for s in sources if needs_optimized_build(s)]) + chunks_of(exact)
+        reordering = [s for s in sources if needs_optimized_build(s)]
+        # the reordering kernels are waited for: spread them over every core
+        groups = chunks_of(reordering, per_process=1) + chunks_of(exact)
         late = [g for g in groups if self.tiering() and not needs_optimized_build(g[0])
                 and not self.library_path("\n".join(g)).exists()]
         now = [g for g in groups if not any(g is other for other in late)]
