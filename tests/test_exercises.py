@@ -95,15 +95,28 @@ def test_missing_and_stubbed_ops_are_not_implemented():
 
 
 def test_codegen_errors_are_reported_not_fatal():
+    def divide(renderer, operands, operand_dtypes, dtype):  # traps on x/0 in C
+        return "({}/{})".format(*operands)
+
+    def add(renderer, operands, operand_dtypes, dtype):  # does not compile
+        return "({}+{}".format(*operands)
+
+    def maximum(renderer, operands, operand_dtypes, dtype):  # loses NaN in a
+        a, b = operands
+        return f"({a}>{b}?{a}:{b})"
+
+    def old_style_mul(a, b, dtype):  # the contract before: (a, b, dtype)
+        return f"({a}*{b})"
+
     backend = reference_codegen()
-    backend.code_for_op[Ops.IDIV] = lambda a, b, dtype: f"({a}/{b})"  # traps on x/0 in C
-    backend.code_for_op[Ops.ADD] = lambda a, b, dtype: f"({a}+{b}"    # does not compile
-    backend.code_for_op[Ops.MAX] = lambda a, b, dtype: f"({a}>{b}?{a}:{b})"  # loses NaN in a
+    backend.code_for_op.update({Ops.IDIV: divide, Ops.ADD: add, Ops.MAX: maximum,
+                                Ops.MUL: old_style_mul})
     rows = rows_by_name(grade(backend))
     assert "SIGFPE" in rows["IDIV"].failure.received
     assert "CompileError" in rows["ADD"].failure.received
     assert rows["MAX"].status == "fail" and "NaN" in rows["MAX"].hint
-    assert rows["MUL"].status == "pass"
+    assert "must take (renderer, operands, operand_dtypes, dtype)" in rows["MUL"].failure.received
+    assert rows["CMPLT"].status == "pass"
 
 
 def test_student_device_runs_tensors_and_re_registering_recomputes():

@@ -51,18 +51,32 @@ def kernel_of(tensor):
 # %% [markdown] id="codegen-03"
 # ## `code_for_op`: one small function per op
 #
-# Each entry takes the operands' source text (and the dtype) and returns the expression. Here
-# are a few ops in C:
+# Every entry of the table has the same signature, in every language — and it is the one you
+# implement in chapter 12's exercise: `code(renderer, operands, operand_dtypes, dtype)`. It gets
+# the renderer (for the language's words: `type_name`, `render_const`, `where`), the source text
+# of each operand, their dtypes and the dtype of the result, and returns one expression. Here are
+# a few ops in C:
 
 # %% id="codegen-04"
 c = RENDERERS["C"]
 f32 = dtypes.float32
+
+
+def snippet(renderer, op, *operands, dtype=f32):
+    """What `renderer` writes for `op` on these operands, of dtype `dtype` (WHERE's condition
+    is a bool, and so is the result of a comparison)."""
+    operand_dtypes = [dtypes.bool if op is Ops.WHERE and i == 0 else dtype
+                      for i in range(len(operands))]
+    result = dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE) else dtype
+    return renderer.code_for_op[op](renderer, list(operands), operand_dtypes, result)
+
+
 for op in (Ops.ADD, Ops.MUL, Ops.CMPLT, Ops.MAX):
-    print(f"{op.name:6} {c.code_for_op[op]('a', 'b', f32)}")
-print(f"{'NEG':6} {c.code_for_op[Ops.NEG]('a', f32)}")
-print(f"{'EXP2':6} {c.code_for_op[Ops.EXP2]('a', f32)}")
-print(f"{'WHERE':6} {c.code_for_op[Ops.WHERE]('cond', 'a', 'b', f32)}")
-assert c.code_for_op[Ops.ADD]("a", "b", f32) == "(a+b)"
+    print(f"{op.name:6} {snippet(c, op, 'a', 'b')}")
+print(f"{'NEG':6} {snippet(c, Ops.NEG, 'a')}")
+print(f"{'EXP2':6} {snippet(c, Ops.EXP2, 'a')}")
+print(f"{'WHERE':6} {snippet(c, Ops.WHERE, 'cond', 'a', 'b')}")
+assert snippet(c, Ops.ADD, "a", "b") == "(a+b)"
 
 # %% [markdown] id="codegen-05"
 # `MAX` is longer than `a>b?a:b` on purpose: numpy's maximum returns NaN if either side is NaN,
@@ -72,18 +86,37 @@ assert c.code_for_op[Ops.ADD]("a", "b", f32) == "(a+b)"
 # %% id="codegen-06"
 for op, operands in ((Ops.EXP2, ("a",)), (Ops.CAST, ("a",)), (Ops.WHERE, ("c", "a", "b"))):
     for language, renderer in RENDERERS.items():
-        if op is Ops.WHERE:
-            text = renderer.where(*operands)
-        elif op is Ops.CAST:
-            text = renderer.code_for_op[op]("a", dtypes.int32)
+        if op is Ops.CAST:  # float32 -> int32
+            text = renderer.code_for_op[op](renderer, ["a"], [f32], dtypes.int32)
         else:
-            text = renderer.code_for_op[op](*operands, f32)
+            text = snippet(renderer, op, *operands)
         print(f"{op.name:5} {language:7} {text}")
 assert RENDERERS["WGSL"].where("c", "a", "b").startswith("select(")
 
 # %% [markdown] id="codegen-07"
 # WGSL has no `?:` (it says `select(if_false, if_true, condition)`), and casts are written as
 # constructors (`i32(a)`); C picks `exp2f` for floats where OpenCL overloads `exp2`.
+#
+# The tables are class attributes, and a language is a table merged over its parent's:
+# `code_for_op = {**CStyleRenderer.code_for_op, Ops.MAX: wgsl_max, ...}`. An entry that a
+# language does not change is the parent's function itself — integer division, for example,
+# is written once for all four. It must never trap (C's `x/0` kills the process), so it guards
+# the divisor, except when the divisor is a literal that cannot be 0 or -1, as in index
+# arithmetic:
+
+# %% id="codegen-37"
+int32 = dtypes.int32
+for language in ("C", "WGSL"):
+    renderer = RENDERERS[language]
+    four = renderer.render_const(4, int32)
+    print(f"{language:5} a/b  {snippet(renderer, Ops.IDIV, 'a', 'b', dtype=int32)}")
+    print(f"{language:5} a/4  {snippet(renderer, Ops.IDIV, 'a', four, dtype=int32)}")
+assert all(r.code_for_op[Ops.IDIV] is c.code_for_op[Ops.IDIV] for r in RENDERERS.values())
+
+# %% [markdown] id="codegen-38"
+# A renderer keeps nothing of the kernel it is writing: the names it gave, the loop depth and,
+# on a GPU, the launch live in a `KernelWriter` made for that one render. So one renderer
+# object serves every kernel of its device, even two at once.
 #
 # ## One kernel, four languages
 #
@@ -202,7 +235,8 @@ np.testing.assert_allclose(y.numpy(), np.maximum(np.sqrt(x.numpy() * 2 + 1), x.n
 # %% [markdown] id="codegen-25"
 # **Try it — your own snippet.** Make a C renderer whose `MAX` uses the C library's `fmaxf` (careful: `fmaxf` ignores NaN,
 # unlike numpy — so this would fail the reference tests; it is only an exercise). Subclass
-# `CRenderer`, change `self.code_for_op[Ops.MAX]` in `__init__`, and render `x.maximum(1.0)`.
+# `CRenderer`, merge your entry over its table (`code_for_op = {**CRenderer.code_for_op, Ops.MAX: ...}`), and render
+# `x.maximum(1.0)`.
 
 # %% id="codegen-26"
 # your code here
@@ -211,15 +245,20 @@ np.testing.assert_allclose(y.numpy(), np.maximum(np.sqrt(x.numpy() * 2 + 1), x.n
 # *Solution* (click the collapsed cell below to show it):
 
 # %% id="codegen-28" jupyter={"source_hidden": true} tags=["solution"]
+def fmax_code(renderer, operands, operand_dtypes, dtype):
+    a, b = operands
+    return f"fmaxf({a},{b})"
+
+
 class FmaxRenderer(CRenderer):
-    def __init__(self):
-        super().__init__()
-        self.code_for_op[Ops.MAX] = lambda a, b, dtype: f"fmaxf({a},{b})"
+    code_for_op = {**CRenderer.code_for_op, Ops.MAX: fmax_code}
+
 
 max_kernel = kernel_of(x.maximum(1.0))
 source = FmaxRenderer().render(max_kernel.name, lower(max_kernel.ast))
 print(source)
-assert "fmaxf(" in source
+assert "fmaxf(" in source and "fmaxf(" not in CRenderer().render(max_kernel.name,
+                                                                 lower(max_kernel.ast))
 
 # %% [markdown] id="codegen-29"
 # **Try it — where is exp?.** Render `x.exp()` in C. Which math function appears, and why not `expf`? (Hint: look for

@@ -323,12 +323,19 @@ report_a.passed
 # ## Exercise B: a code-generating backend
 #
 # A compiled backend does not compute: it writes source code. The renderer of chapter 8 already walks the kernel
-# and writes the loops, the loads and the stores; a language only says how each ALU op looks. Each entry of
-# `code_for_op` gets its operands as C expressions (strings) and a dtype — the operands' dtype, except for CAST,
-# which gets the dtype to convert to — and returns a C expression. For example ADD is `f"({a}+{b})"`.
+# and writes the loops, the loads and the stores; a language only says how each ALU op looks. Every entry of
+# `code_for_op` has the signature every renderer's entries have (chapter 8):
 #
-# `c` below is the CPU device's renderer: use `c.type_name(dtype)` (`float`, `int`, `signed char`, ...) and
-# `c.render_const(value, dtype)` (`1.0f`, `INFINITY`, ...).
+# ```python
+# def add_code(renderer, operands, operand_dtypes, dtype) -> str:
+#     a, b = operands
+#     return f"({a}+{b})"
+# ```
+#
+# `operands` are the operands as C expressions (strings), `operand_dtypes` their dtypes, and `dtype` the dtype of
+# the result — for CAST, the dtype to convert to. It returns a C expression. `renderer` is the CPU device's C
+# renderer, for the language's words: `renderer.type_name(dtype)` (`float`, `int`, `signed char`, ...) and
+# `renderer.render_const(value, dtype)` (`1.0f`, `INFINITY`, ...). Here they are on a renderer of our own:
 
 # %% id="ex-b-setup"
 from pathlib import Path
@@ -359,37 +366,51 @@ def math_call(name: str, a: str, dtype: DType) -> str:
     ### END SOLUTION
 
 
-def neg_code(a: str, dtype: DType) -> str:
+def neg_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+    (a,) = operands
     ### BEGIN SOLUTION
     return f"(!{a})" if dtype == dtypes.bool else f"(-({a}))"
     ### END SOLUTION
 
 
-def exp2_code(a: str, dtype: DType) -> str:
+def exp2_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+              dtype: DType) -> str:
+    (a,) = operands
     return math_call("exp2", a, dtype)
 
 
-def log2_code(a: str, dtype: DType) -> str:
+def log2_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+              dtype: DType) -> str:
+    (a,) = operands
     return math_call("log2", a, dtype)
 
 
-def sin_code(a: str, dtype: DType) -> str:
+def sin_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+    (a,) = operands
     return math_call("sin", a, dtype)
 
 
-def sqrt_code(a: str, dtype: DType) -> str:
+def sqrt_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+              dtype: DType) -> str:
+    (a,) = operands
     return math_call("sqrt", a, dtype)
 
 
-def reciprocal_code(a: str, dtype: DType) -> str:
+def reciprocal_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+                    dtype: DType) -> str:
+    (a,) = operands
     ### BEGIN SOLUTION
-    return f"({c.render_const(1, dtype)}/{a})"
+    return f"({renderer.render_const(1, dtype)}/{a})"
     ### END SOLUTION
 
 
-def cast_code(a: str, dtype: DType) -> str:
+def cast_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+              dtype: DType) -> str:
+    (a,) = operands
     ### BEGIN SOLUTION
-    return f"(({c.type_name(dtype)})({a}))"
+    return f"(({renderer.type_name(dtype)})({a}))"
     ### END SOLUTION
 
 
@@ -407,19 +428,25 @@ def cast_code(a: str, dtype: DType) -> str:
 # return a number, it kills the process (`SIGFPE`) — the grader runs IDIV and MOD in a separate process so it can tell you.
 
 # %% id="ex-b2" nbgrader={"grade": false, "grade_id": "ex-b2", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def add_code(a: str, b: str, dtype: DType) -> str:
+def add_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+    a, b = operands
     ### BEGIN SOLUTION
     return f"({a}+{b})"
     ### END SOLUTION
 
 
-def mul_code(a: str, b: str, dtype: DType) -> str:
+def mul_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+    a, b = operands
     ### BEGIN SOLUTION
     return f"({a}*{b})"
     ### END SOLUTION
 
 
-def idiv_code(a: str, b: str, dtype: DType) -> str:
+def idiv_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+              dtype: DType) -> str:
+    a, b = operands
     ### BEGIN SOLUTION
     if dtypes.is_unsigned(dtype):
         return f"({b}==0?0:{a}/{b})"
@@ -427,7 +454,9 @@ def idiv_code(a: str, b: str, dtype: DType) -> str:
     ### END SOLUTION
 
 
-def mod_code(a: str, b: str, dtype: DType) -> str:
+def mod_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+    a, b = operands
     ### BEGIN SOLUTION
     if dtypes.is_float(dtype):
         return f"fmod({a},{b})"
@@ -437,7 +466,9 @@ def mod_code(a: str, b: str, dtype: DType) -> str:
     ### END SOLUTION
 
 
-def max_code(a: str, b: str, dtype: DType) -> str:
+def max_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+    a, b = operands
     ### BEGIN SOLUTION
     if dtypes.is_float(dtype):
         return f"(({a}>{b}||{a}!={a})?{a}:{b})"  # NaN wins, as numpy's maximum
@@ -445,37 +476,49 @@ def max_code(a: str, b: str, dtype: DType) -> str:
     ### END SOLUTION
 
 
-def cmplt_code(a: str, b: str, dtype: DType) -> str:
+def cmplt_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+               dtype: DType) -> str:
+    a, b = operands
     ### BEGIN SOLUTION
     return f"({a}<{b})"
     ### END SOLUTION
 
 
-def cmpne_code(a: str, b: str, dtype: DType) -> str:
+def cmpne_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+               dtype: DType) -> str:
+    a, b = operands
     ### BEGIN SOLUTION
     return f"({a}!={b})"
     ### END SOLUTION
 
 
-def and_code(a: str, b: str, dtype: DType) -> str:
+def and_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+    a, b = operands
     ### BEGIN SOLUTION
     return f"({a}&&{b})" if dtype == dtypes.bool else f"({a}&{b})"
     ### END SOLUTION
 
 
-def or_code(a: str, b: str, dtype: DType) -> str:
+def or_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+            dtype: DType) -> str:
+    a, b = operands
     ### BEGIN SOLUTION
     return f"({a}||{b})" if dtype == dtypes.bool else f"({a}|{b})"
     ### END SOLUTION
 
 
-def xor_code(a: str, b: str, dtype: DType) -> str:
+def xor_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+    a, b = operands
     ### BEGIN SOLUTION
     return f"({a}!={b})" if dtype == dtypes.bool else f"({a}^{b})"
     ### END SOLUTION
 
 
-def where_code(condition: str, a: str, b: str, dtype: DType) -> str:
+def where_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+               dtype: DType) -> str:
+    condition, a, b = operands
     ### BEGIN SOLUTION
     return f"({condition}?{a}:{b})"
     ### END SOLUTION

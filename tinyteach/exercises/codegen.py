@@ -3,15 +3,22 @@
 What this teaches:
 - a compiled backend does not compute values: it writes source code. The renderer (chapter 8)
   already walks the kernel, writes the loops, the loads and the stores; a language only says how
-  each ALU op looks: `code_for_op[Ops.ADD] = lambda a, b, dtype: f"({a}+{b})"`;
-- here all 18 ALU ops (`CODEGEN_OPS`) go through the student's table, IDIV and MOD included
-  (CRenderer special-cases them for constant divisors; StudentRenderer does not);
+  each ALU op looks: one entry of `code_for_op` per op, `ADD` writes `f"({a}+{b})"`;
+- all 18 ALU ops (`CODEGEN_OPS`) go through the student's table, IDIV, MOD and CAST included:
+  StudentRenderer is CRenderer with the student's table instead of its own;
 - the Compiler turns source into a binary and the Program runs it; the C compiler of the CPU
   device (runtime/cpu.py) can be reused, so the glue is a few lines;
 - fusion, movement ops (views become index math), reductions and the JIT need nothing more.
 
-Each `code_for_op` entry gets the operands' source text and a dtype: the operands' dtype for
-every op, except CAST, which gets the dtype to convert to.
+Each entry has the signature every renderer's entries have (render/__init__.py states it):
+
+    def add_code(renderer, operands, operand_dtypes, dtype) -> str:
+        a, b = operands
+        return f"({a}+{b})"
+
+`renderer` is the C renderer (`renderer.type_name(dtype)`, `renderer.render_const(1, dtype)`),
+`operands` the operands' C expressions, `operand_dtypes` their dtypes and `dtype` the result's
+(the dtype to convert to, for CAST).
 
 The solution is `render/c.py`'s table (see reference.py).
 
@@ -23,39 +30,44 @@ Builds on: render/c.py, runtime/cpu.py, device.py. Used by: autograder.py.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from tinyteach.device import Backend, Compiler, Device, HostAllocator
+from tinyteach.dtype import dtypes
 from tinyteach.exercises.interpreter import forget_device
-from tinyteach.render import NARROW_DTYPES, WRAPPING_OPS
+from tinyteach.render import CodeForOp
 from tinyteach.render.c import CRenderer
 from tinyteach.runtime.cpu import ClangStyleCompiler, CPUProgram, find_c_compiler
-from tinyteach.uop import ALU, Ops, UOp
+from tinyteach.uop import ALU, Ops
 
 CODEGEN_OPS: tuple[Ops, ...] = ALU
 
-CodeFunction = Callable[..., str]
+CodeFunction = CodeForOp
 
 
 class StudentRenderer(CRenderer):
-    """CRenderer with the student's `code_for_op` for every ALU op."""
+    """CRenderer with the student's `code_for_op` for every ALU op (an op without an entry
+    raises NotImplementedError when a kernel needs it)."""
 
     def __init__(self, code_for_op: dict[Ops, CodeFunction]):
         super().__init__()
         self.code_for_op = dict(code_for_op)
 
-    def alu(self, node: UOp, operands: list[str]) -> str:
-        if node.op not in self.code_for_op:
-            raise NotImplementedError(f"code_for_op has no entry for {node.op.name}")
-        # CAST is told the dtype to convert to; every other op its operands' dtype
-        dtype = node.dtype if node.op is Ops.CAST else node.src[-1].dtype
-        expression = self.code_for_op[node.op](*operands, dtype)
-        if node.op in WRAPPING_OPS and node.dtype in NARROW_DTYPES:
-            # as in CRenderer: C computes on narrow ints as int, so cast back to wrap (127+1)
-            return f"(({self.type_name(node.dtype)})({expression}))"
-        return expression
+    def code(self, op: Ops) -> CodeFunction:
+        """The student's entry for `op`, after a check that it takes the four arguments every
+        entry gets (a clear message instead of a TypeError from deep inside the walk)."""
+        code = super().code(op)
+        try:
+            inspect.signature(code).bind(self, [], [], dtypes.float32)
+        except TypeError:
+            raise TypeError(f"code_for_op[Ops.{op.name}] must take (renderer, operands, "
+                            f"operand_dtypes, dtype); it takes {inspect.signature(code)}") from None
+        except ValueError:  # no signature to read (a builtin): let the call decide
+            pass
+        return code
 
 
 def cpu_compiler() -> ClangStyleCompiler:

@@ -2,18 +2,46 @@
 
 What this teaches:
 - a renderer walks the linear program once, giving each value a name and each op a snippet of
-  source: `code_for_op[Ops.ADD] = lambda a, b: f"({a}+{b})"`. C, OpenCL C, CUDA C and WGSL
-  differ in a handful of places (how a kernel and its parameters are declared, type names, how
-  loops and constants are written), so one `CStyleRenderer` serves them all, with small
-  subclasses;
+  source. C, OpenCL C, CUDA C and WGSL differ in a handful of places (how a kernel and its
+  parameters are declared, type names, how loops and constants are written), so one
+  `CStyleRenderer` serves them all, with small subclasses;
 - values used once are written inline (`data0[i] = (val0+val1)`), values used more than once get
   a name (`alu0`), loads always get one (`val0`), so the code reads like a person wrote it.
 
+The contract: `code_for_op`
+---------------------------
+Every ALU op is one entry of the class-level table `code_for_op`, and every entry has the same
+signature — the one exercise B asks a student to implement:
+
+    def code(renderer, operands, operand_dtypes, dtype) -> str
+
+- `renderer`: the renderer, for the language's words: `renderer.type_name(dtype)`,
+  `renderer.render_const(value, dtype)`, `renderer.where(condition, if_true, if_false)`;
+- `operands`: the source text of each operand, in order (`["val0", "1.0f"]`);
+- `operand_dtypes`: the dtype of each operand (WHERE's first operand is a bool);
+- `dtype`: the dtype of the result (bool for CMPLT and CMPNE; for CAST, the dtype to convert to).
+
+It returns one C-like expression, in parentheses (it is pasted into bigger ones). For a vector
+value (DType.vec) an entry is called with the dtypes of one lane. A language changes entries by
+merging tables: `code_for_op = {**CStyleRenderer.code_for_op, Ops.MAX: wgsl_max}`.
+
+Everything else a renderer knows about one kernel while it renders it (each value's name, the
+loop depth, a GPU kernel's launch) lives in the `KernelWriter` of that render, never on the
+renderer, which all kernels of a device share: two kernels can be rendered at once.
+
 Builds on: uop.py, lower.py (LinearProgram). Used by: the compiled runtimes (runtime/cpu.py, ...).
+
+>>> from tinyteach.dtype import dtypes
+>>> renderer = CStyleRenderer()
+>>> renderer.code_for_op[Ops.ADD](renderer, ["a", "b"], [dtypes.float32] * 2, dtypes.float32)
+'(a+b)'
+>>> renderer.code_for_op[Ops.IDIV](renderer, ["a", "b"], [dtypes.int32] * 2, dtypes.int32)
+'(b==0?0:(b==-1?-(a):a/b))'
 """
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,48 +53,131 @@ from tinyteach.uop import ALU, Ops, UOp
 # values written inline where they are used, when they are used once
 INLINE_OPS = set(ALU) | {Ops.CONST}
 
-
-def _max_code(a: str, b: str, dtype: DType) -> str:
-    if dtypes.is_float(dtype):
-        return f"(({a}>{b}||{a}!={a})?{a}:{b})"  # NaN wins, as in numpy's maximum
-    return f"({a}>{b}?{a}:{b})"
+CodeForOp = Callable[["CStyleRenderer", list[str], list[DType], DType], str]
+"""One entry of `code_for_op`: (renderer, operands, operand_dtypes, dtype) -> expression."""
 
 
-def _idiv_code(a: str, b: str, dtype: DType, b_node: UOp) -> str:
-    if b_node.op is Ops.CONST and b_node.arg not in (0, -1):
-        return f"({a}/{b})"
-    if dtypes.is_unsigned(dtype):
-        return f"({b}==0?0:{a}/{b})"
-    return f"({b}==0?0:({b}==-1?-({a}):{a}/{b}))"  # never trap: x/0 -> 0, MIN/-1 wraps
+# ---- entries that every C-like language shares ----
 
-
-def _mod_code(a: str, b: str, dtype: DType, b_node: UOp) -> str:
-    if dtypes.is_float(dtype):
-        return f"fmod({a},{b})"  # C's % is for integers; fmod has the same sign rule
-    if b_node.op is Ops.CONST and b_node.arg not in (0, -1):
-        return f"({a}%{b})"
-    if dtypes.is_unsigned(dtype):
-        return f"({b}==0?0:{a}%{b})"
-    return f"(({b}==0||{b}==-1)?0:{a}%{b})"
-
-
-def _logic(symbol_bool: str, symbol_int: str) -> Callable[[str, str, DType], str]:
-    def code(a: str, b: str, dtype: DType) -> str:
-        return f"({a}{symbol_bool if dtype == dtypes.bool else symbol_int}{b})"
+def infix(symbol: str) -> CodeForOp:
+    """`(a+b)`, `(a<b)`, ...: an operator written between its two operands."""
+    def code(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+        a, b = operands
+        return f"({a}{symbol}{b})"
     return code
 
 
-def typed_math_function(base: str, half_to_float: str,
-                        float_to_half: str) -> Callable[[str, DType], str]:
+def logic(bool_symbol: str, int_symbol: str) -> CodeForOp:
+    """AND, OR and XOR: logical on bools (`&&`), bitwise on integers (`&`)."""
+    def code(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+        a, b = operands
+        return f"({a}{bool_symbol if dtype == dtypes.bool else int_symbol}{b})"
+    return code
+
+
+def math_function(name: str) -> CodeForOp:
+    """`exp2(a)`: a math function that the language overloads for every float type."""
+    def code(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+        return f"{name}({operands[0]})"
+    return code
+
+
+def negate(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+           dtype: DType) -> str:
+    (a,) = operands
+    return f"(!{a})" if dtype == dtypes.bool else f"(-({a}))"  # -(a): -(-1) is not --1
+
+
+def reciprocal(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+               dtype: DType) -> str:
+    return f"({renderer.render_const(1, dtype)}/{operands[0]})"
+
+
+def cast(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+         dtype: DType) -> str:
+    return f"(({renderer.type_name(dtype)})({operands[0]}))"
+
+
+def maximum(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+            dtype: DType) -> str:
+    a, b = operands
+    if dtypes.is_float(dtype):
+        return renderer.where(f"({a}>{b}||{a}!={a})", a, b)  # NaN wins, as numpy's maximum
+    return renderer.where(f"{a}>{b}", a, b)
+
+
+def where(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+          dtype: DType) -> str:
+    condition, if_true, if_false = operands
+    return renderer.where(condition, if_true, if_false)
+
+
+_INTEGER_LITERAL = re.compile(r"(-?\d+)[a-z]*")  # 4, 4u, 4ll, 4i: how every renderer writes ints
+
+
+def is_safe_divisor(operand: str) -> bool:
+    """Is this operand an integer literal that can neither trap nor overflow a division (not 0,
+    not -1)? Index arithmetic divides by such constants all the time: `(gidx0/4)`."""
+    found = _INTEGER_LITERAL.fullmatch(operand)
+    return found is not None and int(found.group(1)) not in (0, -1)
+
+
+def integer_division(renderer: CStyleRenderer, operands: list[str],
+                     operand_dtypes: list[DType], dtype: DType) -> str:
+    """IDIV that never traps: x/0 gives 0 and MIN/-1 wraps to MIN (-MIN does, with -fwrapv),
+    as the NUMPY reference says. The one copy every renderer uses."""
+    a, b = operands
+    if is_safe_divisor(b):
+        return f"({a}/{b})"
+    zero = renderer.render_const(0, dtype)
+    if dtypes.is_unsigned(dtype):
+        return renderer.where(f"{b}=={zero}", zero, f"{a}/{b}")
+    minus_one = renderer.render_const(-1, dtype)
+    divided = renderer.where(f"{b}=={minus_one}", f"-({a})", f"{a}/{b}")
+    return renderer.where(f"{b}=={zero}", zero, divided)
+
+
+def integer_remainder(renderer: CStyleRenderer, operands: list[str],
+                      operand_dtypes: list[DType], dtype: DType) -> str:
+    """MOD of integers that never traps: x%0 and MIN%-1 give 0. Otherwise C's %, whose result
+    takes the dividend's sign, as the NUMPY reference's MOD does."""
+    a, b = operands
+    if is_safe_divisor(b):
+        return f"({a}%{b})"
+    zero = renderer.render_const(0, dtype)
+    if dtypes.is_unsigned(dtype):
+        return renderer.where(f"{b}=={zero}", zero, f"{a}%{b}")
+    minus_one = renderer.render_const(-1, dtype)
+    return renderer.where(f"({b}=={zero}||{b}=={minus_one})", zero, f"{a}%{b}")
+
+
+def remainder(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+              dtype: DType) -> str:
+    """MOD: `%` is for integers; floats use fmod, which has the same sign rule."""
+    if dtypes.is_float(dtype):
+        a, b = operands
+        return f"fmod({a},{b})"
+    return integer_remainder(renderer, operands, operand_dtypes, dtype)
+
+
+def typed_math_function(base: str, half_to_float: str, float_to_half: str) -> CodeForOp:
     """C's math library is typed: `sinf` for float, `sin` for double; half goes through float.
     `half_to_float` and `float_to_half` are format strings around one value, `{}`."""
-    def code(a: str, dtype: DType) -> str:
+    def code(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+        (a,) = operands
         if dtype == dtypes.float64:
             return f"{base}({a})"
         if dtype == dtypes.float16:
             return float_to_half.format(f"{base}f({half_to_float.format(a)})")
         return f"{base}f({a})"
     return code
+
+
+MATH_FUNCTIONS = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt"}
 
 
 class CStyleRenderer:
@@ -81,29 +192,20 @@ class CStyleRenderer:
         dtypes.uint64: "unsigned long long", dtypes.float16: "half", dtypes.float32: "float",
         dtypes.float64: "double",
     }
-    math_functions = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt"}
     infinity, nan = "INFINITY", "NAN"
-
-    def __init__(self) -> None:
-        self.code_for_op: dict[Ops, Callable[..., str]] = {
-            Ops.NEG: lambda a, dtype: f"(!{a})" if dtype == dtypes.bool else f"(-({a}))",
-            Ops.RECIPROCAL: lambda a, dtype: f"({self.render_const(1, dtype)}/{a})",
-            Ops.CAST: lambda a, dtype: f"(({self.type_name(dtype)})({a}))",
-            Ops.ADD: lambda a, b, dtype: f"({a}+{b})",
-            Ops.MUL: lambda a, b, dtype: f"({a}*{b})",
-            Ops.MAX: _max_code,
-            Ops.CMPLT: lambda a, b, dtype: f"({a}<{b})",
-            Ops.CMPNE: lambda a, b, dtype: f"({a}!={b})",
-            Ops.AND: _logic("&&", "&"), Ops.OR: _logic("||", "|"), Ops.XOR: _logic("!=", "^"),
-            Ops.WHERE: lambda c, a, b, dtype: f"({c}?{a}:{b})",
-        }
-        for op in self.math_functions:
-            self.code_for_op[op] = self._math_function(op)
-
-    def _math_function(self, op: Ops) -> Callable[[str, DType], str]:
-        def code(a: str, dtype: DType) -> str:
-            return f"{self.math_functions[op]}({a})"
-        return code
+    code_for_op: dict[Ops, CodeForOp] = {
+        Ops.NEG: negate, Ops.RECIPROCAL: reciprocal, Ops.CAST: cast,
+        **{op: math_function(name) for op, name in MATH_FUNCTIONS.items()},
+        Ops.ADD: infix("+"), Ops.MUL: infix("*"), Ops.IDIV: integer_division, Ops.MOD: remainder,
+        Ops.MAX: maximum, Ops.CMPLT: infix("<"), Ops.CMPNE: infix("!="),
+        Ops.AND: logic("&&", "&"), Ops.OR: logic("||", "|"), Ops.XOR: logic("!=", "^"),
+        Ops.WHERE: where,
+    }
+    # C computes on narrow ints (and bools) as int: the result of these ops is cast back, so
+    # that int8 127+1 wraps to -128 here, not only when stored, as numpy does
+    wrapping_ops: tuple[Ops, ...] = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.MOD)
+    narrow_dtypes: tuple[DType, ...] = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16,
+                                        dtypes.uint16)
 
     # ---- the pieces a language changes ----
 
@@ -129,6 +231,11 @@ class CStyleRenderer:
     def broadcast(self, scalar: str, dtype: DType) -> str:
         """A vector with `scalar` in every lane."""
         return f"({self.type_name(dtype)})({scalar})"
+
+    def scalar_in_vector_op(self, scalar: str, dtype: DType) -> str:
+        """A scalar operand of a whole-vector op (`val0*val1`, val0 a scalar). OpenCL applies
+        it to every lane as it is."""
+        return scalar
 
     def lane(self, vector: str, number: int) -> str:
         return f"{vector}.s{number:x}"
@@ -162,13 +269,14 @@ class CStyleRenderer:
             return f"({value + 1}{suffix}-1)"  # -2147483648 is not a valid C literal
         return f"{value}{suffix}"
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+    def render_kernel(self, writer: KernelWriter, name: str, params: list[str],
+                      body: list[str]) -> str:
         raise NotImplementedError
 
     def param(self, define: UOp, is_output: bool) -> str:
         raise NotImplementedError
 
-    def loop(self, name: str, size: int) -> str:
+    def loop(self, writer: KernelWriter, name: str, size: int) -> str:
         return f"for (int {name} = 0; {name} < {size}; {name}++) {{"
 
     def parallel_pragma(self) -> str | None:
@@ -192,41 +300,58 @@ class CStyleRenderer:
     def store(self, buffer: str, index: str, value: str) -> str:
         return f"{buffer}[{index}] = {value};"
 
+    def from_storage(self, loaded: str, dtype: DType) -> str:
+        """A value of `dtype` from what a buffer holds (WGSL keeps bools as u32)."""
+        return loaded
+
+    def to_storage(self, value: str, dtype: DType) -> str:
+        """What a buffer of `dtype` holds for this value."""
+        return value
+
+    def wrap_narrow(self, expression: str, dtype: DType) -> str:
+        """Bring a result computed in a wider type back into a narrow dtype's range."""
+        return f"(({self.type_name(dtype)})({expression}))"
+
+    # ---- ALU ops: the table ----
+
+    def code(self, op: Ops) -> CodeForOp:
+        if op not in self.code_for_op:
+            raise NotImplementedError(f"code_for_op has no entry for {op.name}")
+        return self.code_for_op[op]
+
     def alu(self, node: UOp, operands: list[str]) -> str:
         if node.dtype.count > 1:
             return self.vector_alu(node.op, node.dtype, node.src, operands)
-        if node.op in (Ops.IDIV, Ops.MOD):
-            code = _idiv_code if node.op is Ops.IDIV else _mod_code
-            expression = code(operands[0], operands[1], node.dtype, node.src[1])
-        elif node.op is Ops.CAST:
-            expression = self.code_for_op[Ops.CAST](operands[0], node.dtype)
-        elif node.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE, Ops.MAX, Ops.AND, Ops.OR, Ops.XOR):
-            expression = self.code_for_op[node.op](*operands, node.src[-1].dtype)
-        else:
-            expression = self.code_for_op[node.op](*operands, node.dtype)
-        if node.op in WRAPPING_OPS and node.dtype in NARROW_DTYPES:
-            # C computes on narrow ints (and bools) as int: cast back so that 127+1 wraps to -128
-            # here, not only when stored, as numpy does
-            return self.code_for_op[Ops.CAST](expression, node.dtype)
+        expression = self.code(node.op)(self, operands, [s.dtype for s in node.src], node.dtype)
+        if node.op in self.wrapping_ops and node.dtype in self.narrow_dtypes:
+            return self.wrap_narrow(expression, node.dtype)
         return expression
 
     def vector_alu(self, op: Ops, dtype: DType, sources: tuple[UOp, ...],
                    operands: list[str]) -> str:
         """+, * and - work on whole vectors (a scalar operand counts for every lane); other ops
         are written once per lane and packed back into a vector."""
+        code = self.code(op)
+        lane_dtypes = [s.dtype.scalar for s in sources]
         if op in NATIVE_VECTOR_OPS:
-            return self.code_for_op[op](*operands, dtype.scalar)
+            whole = [o if s.dtype.count > 1 else self.scalar_in_vector_op(o, dtype)
+                     for o, s in zip(operands, sources)]
+            return code(self, whole, lane_dtypes, dtype.scalar)
         lanes = []
         for number in range(dtype.count):
             lane_operands = [self.lane(o, number) if s.dtype.count > 1 else o
                              for o, s in zip(operands, sources)]
-            lanes.append(self.code_for_op[op](*lane_operands, sources[-1].dtype.scalar))
+            lanes.append(code(self, lane_operands, lane_dtypes, dtype.scalar))
         return self.vector_literal(dtype, lanes)
 
     # ---- the walk over the program: one small function per op ----
 
+    def new_writer(self, program: LinearProgram) -> KernelWriter:
+        """The state of one render (GPU renderers add the kernel's launch)."""
+        return KernelWriter(self, program)
+
     def render(self, name: str, program: LinearProgram) -> str:
-        writer = KernelWriter(self, program)
+        writer = self.new_writer(program)
         for u in program.uops:
             render_op = RENDER_FOR_OP.get(u.op, _render_alu if u.op in ALU else None)
             if render_op is None:
@@ -237,22 +362,17 @@ class CStyleRenderer:
         params = [self.param(g, g.arg[0] == 0) for g in program.globals]
         vector_dtypes = sorted({u.dtype for u in program.uops if u.dtype.count > 1})
         declarations = ["  " + line for line in self.vector_declarations(vector_dtypes)]
-        return self.render_kernel(name, params, declarations + writer.body)
+        return self.render_kernel(writer, name, params, declarations + writer.body)
 
 
 # ops that C and OpenCL apply to whole vectors; the others are written lane by lane
 NATIVE_VECTOR_OPS = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIPROCAL)
 
 
-# ops whose C result can leave a narrow type's range (int8 127+1 is int 128 in C)
-WRAPPING_OPS = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.MOD)
-NARROW_DTYPES = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)
-
-
 @dataclass
 class KernelWriter:
     """What the walk over one program keeps: each value's name, the lines written so far and the
-    current loop depth."""
+    current loop depth. One per render: nothing of one kernel is kept on the renderer."""
 
     renderer: CStyleRenderer
     program: LinearProgram
@@ -296,7 +416,7 @@ def _render_range(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
         simd = writer.renderer.simd_pragma([writer.names[acc] for acc in accumulators])
         if simd:
             writer.emit(simd)  # the compiler may split these sums across vector lanes
-    writer.emit(writer.renderer.loop(writer.names[u], size))
+    writer.emit(writer.renderer.loop(writer, writer.names[u], size))
     writer.depth += 1
 
 
@@ -310,7 +430,7 @@ def _render_load(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
     if u.dtype.count > 1:  # `count` consecutive elements from the index on, in one load
         value = renderer.load_vector(operands[0], operands[1], u.dtype)
     else:
-        value = renderer.load(operands[0], operands[1])
+        value = renderer.from_storage(renderer.load(operands[0], operands[1]), u.dtype)
     if len(u.src) == 3:  # guarded: padding outside the buffer reads 0
         value = renderer.where(operands[2], value, renderer.render_const(0, u.dtype))
     writer.names[u] = writer.new_name("val")
@@ -329,7 +449,8 @@ def _render_accumulate(writer: KernelWriter, u: UOp, operands: list[str]) -> str
     elif u.dtype.count > 1:
         combined = writer.renderer.vector_alu(Ops.MAX, u.dtype, u.src, operands)
     else:
-        combined = writer.renderer.code_for_op[Ops.MAX](acc, value, u.dtype)
+        renderer = writer.renderer
+        combined = renderer.code(Ops.MAX)(renderer, operands, [u.dtype, u.dtype], u.dtype)
     return f"{acc} = {combined};"
 
 
@@ -342,7 +463,8 @@ def _render_store(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
     if u.src[2].dtype.count > 1:
         return writer.renderer.store_vector(operands[0], operands[1], operands[2],
                                             u.src[2].dtype)
-    return writer.renderer.store(operands[0], operands[1], operands[2])
+    value = writer.renderer.to_storage(operands[2], u.src[0].dtype)
+    return writer.renderer.store(operands[0], operands[1], value)
 
 
 def _render_alu(writer: KernelWriter, u: UOp, operands: list[str]) -> str | None:

@@ -13,11 +13,9 @@ Builds on: render/__init__.py.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
-from tinyteach.render import CStyleRenderer, typed_math_function
+from tinyteach.render import MATH_FUNCTIONS, CStyleRenderer, KernelWriter, typed_math_function
 from tinyteach.uop import Ops, UOp
 
 C_PRELUDE = "#include <math.h>\n#include <stdbool.h>\n"
@@ -27,9 +25,9 @@ FMA_ATTRIBUTE = '__attribute__((optimize("fp-contract=fast")))'
 class CRenderer(CStyleRenderer):
     device = "CPU"
     type_names = {**CStyleRenderer.type_names, dtypes.float16: "_Float16"}
-
-    def _math_function(self, op: Ops) -> Callable[[str, DType], str]:
-        return typed_math_function(self.math_functions[op], "(float)({})", "((_Float16){})")
+    code_for_op = {**CStyleRenderer.code_for_op,
+                   **{op: typed_math_function(name, "(float)({})", "((_Float16){})")
+                      for op, name in MATH_FUNCTIONS.items()}}
 
     def float_literal(self, value: float, dtype: DType) -> str:
         if dtype == dtypes.float16:
@@ -68,6 +66,14 @@ class CRenderer(CStyleRenderer):
     def broadcast(self, scalar: str, dtype: DType) -> str:
         return self.vector_literal(dtype, [scalar] * dtype.count)
 
+    def scalar_in_vector_op(self, scalar: str, dtype: DType) -> str:
+        """GCC applies a scalar to every lane only when it converts to the lane type without
+        loss. C computes on _Float16 in float (its excess precision), and a float does not fit
+        a _Float16 lane: so a half scalar is spread into a vector first."""
+        if dtype.scalar == dtypes.float16:
+            return self.broadcast(scalar, dtype)
+        return scalar
+
     def lane(self, vector: str, number: int) -> str:
         return f"{vector}[{number}]"
 
@@ -87,6 +93,7 @@ class CRenderer(CStyleRenderer):
         const = "" if is_output else "const "
         return f"{const}{self.type_name(define.dtype)}* restrict data{define.arg[0]}"
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+    def render_kernel(self, writer: KernelWriter, name: str, params: list[str],
+                      body: list[str]) -> str:
         lines = [C_PRELUDE + f"void {name}({', '.join(params)}) {{", *body, "}"]
         return "\n".join(lines) + "\n"

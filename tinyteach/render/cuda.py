@@ -15,12 +15,17 @@ Builds on: render/gpu.py.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
-from tinyteach.render import typed_math_function
-from tinyteach.render.gpu import GPURenderer
+from tinyteach.render import (
+    MATH_FUNCTIONS,
+    CStyleRenderer,
+    KernelWriter,
+    cast,
+    remainder,
+    typed_math_function,
+)
+from tinyteach.render.gpu import GPURenderer, Launch, gpu_writer, launch_comment
 from tinyteach.uop import Ops, UOp
 
 CUDA_PRELUDE = """#define INFINITY (__int_as_float(0x7f800000))
@@ -30,38 +35,39 @@ HALF_HEADER = "#include <cuda_fp16.h>\n"  # only when a kernel uses half: NVRTC 
 AXES = "xyz"
 
 
+def cuda_cast(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+              dtype: DType) -> str:
+    """half converts to and from other types through float (cuda_fp16.h has no direct
+    conversions to bool or to 8-bit integers)."""
+    (a,) = operands
+    if operand_dtypes[0] == dtypes.half:
+        a = f"__half2float({a})"
+    if dtype == dtypes.half:
+        return f"__float2half((float)({a}))"
+    return cast(renderer, [a], operand_dtypes, dtype)
+
+
+def cuda_remainder(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+                   dtype: DType) -> str:
+    if dtype == dtypes.half:  # fmod of half goes through float
+        a, b = operands
+        return f"__float2half(fmodf(__half2float({a}),__half2float({b})))"
+    return remainder(renderer, operands, operand_dtypes, dtype)
+
+
 class CUDARenderer(GPURenderer):
     device = "CUDA"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.code_for_op[Ops.CAST] = self._cast
+    code_for_op = {**GPURenderer.code_for_op, Ops.CAST: cuda_cast, Ops.MOD: cuda_remainder,
+                   **{op: typed_math_function(name, "__half2float({})", "__float2half({})")
+                      for op, name in MATH_FUNCTIONS.items()}}
 
     def thread_id(self, dimension: int) -> str:
         axis = AXES[dimension]
         return f"(blockIdx.{axis}*blockDim.{axis}+threadIdx.{axis})"
 
-    def thread_count(self, dimension: int) -> str:
+    def thread_count(self, launch: Launch, dimension: int) -> str:
         axis = AXES[dimension]
         return f"(gridDim.{axis}*blockDim.{axis})"
-
-    def _cast(self, a: str, dtype: DType) -> str:
-        # half converts to and from other types through float (cuda_fp16.h has no direct
-        # conversions to bool or to 8-bit integers)
-        if dtype == dtypes.half:
-            return f"__float2half((float)({a}))"
-        return f"(({self.type_name(dtype)})({a}))"
-
-    def _math_function(self, op: Ops) -> Callable[[str, DType], str]:
-        return typed_math_function(self.math_functions[op], "__half2float({})",
-                                   "__float2half({})")
-
-    def alu(self, node: UOp, operands: list[str]) -> str:
-        if node.op is Ops.CAST and node.src[0].dtype == dtypes.half:
-            operands = [f"__half2float({operands[0]})"]  # half -> anything goes through float
-        if node.op is Ops.MOD and node.dtype == dtypes.half:
-            return f"__float2half(fmodf(__half2float({operands[0]}),__half2float({operands[1]})))"
-        return super().alu(node, operands)
 
     def float_literal(self, value: float, dtype: DType) -> str:
         if dtype == dtypes.float16:
@@ -85,7 +91,9 @@ class CUDARenderer(GPURenderer):
         first_line, rest = source.split("\n", 1)  # the launch comment stays first
         return first_line + "\n" + HALF_HEADER + rest
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
-        lines = [CUDA_PRELUDE + f'extern "C" __global__ void {name}({", ".join(params)}) {{',
+    def render_kernel(self, writer: KernelWriter, name: str, params: list[str],
+                      body: list[str]) -> str:
+        lines = [launch_comment(gpu_writer(writer).launch),
+                 CUDA_PRELUDE + f'extern "C" __global__ void {name}({", ".join(params)}) {{',
                  *body, "}"]
         return "\n".join(lines) + "\n"

@@ -25,10 +25,10 @@ Launch(global_size=(4, 8, 1), local_size=(4, 8, 1), dimension_of={1: 0, 0: 1})
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tinyteach.lower import LinearProgram
-from tinyteach.render import CStyleRenderer
+from tinyteach.render import CStyleRenderer, KernelWriter
 from tinyteach.uop import Ops, UOp
 
 # Limits every GPU API guarantees (WebGPU's defaults are the smallest): threads per group,
@@ -101,33 +101,48 @@ def output_loops(program: LinearProgram) -> list[UOp]:
                   key=lambda u: u.arg[1])
 
 
+@dataclass
+class GPUKernelWriter(KernelWriter):
+    """A KernelWriter that also holds the kernel's launch, and the thread dimension that each
+    output loop (by name, `gidx0`) runs along."""
+
+    launch: Launch = field(default_factory=lambda: plan_launch(()))
+    loop_dimension: dict[str, int] = field(default_factory=dict)
+
+
+def gpu_writer(writer: KernelWriter) -> GPUKernelWriter:
+    """The writer of a GPU render (GPURenderer.new_writer made it)."""
+    if not isinstance(writer, GPUKernelWriter):
+        raise TypeError("a GPU renderer renders with the GPUKernelWriter of its new_writer()")
+    return writer
+
+
 class GPURenderer(CStyleRenderer):
     """A C-style renderer whose output loops are grid-stride loops over threads.
 
     A subclass says how a thread reads its id and the thread count along a dimension
-    (`thread_id`, `thread_count`). The launch of the kernel being rendered is kept in
-    `self.launch` while `render` runs (it is what `loop` and `render_kernel` consult)."""
-
-    launch: Launch | None = None
-    loop_dimension: dict[str, int]
+    (`thread_id`, `thread_count`) and writes the kernel (`render_kernel`), whose first line is
+    the launch comment. The launch of the kernel being rendered is planned when the render
+    starts and kept in its GPUKernelWriter (it is what `loop` and `render_kernel` consult)."""
 
     def thread_id(self, dimension: int) -> str:
         raise NotImplementedError
 
-    def thread_count(self, dimension: int) -> str:
+    def thread_count(self, launch: Launch, dimension: int) -> str:
         raise NotImplementedError
 
-    def render(self, name: str, program: LinearProgram) -> str:
+    def new_writer(self, program: LinearProgram) -> GPUKernelWriter:
         loops = output_loops(program)
-        self.launch = plan_launch(tuple(loop.arg[2] for loop in loops))
-        self.loop_dimension = {f"gidx{loop.arg[1]}": self.launch.dimension_of[position]
-                               for position, loop in enumerate(loops)
-                               if position in self.launch.dimension_of}
-        return launch_comment(self.launch) + "\n" + super().render(name, program)
+        launch = plan_launch(tuple(loop.arg[2] for loop in loops))
+        loop_dimension = {f"gidx{loop.arg[1]}": launch.dimension_of[position]
+                          for position, loop in enumerate(loops)
+                          if position in launch.dimension_of}
+        return GPUKernelWriter(self, program, launch=launch, loop_dimension=loop_dimension)
 
-    def loop(self, name: str, size: int) -> str:
-        dimension = self.loop_dimension.get(name)
+    def loop(self, writer: KernelWriter, name: str, size: int) -> str:
+        state = gpu_writer(writer)
+        dimension = state.loop_dimension.get(name)
         if dimension is None:  # a reduction, or an output axis beyond the third: a plain loop
-            return super().loop(name, size)
-        start, step = self.thread_id(dimension), self.thread_count(dimension)
+            return super().loop(writer, name, size)
+        start, step = self.thread_id(dimension), self.thread_count(state.launch, dimension)
         return f"for (int {name} = {start}; {name} < {size}; {name} += {step}) {{"

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
-from tinyteach.render.gpu import GPURenderer
+from tinyteach.render import KernelWriter
+from tinyteach.render.gpu import GPURenderer, Launch, gpu_writer, launch_comment
 from tinyteach.uop import UOp
 
 # (extension, dtype): the pragma a kernel needs before it may use the dtype
@@ -55,7 +56,7 @@ class OpenCLRenderer(GPURenderer):
     def thread_id(self, dimension: int) -> str:
         return f"get_global_id({dimension})"
 
-    def thread_count(self, dimension: int) -> str:
+    def thread_count(self, launch: Launch, dimension: int) -> str:
         return f"get_global_size({dimension})"
 
     def int_literal(self, value: int, dtype: DType) -> str:
@@ -82,7 +83,9 @@ class OpenCLRenderer(GPURenderer):
         first_line, rest = source.split("\n", 1)  # the launch comment stays first
         return "\n".join([first_line, *pragmas, rest])
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
-        lines = [f"__kernel void {name}({', '.join(params)}) {{", *body, "}"]
+    def render_kernel(self, writer: KernelWriter, name: str, params: list[str],
+                      body: list[str]) -> str:
+        lines = [launch_comment(gpu_writer(writer).launch),
+                 f"__kernel void {name}({', '.join(params)}) {{", *body, "}"]
         return "\n".join(lines) + "\n"
 

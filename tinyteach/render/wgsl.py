@@ -46,13 +46,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
 
 import numpy as np
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
-from tinyteach.render.gpu import GPURenderer
+from tinyteach.render import CodeForOp, CStyleRenderer, KernelWriter, infix, integer_remainder
+from tinyteach.render.gpu import GPURenderer, Launch, gpu_writer, launch_comment
 from tinyteach.uop import Ops, UOp
 
 # dtypes WGSL has no way to hold, with the reason
@@ -69,7 +69,6 @@ VALUE_TYPES = {
 }
 STORAGE_TYPES = {**VALUE_TYPES, dtypes.bool: "u32"}
 NARROW_INTS = (dtypes.int8, dtypes.int16, dtypes.uint8, dtypes.uint16)
-WRAPPING_OPS = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.CAST)
 DEFAULT_STORAGE_BUFFERS = 8  # what every WebGPU device guarantees per shader stage
 
 # Helper functions a kernel gets when it uses them (name -> source). WGSL promises nothing
@@ -143,13 +142,45 @@ def wrap(value: str, dtype: DType) -> str:
     return f"(({value} << {bits}u) >> {bits}u)"  # >> on i32 copies the sign bit
 
 
-def _logic(bool_symbol: str, int_symbol: str) -> Callable[[str, str, DType], str]:
-    def code(a: str, b: str, dtype: DType) -> str:
-        return f"({a}{bool_symbol if dtype == dtypes.bool else int_symbol}{b})"
-    return code
+# ---- the entries of code_for_op where WGSL differs from C ----
+
+def wgsl_negate(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+                dtype: DType) -> str:
+    (a,) = operands
+    if dtype == dtypes.bool:
+        return f"(!{a})"
+    if dtypes.is_unsigned(dtype):
+        return f"(0u-{a})"
+    return f"(-({a}))"
 
 
-def _max(a: str, b: str, dtype: DType) -> str:
+def wgsl_cast(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+              dtype: DType) -> str:
+    return f"{renderer.type_name(dtype)}({operands[0]})"  # casts are constructors: i32(a)
+
+
+def wgsl_add(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+    a, b = operands
+    return f"({a}||{b})" if dtype == dtypes.bool else f"({a}+{b})"  # WGSL has no bool + bool
+
+
+def wgsl_mul(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+    a, b = operands
+    return f"({a}&&{b})" if dtype == dtypes.bool else f"({a}*{b})"
+
+
+def wgsl_remainder(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+                   dtype: DType) -> str:
+    if dtypes.is_float(dtype):
+        return infix("%")(renderer, operands, operand_dtypes, dtype)  # on floats: fmod's rule
+    return integer_remainder(renderer, operands, operand_dtypes, dtype)
+
+
+def wgsl_max(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+    a, b = operands
     if dtypes.is_float(dtype):
         return f"max_{VALUE_TYPES[dtype]}({a}, {b})"  # not max(): that may drop NaN
     if dtype == dtypes.bool:
@@ -157,23 +188,29 @@ def _max(a: str, b: str, dtype: DType) -> str:
     return f"max({a}, {b})"
 
 
-def _less(a: str, b: str, dtype: DType) -> str:
-    if dtypes.is_float(dtype):
-        return f"less_{VALUE_TYPES[dtype]}({a}, {b})"
-    if dtype == dtypes.bool:
+def wgsl_less(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+              dtype: DType) -> str:
+    a, b = operands
+    if dtypes.is_float(operand_dtypes[0]):
+        return f"less_{VALUE_TYPES[operand_dtypes[0]]}({a}, {b})"
+    if operand_dtypes[0] == dtypes.bool:
         return f"((!{a})&&{b})"
     return f"({a}<{b})"
 
 
-def _not_equal(a: str, b: str, dtype: DType) -> str:
-    if dtypes.is_float(dtype):
-        return f"not_equal_{VALUE_TYPES[dtype]}({a}, {b})"
+def wgsl_not_equal(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+                   dtype: DType) -> str:
+    a, b = operands
+    if dtypes.is_float(operand_dtypes[0]):
+        return f"not_equal_{VALUE_TYPES[operand_dtypes[0]]}({a}, {b})"
     return f"({a}!={b})"
 
 
-def _typed_helper(name: str) -> Callable[[str, DType], str]:
-    def code(a: str, dtype: DType) -> str:
-        return f"{name}_{VALUE_TYPES[dtype]}({a})"
+def typed_helper(name: str) -> CodeForOp:
+    """`log2_f32(a)`: one of the HELPERS, for the operand's type."""
+    def code(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+             dtype: DType) -> str:
+        return f"{name}_{VALUE_TYPES[dtype]}({operands[0]})"
     return code
 
 
@@ -193,20 +230,17 @@ def helpers_used(body: list[str]) -> list[str]:
 class WGSLRenderer(GPURenderer):
     device = "WEBGPU"
     type_names = VALUE_TYPES
+    code_for_op = {**GPURenderer.code_for_op, Ops.NEG: wgsl_negate, Ops.CAST: wgsl_cast,
+                   Ops.ADD: wgsl_add, Ops.MUL: wgsl_mul, Ops.MOD: wgsl_remainder,
+                   Ops.MAX: wgsl_max, Ops.CMPLT: wgsl_less, Ops.CMPNE: wgsl_not_equal,
+                   Ops.LOG2: typed_helper("log2"), Ops.EXP2: typed_helper("exp2")}
+    # 8- and 16-bit integers are held as 32-bit ones: wrapped back into range after these
+    wrapping_ops = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.CAST)
+    narrow_dtypes = NARROW_INTS
 
     def __init__(self, shader_f16: bool = True,
                  max_storage_buffers: int = DEFAULT_STORAGE_BUFFERS) -> None:
-        super().__init__()
         self.shader_f16, self.max_storage_buffers = shader_f16, max_storage_buffers
-        self.buffer_dtypes: dict[str, DType] = {}
-        self.code_for_op.update({
-            Ops.NEG: self._neg, Ops.CAST: self._cast, Ops.MAX: _max,
-            Ops.RECIPROCAL: lambda a, dtype: f"({self.render_const(1, dtype)}/{a})",
-            Ops.CMPLT: _less, Ops.CMPNE: _not_equal, Ops.LOG2: _typed_helper("log2"),
-            Ops.EXP2: _typed_helper("exp2"),
-            Ops.AND: _logic("&&", "&"), Ops.OR: _logic("||", "|"), Ops.XOR: _logic("!=", "^"),
-            Ops.WHERE: lambda c, a, b, dtype: f"select({b}, {a}, {c})",
-        })
 
     # ---- what this language cannot do ----
 
@@ -232,7 +266,6 @@ class WGSLRenderer(GPURenderer):
 
     def render(self, name: str, program: LinearProgram) -> str:
         self.check(program)
-        self.buffer_dtypes = {f"data{g.arg[0]}": g.dtype for g in program.globals}
         source = super().render(name, program)
         if any(u.dtype == dtypes.float16 for u in program.uops):
             first_line, rest = source.split("\n", 1)  # the launch comment stays first
@@ -242,15 +275,15 @@ class WGSLRenderer(GPURenderer):
     def thread_id(self, dimension: int) -> str:
         return f"i32(gid.{AXES[dimension]})"
 
-    def thread_count(self, dimension: int) -> str:
-        assert self.launch is not None
-        return f"i32(groups.{AXES[dimension]}) * {self.launch.local_size[dimension]}"
+    def thread_count(self, launch: Launch, dimension: int) -> str:
+        return f"i32(groups.{AXES[dimension]}) * {launch.local_size[dimension]}"
 
-    def loop(self, name: str, size: int) -> str:
-        dimension = self.loop_dimension.get(name)
+    def loop(self, writer: KernelWriter, name: str, size: int) -> str:
+        state = gpu_writer(writer)
+        dimension = state.loop_dimension.get(name)
         if dimension is None:
             return f"for (var {name}: i32 = 0; {name} < {size}; {name}++) {{"
-        start, step = self.thread_id(dimension), self.thread_count(dimension)
+        start, step = self.thread_id(dimension), self.thread_count(state.launch, dimension)
         return f"for (var {name}: i32 = {start}; {name} < {size}; {name} += {step}) {{"
 
     def declare(self, name: str, dtype: DType, value: str) -> str:
@@ -259,18 +292,17 @@ class WGSLRenderer(GPURenderer):
     def where(self, condition: str, if_true: str, if_false: str) -> str:
         return f"select({if_false}, {if_true}, {condition})"
 
-    def load(self, buffer: str, index: str) -> str:
-        if self.buffer_dtypes.get(buffer) == dtypes.bool:
-            return f"({buffer}[{index}]!=0u)"
-        return f"{buffer}[{index}]"
+    def from_storage(self, loaded: str, dtype: DType) -> str:
+        if dtype == dtypes.bool:  # a bool buffer holds u32s
+            return f"({loaded}!=0u)"
+        return loaded
 
-    def store(self, buffer: str, index: str, value: str) -> str:
-        dtype = self.buffer_dtypes.get(buffer)
+    def to_storage(self, value: str, dtype: DType) -> str:
         if dtype == dtypes.bool:
-            value = f"select(0u, 1u, {value})"
-        elif dtype in NARROW_INTS:
-            value = wrap(value, dtype)  # an accumulated sum may have left the range
-        return f"{buffer}[{index}] = {value};"
+            return f"select(0u, 1u, {value})"
+        if dtype in NARROW_INTS:
+            return wrap(value, dtype)  # an accumulated sum may have left the range
+        return value
 
     def render_const(self, value: float | int | bool, dtype: DType) -> str:
         if dtype == dtypes.bool:
@@ -293,34 +325,17 @@ class WGSLRenderer(GPURenderer):
             return f"{rounded!r}{'h' if dtype == dtypes.float16 else 'f'}"
         return f"f16({text})" if dtype == dtypes.float16 else text
 
-    def _neg(self, a: str, dtype: DType) -> str:
-        if dtype == dtypes.bool:
-            return f"(!{a})"
-        if dtypes.is_unsigned(dtype):
-            return f"(0u-{a})"
-        return f"(-({a}))"
-
-    def _cast(self, a: str, dtype: DType) -> str:
-        return f"{self.type_name(dtype)}({a})"
+    def wrap_narrow(self, expression: str, dtype: DType) -> str:
+        return wrap(expression, dtype)
 
     def alu(self, node: UOp, operands: list[str]) -> str:
-        dtype, operand_dtype = node.dtype, node.src[-1].dtype
-        if node.op in (Ops.IDIV, Ops.MOD) and not dtypes.is_float(dtype):
-            expression = self._integer_division(node, operands)
-        elif dtypes.is_float(dtype) and node.op in (Ops.ADD, Ops.MUL) and \
+        """The table's snippet, except for x + (-x), x * 0.0 and x + 0.0 on floats: lavapipe
+        folds those to 0 and x, which is wrong for NaN, ±inf and -0.0. Seeing them takes the
+        graph, not the operands' text, so they are caught here, before the table."""
+        if dtypes.is_float(node.dtype) and node.op in (Ops.ADD, Ops.MUL) and \
                 self._folded_by_the_driver(node) is not None:
-            expression = self._exact_identity(node, operands)
-        elif node.op in (Ops.ADD, Ops.MUL) and dtype == dtypes.bool:
-            expression = f"({operands[0]}{'||' if node.op is Ops.ADD else '&&'}{operands[1]})"
-        elif node.op is Ops.MOD:
-            expression = f"({operands[0]}%{operands[1]})"  # on floats: fmod's sign rule
-        elif node.op in (Ops.CMPLT, Ops.CMPNE, Ops.WHERE, Ops.MAX, Ops.AND, Ops.OR, Ops.XOR):
-            expression = self.code_for_op[node.op](*operands, operand_dtype)
-        else:
-            expression = self.code_for_op[node.op](*operands, dtype)
-        if node.op in WRAPPING_OPS and dtype in NARROW_INTS:
-            return wrap(expression, dtype)
-        return expression
+            return self._exact_identity(node, operands)
+        return super().alu(node, operands)
 
     @staticmethod
     def _folded_by_the_driver(node: UOp) -> int | None:
@@ -345,30 +360,19 @@ class WGSLRenderer(GPURenderer):
             return f"minus_itself_{type_name}({operands[position]})"
         return f"times_zero_{type_name}({operands[position]}, {operands[1 - position]})"
 
-    def _integer_division(self, node: UOp, operands: list[str]) -> str:
-        a, b = operands
-        symbol = "/" if node.op is Ops.IDIV else "%"
-        divisor = node.src[1]
-        if divisor.op is Ops.CONST and divisor.arg not in (0, -1):
-            return f"({a}{symbol}{b})"
-        zero = self.render_const(0, node.dtype)
-        if dtypes.is_unsigned(node.dtype):
-            return f"select(({a}{symbol}{b}), {zero}, {b}==0u)"
-        if node.op is Ops.IDIV:  # x/0 -> 0 and MIN/-1 wraps, as in the C renderer
-            return f"select(select(({a}/{b}), (-({a})), {b}==-1i), 0i, {b}==0i)"
-        return f"select(({a}%{b}), 0i, ({b}==0i)||({b}==-1i))"
-
     def param(self, define: UOp, is_output: bool) -> str:
         number = define.arg[0]
         return (f"@group(0) @binding({number}) var<storage, read_write> data{number}: "
                 f"array<{STORAGE_TYPES[define.dtype]}>;")
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
-        assert self.launch is not None
+    def render_kernel(self, writer: KernelWriter, name: str, params: list[str],
+                      body: list[str]) -> str:
+        launch = gpu_writer(writer).launch
         helpers = helpers_used(body)
-        x, y, z = self.launch.local_size
+        x, y, z = launch.local_size
         builtins = ("@builtin(global_invocation_id) gid: vec3<u32>, "
                     "@builtin(num_workgroups) groups: vec3<u32>")
-        lines = [*params, *helpers, f"@compute @workgroup_size({x}, {y}, {z})",
-                 f"fn {name}({builtins}) {{", *body, "}"]
+        lines = [launch_comment(launch), *params, *helpers,
+                 f"@compute @workgroup_size({x}, {y}, {z})", f"fn {name}({builtins}) {{",
+                 *body, "}"]
         return "\n".join(lines) + "\n"
