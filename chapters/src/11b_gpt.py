@@ -1,0 +1,348 @@
+# %% [markdown] id="gpt-01"
+# # Chapter 11b — Attention and a small GPT
+#
+# The capstone: a character-level GPT, built from the layers of chapter 11 and trained on
+# tinyteach. On the way we look at it the way the compiler does:
+#
+# - **tokens and embeddings**: text becomes integers, integers become rows of a matrix;
+# - **attention** written out from primitive ops, then as `scaled_dot_product_attention`, with
+#   the kernels each becomes and the reason for every cut: what fuses, and what cannot (the
+#   softmax's two reductions between the two matrix products);
+# - a **KV cache** for generation: static (preallocated, masked), so that one TinyJit capture
+#   serves every length — and what symbolic shapes would change;
+# - a **short training run** and a few sampled lines.
+#
+# Module: [`tinyteach/nn/transformer.py`](../tinyteach/nn/transformer.py). The full-size
+# script (about 0.8M parameters, checkpoints, a progress bar) is
+# [`examples/gpt.py`](../examples/gpt.py); its measurements against PyTorch are
+# [`benchmarks/gpt.py`](../benchmarks/gpt.py).
+
+# %% id="gpt-02"
+# %load_ext tinyteach
+import math
+
+import numpy as np
+
+import viz
+from tinyteach import Device, GlobalCounters, Tensor, TinyJit, nn
+from tinyteach.nn.state import get_parameters
+from tinyteach.nn.transformer import (
+    GPT,
+    CharTokenizer,
+    GPTConfig,
+    Sampler,
+    clip_grad_norm_,
+    cosine_lr,
+    stdlib_docstrings,
+)
+from tinyteach.schedule import create_schedule
+
+Device.DEFAULT = "CPU"   # every chapter runs on the CPU device: generated C, compiled here
+Tensor.manual_seed(0)
+rng = np.random.default_rng(0)
+
+
+def schedule_of(*tensors):
+    """The kernels realizing `tensors` would run (nothing runs)."""
+    items, _ = create_schedule([t.uop for t in tensors], "CPU")
+    return items
+
+
+# %% [markdown] id="gpt-03"
+# ## Tokens
+#
+# A language model predicts the next token from the ones before it. Our tokens are characters:
+# `CharTokenizer.printable()` numbers newline, space and the 94 visible ASCII characters,
+# 96 tokens in all; anything else reads as `?`.
+#
+# The text must be on every machine without a download, so it is the docstrings of Python's
+# own standard library: `stdlib_docstrings` reads the source files of a fixed, sorted list of
+# modules with `ast` (nothing is imported) and joins their docstrings. The example uses 66
+# modules; this chapter takes eight, to stay quick.
+
+# %% id="gpt-04"
+tokenizer = CharTokenizer.printable()
+modules = ("abc", "argparse", "dataclasses", "functools", "pathlib", "shutil", "textwrap",
+           "typing")
+text = stdlib_docstrings(modules)
+data = np.array(tokenizer.encode(text), dtype=np.int32)
+print(f"{tokenizer.vocab_size} tokens;", repr(text[:60]))
+print("encoded:", data[:12])
+assert tokenizer.decode(data[:60]) == text[:60]
+assert len(data) > 50_000
+
+# %% [markdown] id="gpt-05"
+# ## Embeddings
+#
+# `nn.Embedding(96, C)` holds a weight of shape (96, C); token `t` becomes row `t`. tinyteach
+# has no gather kernel for it: the lookup is a one-hot matrix times the weight,
+# `(idx[..., None] == arange(96)) @ weight`, so its gradient is an ordinary matrix product
+# too. A GPT adds a second embedding for the position, 0 … block_size − 1: attention itself does
+# not know where a token is.
+
+# %% id="gpt-06"
+embedding = nn.Embedding(tokenizer.vocab_size, 8)
+idx = Tensor(data[:5])
+np.testing.assert_allclose(embedding(idx).numpy(), embedding.weight.numpy()[data[:5]])
+print("tokens", idx.shape, "->", embedding(idx).shape)
+print("kernels:", [item.name for item in schedule_of(embedding(idx))])
+
+# %% [markdown] id="gpt-07"
+# Two kernels: the first, `r_10_10`, is the running sum of ones behind `arange(96)` (chapter
+# 11's "arange in every step"); the second compares, multiplies and sums in one go — the
+# one-hot matrix never exists in memory.
+#
+# ## Attention, from primitives
+#
+# Each position `i` has a query `q_i`, a key `k_i` and a value `v_i` (vectors of size d, made by
+# a Linear from the embedding). Position `i` looks at positions `j ≤ i` (causal: the future is
+# hidden), weighs each by how well its key matches the query, and averages their values:
+#
+# $$\text{out}_i = \sum_{j \le i} \operatorname{softmax}_j\!\Big(\frac{q_i \cdot k_j}{\sqrt d}\Big)\, v_j$$
+#
+# Written with nothing but Tensor ops — two matrix products and a softmax between them, with
+# the max subtracted first so `exp` cannot overflow:
+
+# %% id="gpt-08"
+def attention(q, k, v):
+    """Causal attention over the last two axes: (..., T, d) each -> (..., T, d)."""
+    length, d = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d)              # (..., T, T)
+    causal = Tensor.ones(length, length, dtype="bool").tril()    # j <= i
+    scores = causal.where(scores, -math.inf)
+    shifted = scores - scores.max(-1, keepdim=True)
+    weights = shifted.exp() / shifted.exp().sum(-1, keepdim=True)
+    return weights @ v
+
+
+def random_tensor(*shape):
+    return Tensor(rng.standard_normal(shape).astype(np.float32)).realize()
+
+
+B, H, T, D = 1, 2, 8, 4          # batch, heads, positions, head size
+q, k, v = random_tensor(B, H, T, D), random_tensor(B, H, T, D), random_tensor(B, H, T, D)
+
+
+def numpy_attention(q, k, v):
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    scores = np.where(np.tril(np.ones((q.shape[-2],) * 2, bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return weights / weights.sum(-1, keepdims=True) @ v
+
+
+expected = numpy_attention(q.numpy(), k.numpy(), v.numpy())
+np.testing.assert_allclose(attention(q, k, v).numpy(), expected, rtol=1e-5, atol=1e-6)
+primitive_items = schedule_of(attention(q, k, v))
+for number, item in enumerate(primitive_items, 1):
+    print(f"kernel {number}: {item.name:10} stored because {item.boundary_reason}")
+assert len(primitive_items) == 5
+
+# %% [markdown] id="gpt-09"
+# Five kernels for one attention. In the drawing, each arrow is labelled with why its value had
+# to go through memory:
+
+# %% id="gpt-10"
+viz.schedule(attention(q, k, v))
+
+# %% [markdown] id="gpt-11"
+# Reading them in order:
+#
+# 1. `r_8_8` is the causal mask's `tril`, which compares against an `arange` (a running sum).
+#    It is stored because three kernels read it.
+# 2. `r_2_8_8_4` is the first matrix product, the scores `q k^T`: one sum over d per (head, i,
+#    j), the scale fused in. Stored because three kernels read it.
+# 3. `r_2_8_8` is the softmax's **max** over j, with the mask fused into its input.
+# 4. `r_2_8_8` is the softmax's **sum** of `exp(s - max)` over j.
+# 5. `r_2_8_4_8` is the second matrix product. Its input is `exp(s - max) / sum` — the
+#    softmax's elementwise work (mask, subtract, exp, divide) is fused into it and never stored.
+#
+# `Tensor.scaled_dot_product_attention(k, v, is_causal=True)` (in `tinyteach/tensor_nn.py`) is
+# the same computation — it builds the mask with `tril` and calls `softmax` — and it becomes the
+# same kernels:
+
+# %% id="gpt-12"
+library = q.scaled_dot_product_attention(k, v, is_causal=True)
+np.testing.assert_allclose(library.numpy(), expected, rtol=1e-5, atol=1e-6)
+library_items = schedule_of(q.scaled_dot_product_attention(k, v, is_causal=True))
+print([item.name for item in library_items])
+assert [item.name for item in library_items] == [item.name for item in primitive_items]
+assert [item.boundary_reason for item in library_items] == [
+    item.boundary_reason for item in primitive_items]
+viz.schedule(q.scaled_dot_product_attention(k, v, is_causal=True))
+
+# %% [markdown] id="gpt-13"
+# ## What fuses, and what cannot
+#
+# Everything elementwise fused: the scale into the first product, the mask into the max and
+# the sum, `exp` and the division into the second product. What stops fusion are the softmax's
+# two **reductions**. The max over j must be complete before any `exp(s - max)` can be
+# computed, and the sum must be complete before anything is divided by it; a kernel of this
+# scheduler computes one reduction and then writes its output, so each of them ends a kernel
+# (chapter 6's rule: a reduction whose result is broadcast back is stored). And the scores
+# themselves are read by three kernels, so they go through memory: a (T, T) matrix per head.
+
+# %% id="gpt-14"
+scores_item = primitive_items[1]
+print(f"the scores: {scores_item.output.size} floats = B*H*T*T = {B * H * T * T}")
+assert scores_item.output.size == B * H * T * T
+for length in (8, 64, 1024):
+    print(f"T = {length:4}: scores take {B * H * length * length * 4:>10,} bytes per layer")
+
+# %% [markdown] id="gpt-15"
+# That (T, T) matrix is why **flash attention** exists. It walks the keys in blocks and keeps,
+# per query, a running max `m`, a running sum `l` and a running output; when a block raises the
+# max, it rescales what it has so far by `exp(m_old - m_new)`. Then the max, the sum and both
+# products happen in one kernel, and the scores never reach memory. This is the *same math
+# reordered* — an online softmax — and finding it takes a rewrite that this scheduler does not
+# have: it fuses elementwise work into reductions, but never merges two reductions whose second
+# depends on the first's complete result. (A hand-written kernel, or a compiler that knows the
+# online-softmax identity, does.)
+#
+# ## The GPT
+#
+# `GPT` in `transformer.py` is embeddings, `layers` blocks, a last LayerNorm and the head:
+#
+# ```
+# x = token_embedding(tokens) + position_embedding(arange(T))
+# for each block:  x = x + attention(norm1(x));  x = x + mlp(norm2(x))   # mlp: C -> 4C -> C, GELU
+# logits = norm(x) @ token_embedding.weight.T                             # the head is tied
+# ```
+#
+# One `Linear(C, 3C)` makes q, k and v for every head at once; the heads are a reshape, not a
+# loop. The head reuses the token embedding's weight (*weight tying*): the same matrix reads a
+# token in and scores it on the way out. Weights start as GPT-2's, normal with std 0.02, so
+# the first logits are almost zero and the first loss is almost ln 96.
+
+# %% id="gpt-16"
+config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=32, embed_size=48, layers=1,
+                   heads=2)
+model = GPT(config)
+print(f"{model.parameter_count():,} parameters:")
+for name, tensor in list(nn.state.get_state_dict(model).items())[:8]:
+    print(f"  {name:28} {tensor.shape}")
+assert model.token_embedding.weight.shape == (96, 48)
+tokens = Tensor(data[None, :32])
+forward_items = schedule_of(model(tokens))
+print(f"a forward pass of one block: {len(forward_items)} kernels")
+
+# %% [markdown] id="gpt-17"
+# ## Generating with a KV cache
+#
+# To generate, the model predicts a token, appends it, and predicts again. Recomputing the
+# whole prefix every time repeats all the work for the old positions; but a position's key and
+# value never change once computed (position i only sees j ≤ i). So each layer keeps a
+# **KV cache** of the keys and values so far, and one step only computes the new token's
+# q, k, v and attends to the cache.
+#
+# The cache's length grows every step — and a TinyJit capture (chapter 10) is for fixed
+# shapes. tinygrad solves this with **symbolic shapes**: a `Variable("start_pos", 1,
+# max_context)` bound to the current position at each call, so the kernels are compiled once
+# with the length as a loop bound that is passed at launch. tinyteach has no symbolic shapes
+# yet, so `KVCache` uses the **static** technique instead:
+#
+# - the cache is preallocated at the maximum length: (batch, heads, block_size, head size);
+# - the position is a Tensor input, and the new key is written with
+#   `keys.assign(where(arange(block_size) == position, k, keys))`;
+# - attention covers all `block_size` slots, with the slots after the position masked to −∞.
+#
+# Every step then has the same shapes, and the JIT captures once. We check that it gives the
+# same logits as the full forward pass at every position:
+
+# %% id="gpt-18"
+prefix = data[:10].tolist()
+full = model(Tensor([prefix])).numpy()[0]
+sampler = Sampler(model)
+start = GlobalCounters.kernel_count
+for position, token in enumerate(prefix):
+    np.testing.assert_allclose(sampler.logits(token, position), full[position], rtol=1e-4,
+                               atol=1e-5)
+per_token = len(sampler.jitted_step.captured.launches)
+print(f"{len(prefix)} positions, 1 capture, {per_token} kernels per token")
+assert sampler.jitted_step.calls == len(prefix)
+assert GlobalCounters.kernel_count - start >= per_token * (len(prefix) - 2)
+
+# %% [markdown] id="gpt-19"
+# The price is visible in the kernels the JIT replays. With 2 heads of size 24 and 32 slots,
+# the scores are `r_2_32_24` (for each head and slot, a sum over 24) and the product with the
+# values is `r_2_24_32` (a sum over the 32 slots): they loop over the whole cache at every
+# position. At position 3, 28 of the 32 slots are computed and then masked away.
+
+# %% id="gpt-20"
+names = [launch.item.name for launch in sampler.jitted_step.captured.launches]
+print(names)
+head_size = config.embed_size // config.heads
+assert f"r_{config.heads}_{config.block_size}_{head_size}" in names   # the scores
+assert f"r_{config.heads}_{head_size}_{config.block_size}" in names   # weights @ values
+
+# %% [markdown] id="gpt-21"
+# With a symbolic length the same kernels would take the length as an argument: the loop over
+# keys would run `position + 1` times, the mask and the wasted tail would disappear, and one
+# compiled kernel would still serve every length. Here the waste is at most block_size / 2 on
+# average — small for a 32-token context, and the reason long-context inference engines want
+# symbolic (or paged) caches.
+#
+# ## Training, briefly
+#
+# A training step is the loss, `backward()`, `clip_grad_norm_` (scale all gradients together so
+# their norm is at most 1) and AdamW, under one TinyJit, exactly as in `examples/gpt.py`. The
+# learning rate follows `cosine_lr` (a short warmup, then a cosine); it lives in the optimizer's
+# `lr` buffer, which we overwrite before each step, so the replays read the new value. Each
+# batch is 16 random windows of 32 characters; the target is the window moved by one.
+
+# %% id="gpt-22"
+optimizer = nn.optim.AdamW(get_parameters(model), lr=1e-2, b2=0.99, weight_decay=0.1)
+
+
+@TinyJit
+def train_step(inputs, targets):
+    with Tensor.train():
+        optimizer.zero_grad()
+        loss = model.loss(inputs, targets).backward()
+        norm = clip_grad_norm_(optimizer.params, 1.0)
+        Tensor.realize(loss, norm, *optimizer.schedule_step())   # read before the update
+    return loss
+
+
+def random_batch(batch, length):
+    starts = rng.integers(0, len(data) - length - 1, batch)
+    return (np.stack([data[s:s + length] for s in starts]),
+            np.stack([data[s + 1:s + length + 1] for s in starts]))
+
+
+steps, losses = 60, []
+for step in range(steps):
+    optimizer.lr.assign(Tensor(cosine_lr(step, 1e-2, steps, warmup_steps=5,
+                                         min_lr=1e-3))).realize()
+    inputs, targets = random_batch(16, config.block_size)
+    losses.append(train_step(Tensor(inputs), Tensor(targets)).item())
+print(f"{len(train_step.captured.launches)} kernels per training step")
+print(f"first loss within 0.05 of ln 96 = {math.log(96):.2f}:",
+      abs(losses[0] - math.log(96)) < 0.05)
+print("mean of the last 10 losses below 3.5:", np.mean(losses[-10:]) < 3.5)
+assert abs(losses[0] - math.log(96)) < 0.05
+assert np.mean(losses[-10:]) < 3.5
+
+# %% [markdown] id="gpt-23"
+# Sixty steps of a 35k-parameter model learn the letter frequencies and the spaces between
+# words, not yet words. A few lines sampled with temperature 0.8 and top-k 10 (the sampling
+# itself runs on the host in numpy, `sample_token`); the text depends on the Python version
+# whose docstrings were read, so this output is not compared:
+
+# %% id="gpt-24"
+# NBVAL_IGNORE_OUTPUT
+new_tokens = Sampler(model).generate(tokenizer.encode("Return the "), 160, temperature=0.8,
+                                     top_k=10, seed=0)
+sample = "Return the " + tokenizer.decode(new_tokens)
+print(sample)
+letters_and_spaces = sum(c.isalpha() or c.isspace() for c in sample) / len(sample)
+assert letters_and_spaces > 0.8
+
+# %% [markdown] id="gpt-25"
+# `python examples/gpt.py` trains the 0.8M-parameter model (4 blocks of width 128, context 64)
+# for a few minutes and samples 300 characters; `--steps`, `--device`, `--load` and the
+# sampling options are its arguments. `python benchmarks/gpt.py` times a training step and a
+# generation step against PyTorch.
+#
+# **Try it.** Replace `attention` in `gpt-08` by a version without the max subtraction
+# (`scores.exp() / scores.exp().sum(...)`). How many kernels does it become, and which reason
+# disappears? Then feed it scores of 100 and see why the max is there.
