@@ -74,6 +74,28 @@ def test_group_reduction_matches_numpy(name, shape, axis, combine, threads):
     np.testing.assert_allclose(output, serial, rtol=1e-5, atol=1e-6)
 
 
+KERNELS = {  # one kernel each: elementwise work before and after, padding, several axes
+    "full": (lambda t: t.sum(), (3, 50)),
+    "two_axes": (lambda t: t.sum(axis=(0, 2)), (3, 4, 37)),
+    "leading_axes": (lambda t: t.max(axis=(0, 1)), (5, 9, 3)),
+    "fused": (lambda t: (t * t + 1).sum(axis=1).sqrt(), (6, 45)),
+    "padded": (lambda t: t.pad(((0, 0), (3, 5))).sum(axis=1), (4, 33)),
+    "flip_shrink": (lambda t: t.flip(1)[:, 2:40].max(axis=1), (3, 50)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+@pytest.mark.parametrize("combine", ["tree", "serial"])
+def test_group_reduction_of_fused_and_multi_axis_kernels(name, combine):
+    build, shape = KERNELS[name]
+    array = data(*shape)
+    expected = build(Tensor(array, device="NUMPY")).numpy().reshape(-1)
+    item = last_kernel(build(Tensor(array, device="PYTHON")))
+    for threads in (4, 64):
+        output, _ = run_with(item, KernelOptions(group=threads, group_combine=combine))
+        np.testing.assert_allclose(output, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_group_reduction_of_ints_is_exact():
     array = np.random.default_rng(1).integers(-1000, 1000, size=(3, 45)).astype(np.int32)
     item = last_kernel(Tensor(array, device="PYTHON").sum(axis=1))
