@@ -324,12 +324,13 @@ report_a.passed
 #
 # A compiled backend does not compute: it writes source code. The renderer of chapter 8 already walks the kernel
 # and writes the loops, the loads and the stores; a language only says how each ALU op looks. Every entry of
-# `code_for_op` has the signature every renderer's entries have (chapter 8):
+# `code_for_op` has the signature every renderer's entries have (chapter 8). This one would write `a - b` (it is
+# not one of the ops: ADD and NEG make it):
 #
 # ```python
-# def add_code(renderer, operands, operand_dtypes, dtype) -> str:
+# def minus_code(renderer, operands, operand_dtypes, dtype) -> str:
 #     a, b = operands
-#     return f"({a}+{b})"
+#     return f"({a}-{b})"
 # ```
 #
 # `operands` are the operands as C expressions (strings), `operand_dtypes` their dtypes, and `dtype` the dtype of
