@@ -123,10 +123,11 @@ def test_group_program_has_shared_memory_and_barriers():
     tree = lower(item.ast, KernelOptions(group=16))
     ops = [u.op for u in tree.uops]
     assert ops.count(Ops.DEFINE_LOCAL) == 1 and ops.count(Ops.SPECIAL) == 1
-    assert ops.count(Ops.BARRIER) == 1 + 4  # after the partial sums, then one per halving
+    # after the partial sums, one per halving, and one after all threads read the result
+    assert ops.count(Ops.BARRIER) == 1 + 4 + 1
     assert tree.local_size == (16, 1, 1) and tree.locals[0].arg == (0, 16)
     serial = lower(item.ast, KernelOptions(group=16, group_combine="serial"))
-    assert [u.op for u in serial.uops].count(Ops.BARRIER) == 1
+    assert [u.op for u in serial.uops].count(Ops.BARRIER) == 2
     launch = plan_group_launch(tree)
     assert launch.groups == (4, 1, 1) and launch.local_size == (16, 1, 1)
 
@@ -283,7 +284,27 @@ def test_reading_after_a_barrier_is_not_a_race():
     output, trace = run_with(item, KernelOptions(group=16), record=True)
     np.testing.assert_allclose(output, item.buffers[1].numpy().reshape(2, 64).sum(axis=1),
                                rtol=1e-5)
-    assert trace.barriers == 5
+    assert trace.barriers == 6
+
+
+@pytest.mark.parametrize("combine", ["tree", "serial"])
+def test_a_group_with_several_outputs_waits_before_reusing_shared_memory(combine):
+    """A 4-d output: three axes are group dimensions, the fourth a loop every group runs, so
+    each group computes several outputs one after another in the same shared memory. Without
+    the barrier after the result is read, the next output's partial sums overwrite it while
+    other threads may still read it."""
+    array = data(2, 2, 2, 3, 40)
+    item = last_kernel(Tensor(array, device="PYTHON").sum(axis=4))
+    output, trace = run_with(item, KernelOptions(group=16, group_combine=combine))
+    np.testing.assert_allclose(output, array.sum(axis=4).reshape(-1), rtol=1e-5)
+    assert trace.launch.groups == (3, 2, 2)  # the outermost axis is a loop in each group
+    program = lower(item.ast, KernelOptions(group=16, group_combine=combine))
+    last_barrier = [u for u in program.uops if u.op is Ops.BARRIER][-1]
+    broken = LinearProgram([u for u in program.uops if u is not last_barrier],
+                           program.global_sizes, program.accumulators, program.options)
+    arrays = [np.zeros(item.buffers[0].size, np.float32), item.buffers[1].numpy()]
+    with pytest.raises(SharedMemoryRaceError, match="writes local0"):
+        emulate(broken, arrays)
 
 
 # ---- the record of every thread's reads and writes ----

@@ -82,7 +82,7 @@ def test_launch_summary_counts_per_thread():
     assert "work-groups: 2 x 1 x 1 = 2, threads per group: 8 x 1 x 1 = 8" in text
     assert "shared memory: 32 bytes per group" in text  # 8 float32 partials
     assert f"global loads per thread (max): {COLUMNS // 8}" in text
-    assert "global stores per thread (max): 1" in text and "barriers: 4" in text
+    assert "global stores per thread (max): 1" in text and "barriers: 5" in text
 
 
 def test_drawings_from_a_recorded_engine_launch_are_deterministic():

@@ -92,6 +92,7 @@ class _Lowerer:
     group_combine: str = "tree"
     reduce_count: int = 0
     local_count: int = 0
+    group_results: list[UOp] = field(default_factory=list)  # each group reduction's result
     memo: dict[tuple[UOp, Index, Valid], UOp] = field(default_factory=dict)
     # one set of loops per reduction: evaluated at several indices (an upcast tile), it still
     # loops once, and the linearizer puts all reductions over the same loops in one loop nest
@@ -201,7 +202,9 @@ class _Lowerer:
         barrier = UOp(Ops.BARRIER, dtypes.bool, (UOp(Ops.STORE, partial.dtype,
                                                      (shared, lidx, partial)),))
         if self.group_combine == "serial":
-            return self._serial_combine(shared, barrier, reduce_op)
+            result = self._serial_combine(shared, barrier, reduce_op)
+            self.group_results.append(result)
+            return result
         half = threads // 2
         while half >= 1:  # a tree: the first `half` threads each combine two partials
             active = lidx.lt(half)
@@ -211,7 +214,9 @@ class _Lowerer:
             store = UOp(Ops.STORE, partial.dtype, (shared, lidx, combined, active))
             barrier = UOp(Ops.BARRIER, dtypes.bool, (store,))
             half //= 2
-        return UOp(Ops.LOAD, partial.dtype, (shared, index_const(0), barrier))
+        result = UOp(Ops.LOAD, partial.dtype, (shared, index_const(0), barrier))
+        self.group_results.append(result)
+        return result
 
     def _serial_combine(self, shared: UOp, barrier: UOp, reduce_op: Ops) -> UOp:
         """Thread 0 alone loops over the partials (the others read nothing: their value is
@@ -279,15 +284,24 @@ def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
         raise ValueError("a group reduction needs a kernel with exactly one (non-bool) "
                          "reduction")
     lowerer = _Lowerer(options.group, options.group_combine)
-    # in a group reduction every thread of the group holds the result: thread 0 stores it
-    gate = (local_thread_id(options.group).lt(1),) if options.group else ()
     stores = []
     for index in output_indices(value.shape, options):
         lowered = lowerer.lower(value, index, None)
         position = linear_index(index, value.shape)
-        stores.append(UOp(Ops.STORE, value.dtype, (output, position, lowered, *gate)))
+        stores.append(UOp(Ops.STORE, value.dtype, (output, position, lowered,
+                                                   *_group_store_sources(lowerer))))
     return graph_rewrite(UOp(Ops.SINK, dtypes.bool, tuple(stores)), symbolic,
                          memo=_symbolic_memo)
+
+
+def _group_store_sources(lowerer: _Lowerer) -> tuple[UOp, ...]:
+    """In a group reduction every thread of the group holds the result: a gate lets thread 0
+    alone store it. And a last barrier: every thread has read the result before the group's
+    next output (another turn of its loops) writes new partial sums over it."""
+    if not lowerer.group:
+        return ()
+    gate = local_thread_id(lowerer.group).lt(1)
+    return gate, UOp(Ops.BARRIER, dtypes.bool, tuple(lowerer.group_results))
 
 
 _symbolic_memo: dict[UOp, UOp] = {}  # shared by every kernel's index simplification

@@ -97,8 +97,9 @@ class Ops(enum.Enum):
                                 # STORE use it as they use a DEFINE_GLOBAL
     SPECIAL = enum.auto()     # this thread's index in its work-group along a dimension
                               # (arg: ('l', dimension, size)); 0 <= id < size
-    BARRIER = enum.auto()     # every thread of the group waits here; src: the local stores it
-                              # publishes. A local LOAD after it lists it as its last source
+    BARRIER = enum.auto()     # every thread of the group waits here; src: the shared-memory
+                              # accesses before it. A LOAD or STORE after it lists it as its
+                              # last source
 
 
 UNARY = (Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.CAST)
@@ -468,7 +469,9 @@ BOUNDS_FROM_SOURCES = (Ops.ADD, Ops.NEG, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX)
 # LOAD:  (buffer, index), then an optional guard (a bool: where it is false the load reads nothing
 #        and gives 0), then, for shared memory, the BARRIER it must wait for.
 # STORE: (buffer, index, value), then an optional gate (a bool: where it is false nothing is
-#        written). A buffer is a DEFINE_GLOBAL (a kernel parameter) or a DEFINE_LOCAL.
+#        written), then the BARRIER it must wait for, if any. A buffer is a DEFINE_GLOBAL (a
+#        kernel parameter) or a DEFINE_LOCAL. A barrier in a LOAD or STORE orders, it is no
+#        operand: the access comes after every thread of the group passed it.
 
 @dataclass(frozen=True)
 class LoadParts:
@@ -484,6 +487,7 @@ class StoreParts:
     index: UOp
     value: UOp
     gate: UOp | None
+    barrier: UOp | None
 
 
 def load_parts(load: UOp) -> LoadParts:
@@ -495,9 +499,12 @@ def load_parts(load: UOp) -> LoadParts:
 
 
 def store_parts(store: UOp) -> StoreParts:
-    """A STORE's buffer, index, value and gate (or None)."""
-    gate = store.src[3] if len(store.src) > 3 else None
-    return StoreParts(store.src[0], store.src[1], store.src[2], gate)
+    """A STORE's buffer, index, value, gate (or None) and barrier (or None)."""
+    rest = store.src[3:]
+    barrier = rest[-1] if rest and rest[-1].op is Ops.BARRIER else None
+    gates = rest[:-1] if barrier is not None else rest
+    return StoreParts(store.src[0], store.src[1], store.src[2], gates[0] if gates else None,
+                      barrier)
 
 
 # ---- printing ----

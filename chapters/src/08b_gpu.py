@@ -109,9 +109,11 @@ access_pattern(row_trace, threads=4)
 # elements `lidx0`, `lidx0 + 16`, `lidx0 + 32`, ... of its row, writes its partial sum to shared
 # memory (`DEFINE_LOCAL`), and waits at a `BARRIER` until every thread of the group has. Then a
 # tree: the first 8 threads each add two partials, barrier, the first 4, barrier, ..., until
-# element 0 holds the row's sum, which thread 0 stores. The linear program shows it all: the
-# thread id is a `SPECIAL`, the output loop is a loop over work-groups (kind `'w'`), guarded
-# loads and gated stores keep the idle threads of each step out of memory:
+# element 0 holds the row's sum, which every thread reads and thread 0 stores. A last barrier
+# makes sure every thread has read it before the group's next output (when a group computes
+# several) writes new partials over it. The linear program shows it all: the thread id is a
+# `SPECIAL`, the output loop is a loop over work-groups (kind `'w'`), guarded loads and gated
+# stores keep the idle threads of each step out of memory:
 
 # %% id="gpu-14"
 grouped, group_trace = run(KernelOptions(group=16))
@@ -142,14 +144,15 @@ shared_traffic(group_trace)
 
 # %% [markdown] id="gpu-21"
 # The tree is one way to combine the partials. The other (`group_combine="serial"`): after one
-# barrier, thread 0 adds all 16 partials alone. One barrier instead of five, but 16 steps of one
-# thread instead of 4 steps of many. Both give the serial sum's numbers:
+# barrier, thread 0 adds all 16 partials alone. Two barriers instead of six, but 16 steps of
+# one thread instead of 4 steps of many. Both give the serial sum's numbers:
 
 # %% id="gpu-22"
 serial, serial_trace = run(KernelOptions(group=16, group_combine="serial"))
-for name, program in [("tree", grouped), ("serial", serial)]:
-    barriers = sum(u.op is Ops.BARRIER for u in program.uops)
-    print(f"{name:>6}: barriers: {barriers}")
+barrier_counts = {name: sum(u.op is Ops.BARRIER for u in program.uops)
+                  for name, program in [("tree", grouped), ("serial", serial)]}
+assert barrier_counts == {"tree": 6, "serial": 2}
+print(barrier_counts)
 print(shared_traffic(serial_trace).text)
 
 # %% [markdown] id="gpu-23"
