@@ -12,7 +12,11 @@ What this teaches:
   offline, the error says exactly which files to put where;
 - `digits()` needs no network: scikit-learn ships 1,797 8x8 digit images. tinyteach returns them
   as float32 (N, 1, 8, 8) scaled from 0..16 to [0, 1], int32 labels, and a fixed split: the last
-  297 images are the test set (the first 1,500 train), so every run sees the same data.
+  297 images are the test set (the first 1,500 train), so every run sees the same data;
+- `digits_mnist()` is the same digits in MNIST's format — uint8 (N, 1, 28, 28) images in 0..255
+  (each 8x8 pixel a 3x3 block, centred with a 2-pixel border as MNIST centres its digits) and
+  uint8 labels — so tinygrad's programs that call `mnist()` run offline unchanged but for the
+  import; `fetch_digits_mnist()` does the same for the older `extra.datasets.fetch_mnist()`.
 
 Builds on: tensor.py. Used by: the training examples and chapter 11's notebook.
 
@@ -155,3 +159,45 @@ def digits(device: str | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     split = len(labels) - DIGITS_TEST_SIZE
     return (Tensor(images[:split], device=device), Tensor(labels[:split], device=device),
             Tensor(images[split:], device=device), Tensor(labels[split:], device=device))
+
+
+# ---- the digits in MNIST's format, for tinygrad's programs ----
+
+DIGITS_UPSCALE, DIGITS_BORDER = 3, 2  # 8 * 3 + 2 * 2 = 28, MNIST's size
+
+
+def digits_as_mnist_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The digits() split as numpy arrays in MNIST's format: uint8 images (N, 1, 28, 28) in
+    0..255 and uint8 labels."""
+    X_train, Y_train, X_test, Y_test = digits(device="NUMPY")
+    return (_to_mnist_images(X_train.numpy()), Y_train.numpy().astype(np.uint8),
+            _to_mnist_images(X_test.numpy()), Y_test.numpy().astype(np.uint8))
+
+
+def _to_mnist_images(images: np.ndarray) -> np.ndarray:
+    """(N, 1, 8, 8) floats in [0, 1] -> (N, 1, 28, 28) uint8 in 0..255: each pixel becomes a
+    3x3 block, with a border of 2 zero pixels."""
+    big = images.repeat(DIGITS_UPSCALE, axis=2).repeat(DIGITS_UPSCALE, axis=3)
+    border = ((0, 0), (0, 0), (DIGITS_BORDER,) * 2, (DIGITS_BORDER,) * 2)
+    return np.pad(np.rint(big * 255), border).astype(np.uint8)
+
+
+def digits_mnist(device: str | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """What `mnist()` returns — X_train (1500, 1, 28, 28) uint8, Y_train (1500,) uint8, X_test,
+    Y_test (297) — made from scikit-learn's digits, with no network. tinygrad's programs run
+    on it with `from tinyteach.nn.datasets import digits_mnist as mnist`."""
+    return tuple(Tensor(array, device=device)  # type: ignore[return-value]
+                 for array in digits_as_mnist_arrays())
+
+
+def fetch_digits_mnist(tensors: bool = False) -> tuple[np.ndarray | Tensor, ...]:
+    """What tinygrad's older `extra.datasets.fetch_mnist()` returns, from the digits: numpy
+    images (N, 784) float32 in 0..255 and uint8 labels, or with tensors=True Tensors of shape
+    (N, 1, 28, 28)."""
+    X_train, Y_train, X_test, Y_test = digits_as_mnist_arrays()
+    flat_train = X_train.reshape(-1, 28 * 28).astype(np.float32)
+    flat_test = X_test.reshape(-1, 28 * 28).astype(np.float32)
+    if tensors:
+        return (Tensor(flat_train).reshape(-1, 1, 28, 28), Tensor(Y_train),
+                Tensor(flat_test).reshape(-1, 1, 28, 28), Tensor(Y_test))
+    return flat_train, Y_train, flat_test, Y_test
