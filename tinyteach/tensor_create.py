@@ -10,13 +10,13 @@ What this teaches:
   top 24 bits of the hash; normal ones come from two uniforms (Box-Muller); a random
   permutation is the rank of each of n random keys (randperm).
 
-Each part of chapter 1 after tensor.py is a class that Tensor inherits (a "mixin"): the methods
-live here, and `Tensor.zeros(2, 3)` finds them. This part is the first of the chain
-TensorCreation -> TensorMovement -> TensorMath -> TensorNN -> Tensor; the methods that make a
-tensor from nothing are classmethods, so `cls` is Tensor.
+Each part of chapter 1 is a mixin that stands on the ones below it: this one uses only the
+core (tensor_core.py), and tensor.py assembles the parts into Tensor, so `Tensor.zeros(2, 3)`
+finds the methods here. The methods that make a tensor from nothing are classmethods: `cls` is
+the class they are called on (always the assembled Tensor), and they return `Self`.
 
-Builds on: tensor.py (its core, as the TensorCore protocol below describes it). Used by:
-tensor_movement.py and everything that makes a tensor.
+Builds on: tensor_core.py (part 1). Used by: tensor_movement.py and everything that makes a
+tensor.
 
 >>> from tinyteach import Tensor
 >>> Tensor.arange(5).tolist()
@@ -30,83 +30,17 @@ import ctypes
 import gzip
 import math
 import urllib.request
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from typing import Any, ClassVar, Self, TypeVar
 
 import numpy as np
 
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import prod
+from tinyteach.tensor_core import CoreTensor, Scalar, ShapeArg, pool
 from tinyteach.uop import Ops, UOp
 
-if TYPE_CHECKING:
-    from tinyteach.tensor import Scalar, ShapeArg, Tensor
-
-
-class TensorCore(Protocol):
-    """What the parts of chapter 1 use of tensor.py's Tensor on `self`, for the type checker:
-    the parts are plain classes, and Tensor, which inherits them, supplies all of this at run
-    time. (What they call on other tensors, the type checker finds on Tensor itself.)"""
-
-    training: ClassVar[bool]
-    device: str
-
-    def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
-                 requires_grad: bool | None = None) -> None: ...
-    @property
-    def shape(self) -> tuple[int, ...]: ...
-    @property
-    def dtype(self) -> DType: ...
-    @property
-    def ndim(self) -> int: ...
-    def to(self, device: str) -> Tensor: ...
-    def _axis(self, axis: int, ndim: int | None = None) -> int: ...
-    def _axes(self, axis: int | Sequence[int] | None) -> tuple[int, ...]: ...
-    def _broadcasted(self, other: Any, reverse: bool = False,
-                     float_result: bool = False) -> tuple[Tensor, Tensor]: ...
-    def _binary(self, op: Ops, other: Any, reverse: bool = False) -> Tensor: ...
-    def _reduce(self, op: Ops, axis: Any, keepdim: bool) -> Tensor: ...
-    def _to_float(self) -> Tensor: ...
-    def cast(self, dtype: DType | str | type) -> Tensor: ...
-    def reshape(self, *shape: Any) -> Tensor: ...
-    def permute(self, *order: Any) -> Tensor: ...
-    def pad(self, padding: Sequence[Any], mode: str = "constant",
-            value: Scalar = 0) -> Tensor: ...
-    def flip(self, axis: int | Sequence[int]) -> Tensor: ...
-    def expand(self, *shape: Any) -> Tensor: ...
-    def trunc(self) -> Tensor: ...
-    def detach(self) -> Tensor: ...
-    def reciprocal(self) -> Tensor: ...
-    def floordiv(self, other: Any, reverse: bool = False) -> Tensor: ...
-    def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Tensor: ...
-    def maximum(self, other: Any) -> Tensor: ...
-    def logical_not(self) -> Tensor: ...
-    def __neg__(self) -> Tensor: ...
-    def __invert__(self) -> Tensor: ...
-    def __add__(self, other: Any) -> Tensor: ...
-    def __sub__(self, other: Any) -> Tensor: ...
-    def __rsub__(self, other: Any) -> Tensor: ...
-    def __mul__(self, other: Any) -> Tensor: ...
-    def __rmul__(self, other: Any) -> Tensor: ...
-    def __truediv__(self, other: Any) -> Tensor: ...
-    def __lt__(self, other: Any) -> Tensor: ...
-    def __gt__(self, other: Any) -> Tensor: ...
-    def __ne__(self, other: Any) -> Tensor: ...  # type: ignore[override]
-    def __eq__(self, other: Any) -> Tensor: ...  # type: ignore[override]
-
-
-# the type checker sees the core's methods on `self`; at run time the chain starts from object
-if TYPE_CHECKING:
-    _Core = TensorCore
-else:
-    _Core = object
-
-
-def as_tensor(part: TensorCore) -> Tensor:
-    """`self` in a part of chapter 1 is always a Tensor (the parts exist only as Tensor's bases):
-    this tells the type checker so, and returns `part` itself, unchanged."""
-    return cast("Tensor", part)
+C = TypeVar("C", bound="TensorCreation")  # the helper functions return what they were given
 
 
 def _shape_from(args: tuple[Any, ...]) -> tuple[int, ...]:
@@ -119,7 +53,7 @@ def _shape_from(args: tuple[Any, ...]) -> tuple[int, ...]:
     return shape
 
 
-class TensorCreation(_Core):
+class TensorCreation(CoreTensor):
     """full, zeros, ones, empty, arange, linspace, eye and random numbers (part 4)."""
 
     # the random number generator's state, shared by every tensor
@@ -129,7 +63,7 @@ class TensorCreation(_Core):
     # ---- constants and ranges ----
 
     @classmethod
-    def full(cls, shape: ShapeArg, fill_value: Scalar, **kwargs: Any) -> Tensor:
+    def full(cls, shape: ShapeArg, fill_value: Scalar, **kwargs: Any) -> Self:
         dims = _shape_from((shape,))
         dtype = dtypes.as_dtype(kwargs.pop("dtype")) if kwargs.get("dtype") else None
         requires_grad = kwargs.pop("requires_grad", None)
@@ -139,48 +73,48 @@ class TensorCreation(_Core):
         return result
 
     @classmethod
-    def zeros(cls, *shape: Any, **kwargs: Any) -> Tensor:
+    def zeros(cls, *shape: Any, **kwargs: Any) -> Self:
         return cls.full(_shape_from(shape), 0.0, **_float_default(kwargs))
 
     @classmethod
-    def ones(cls, *shape: Any, **kwargs: Any) -> Tensor:
+    def ones(cls, *shape: Any, **kwargs: Any) -> Self:
         return cls.full(_shape_from(shape), 1.0, **_float_default(kwargs))
 
     @classmethod
     def empty(cls, *shape: Any, device: str | None = None, dtype: DType | str | None = None,
-              **kwargs: Any) -> Tensor:
+              **kwargs: Any) -> Self:
         """Memory that is allocated but not set: its contents are undefined (fresh memory is
         zero, reused memory keeps what its last owner wrote; see device.HostMemory)."""
         dims = _shape_from(shape)
         wanted = dtypes.default_float if dtype is None else dtypes.as_dtype(dtype)
         name = Device.canonicalize(device)
         buffer = UOp(Ops.BUFFER, wanted, (), Buffer(name, prod(dims), wanted))
-        return as_tensor(cls(buffer.reshape(dims), name, **kwargs))
+        return (cls(buffer.reshape(dims), name, **kwargs))
 
-    def full_like(self, fill_value: Scalar, **kwargs: Any) -> Tensor:
+    def full_like(self, fill_value: Scalar, **kwargs: Any) -> Self:
         kwargs.setdefault("dtype", self.dtype)
         kwargs.setdefault("device", self.device)
         return type(self).full(self.shape, fill_value, **kwargs)
 
-    def zeros_like(self, **kwargs: Any) -> Tensor:
+    def zeros_like(self, **kwargs: Any) -> Self:
         return self.full_like(0, **kwargs)
 
-    def ones_like(self, **kwargs: Any) -> Tensor:
+    def ones_like(self, **kwargs: Any) -> Self:
         return self.full_like(1, **kwargs)
 
-    def rand_like(self, **kwargs: Any) -> Tensor:
+    def rand_like(self, **kwargs: Any) -> Self:
         kwargs.setdefault("dtype", self.dtype)
         kwargs.setdefault("device", self.device)
         return type(self).rand(*self.shape, **kwargs)
 
-    def randn_like(self, **kwargs: Any) -> Tensor:
+    def randn_like(self, **kwargs: Any) -> Self:
         kwargs.setdefault("dtype", self.dtype)
         kwargs.setdefault("device", self.device)
         return type(self).randn(*self.shape, **kwargs)
 
     @classmethod
     def arange(cls, start: int | float, stop: int | float | None = None, step: int | float = 1,
-               **kwargs: Any) -> Tensor:
+               **kwargs: Any) -> Self:
         """start, start+step, ... < stop — built from ones and a running sum, not numpy."""
         if stop is None:
             start, stop = 0, start
@@ -195,7 +129,7 @@ class TensorCreation(_Core):
         return result.cast(dtypes.as_dtype(dtype))._with(**kwargs)
 
     @classmethod
-    def linspace(cls, start: float, stop: float, steps: int, **kwargs: Any) -> Tensor:
+    def linspace(cls, start: float, stop: float, steps: int, **kwargs: Any) -> Self:
         if steps < 0:
             raise ValueError(f"linspace needs steps >= 0, got {steps}")
         dtype = dtypes.as_dtype(kwargs.pop("dtype", dtypes.default_float))
@@ -208,15 +142,15 @@ class TensorCreation(_Core):
         return result._with(requires_grad=requires_grad)
 
     @classmethod
-    def eye(cls, n: int, m: int | None = None, **kwargs: Any) -> Tensor:
+    def eye(cls, n: int, m: int | None = None, **kwargs: Any) -> Self:
         dtype = dtypes.as_dtype(kwargs.pop("dtype", dtypes.default_float))
         requires_grad = kwargs.pop("requires_grad", None)  # set on the result, not the aranges
         rows = cls.arange(n, **kwargs).reshape(n, 1)
         cols = cls.arange(n if m is None else m, **kwargs).reshape(1, -1)
         return (rows == cols).cast(dtype)._with(requires_grad=requires_grad)
 
-    def _with(self, device: str | None = None, requires_grad: bool | None = None) -> Tensor:
-        result = as_tensor(self) if device is None else self.to(device)
+    def _with(self, device: str | None = None, requires_grad: bool | None = None) -> Self:
+        result = self if device is None else self.to(device)
         if requires_grad is not None:
             result = type(result)(result.uop, result.device, requires_grad=requires_grad)
         return result
@@ -224,7 +158,7 @@ class TensorCreation(_Core):
     # ---- from outside: raw memory and URLs (copied into a buffer, as host data always is) ----
 
     @classmethod
-    def from_blob(cls, ptr: int, shape: ShapeArg, **kwargs: Any) -> Tensor:
+    def from_blob(cls, ptr: int, shape: ShapeArg, **kwargs: Any) -> Self:
         """A tensor holding a copy of prod(shape) elements of `dtype` (default float32) read
         from host memory at address `ptr`. (tinygrad's shares the memory with no copy; here
         the values are copied once, so later writes to the memory are not seen.)"""
@@ -234,14 +168,14 @@ class TensorCreation(_Core):
             raise ValueError(f"from_blob needs a non-null integer address, got {ptr!r}")
         raw = ctypes.string_at(ptr, prod(dims) * dtype.itemsize)   # a copy of the bytes
         values = np.frombuffer(raw, dtype=dtype.np).reshape(dims)
-        return as_tensor(cls(values, dtype=dtype, **kwargs))
+        return (cls(values, dtype=dtype, **kwargs))
 
     @classmethod
-    def from_url(cls, url: str, gunzip: bool = False, **kwargs: Any) -> Tensor:
+    def from_url(cls, url: str, gunzip: bool = False, **kwargs: Any) -> Self:
         """The bytes at `url` (http(s):// or file://) as a uint8 tensor, gunzipped if asked."""
         with urllib.request.urlopen(url, timeout=60) as response:
             data = response.read()
-        return as_tensor(cls(gzip.decompress(data) if gunzip else data, **kwargs))
+        return (cls(gzip.decompress(data) if gunzip else data, **kwargs))
 
     # ---- random numbers: a counter-based hash, computed on the device itself ----
 
@@ -252,7 +186,7 @@ class TensorCreation(_Core):
         TensorCreation._seed, TensorCreation._rng_counter = int(seed), 0
 
     @classmethod
-    def _random_bits(cls, count: int, device: str | None) -> Tensor:
+    def _random_bits(cls, count: int, device: str | None) -> Self:
         """`count` pseudo-random uint32s: hash(counter, seed), lowbias32 by Chris Wellons."""
         start = TensorCreation._rng_counter
         TensorCreation._rng_counter += count
@@ -263,73 +197,65 @@ class TensorCreation(_Core):
 
     @classmethod
     def rand(cls, *shape: Any, device: str | None = None, dtype: DType | str | None = None,
-             requires_grad: bool | None = None) -> Tensor:
+             requires_grad: bool | None = None) -> Self:
         """Uniform in [0, 1)."""
         dims = _shape_from(shape)
         wanted = dtypes.default_float if dtype is None else dtypes.as_dtype(dtype)
         bits = cls._random_bits(prod(dims), device)
         # the top 24 bits, scaled to [0, 1): exactly representable in float32
-        uniform = (bits // 256).cast(dtypes.float32) * (1.0 / (1 << 24))
+        uniform = bits._binary(Ops.IDIV, 256).cast(dtypes.float32) * (1.0 / (1 << 24))
         result = uniform.cast(wanted).reshape(dims)
         result.requires_grad = requires_grad
         return result
 
     @classmethod
     def randn(cls, *shape: Any, dtype: DType | str | None = None, requires_grad: bool | None = None,
-              **kwargs: Any) -> Tensor:
+              **kwargs: Any) -> Self:
         """Standard normal, by the Box-Muller transform of two uniforms."""
         dims = _shape_from(shape)
         wanted = dtypes.default_float if dtype is None else dtypes.as_dtype(dtype)
         u = cls.rand(2, *dims, **kwargs)
-        radius = ((1 - u[0]).log() * -2).sqrt()
-        result = (radius * (u[1] * (2 * math.pi)).cos()).cast(wanted)
+        radius = ((1 - u._row(0)).log2() * math.log(2) * -2).sqrt()  # sqrt(-2 ln u0)
+        angle = (math.pi / 2) - u._row(1) * (2 * math.pi)  # cos(2 pi u1) = sin(pi/2 - 2 pi u1)
+        result = (radius * angle.sin()).cast(wanted)
         result.requires_grad = requires_grad
         return result
 
     @classmethod
-    def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: DType | str = dtypes.int32,
-                **kwargs: Any) -> Tensor:
-        if high <= low:
-            raise ValueError(f"randint needs low < high, got low={low}, high={high}")
-        uniform = cls.rand(*shape, dtype=dtypes.float64 if high - low > 1 << 23 else None,
-                              **kwargs)
-        return (uniform * (high - low)).floor().cast(dtypes.as_dtype(dtype)) + low
-
-    @classmethod
-    def uniform(cls, *shape: Any, low: float = 0.0, high: float = 1.0, **kwargs: Any) -> Tensor:
+    def uniform(cls, *shape: Any, low: float = 0.0, high: float = 1.0, **kwargs: Any) -> Self:
         requires_grad = kwargs.pop("requires_grad", None)
         result = cls.rand(*shape, **kwargs) * (high - low) + low
         result.requires_grad = requires_grad
         return result
 
     @classmethod
-    def normal(cls, *shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Tensor:
+    def normal(cls, *shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Self:
         requires_grad = kwargs.pop("requires_grad", None)
         result = cls.randn(*shape, **kwargs) * std + mean
         result.requires_grad = requires_grad
         return result
 
     @classmethod
-    def kaiming_uniform(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+    def kaiming_uniform(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> Self:
         dims = _shape_from(shape)
         bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(dims[1:]))
         return cls.uniform(*dims, low=-bound, high=bound, **kwargs)
 
     @classmethod
-    def glorot_uniform(cls, *shape: Any, **kwargs: Any) -> Tensor:
+    def glorot_uniform(cls, *shape: Any, **kwargs: Any) -> Self:
         dims = _shape_from(shape)
         bound = math.sqrt(6 / (dims[0] + prod(dims[1:])))
         return cls.uniform(*dims, low=-bound, high=bound, **kwargs)
 
     @classmethod
-    def scaled_uniform(cls, *shape: Any, **kwargs: Any) -> Tensor:
+    def scaled_uniform(cls, *shape: Any, **kwargs: Any) -> Self:
         """Uniform in [-1, 1), scaled by 1 / sqrt(number of elements) (tinygrad's)."""
         dims = _shape_from(shape)
         scale = prod(dims) ** -0.5 if prod(dims) else 1.0
         return cls.uniform(*dims, low=-scale, high=scale, **kwargs)
 
     @classmethod
-    def kaiming_normal(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+    def kaiming_normal(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> Self:
         """Normal with std = sqrt(2 / (1 + a^2)) / sqrt(fan_in), fan_in = prod(shape[1:]):
         PyTorch's kaiming_normal_ for a leaky_relu of slope a (tinygrad's default a)."""
         dims = _shape_from(shape)
@@ -337,7 +263,7 @@ class TensorCreation(_Core):
         return cls.normal(*dims, mean=0.0, std=std, **kwargs)
 
     @classmethod
-    def xavier_uniform(cls, *shape: Any, gain: float = 1.0, **kwargs: Any) -> Tensor:
+    def xavier_uniform(cls, *shape: Any, gain: float = 1.0, **kwargs: Any) -> Self:
         """PyTorch's xavier_uniform_: bound gain * sqrt(6 / (fan_in + fan_out)), with
         fan_in = shape[1] * r and fan_out = shape[0] * r, r = prod(shape[2:]) (the receptive
         field). (tinygrad's glorot_uniform counts prod(shape[1:]) as fan_in instead.)"""
@@ -350,7 +276,7 @@ class TensorCreation(_Core):
 
     @classmethod
     def randperm(cls, n: int, device: str | None = None, dtype: DType | str = dtypes.int32,
-                 requires_grad: bool | None = None) -> Tensor:
+                 requires_grad: bool | None = None) -> Self:
         """A random permutation of 0..n-1: give each position a random 32-bit key; a key's rank
         (how many keys are smaller, ties broken by position) is the permutation, and every
         permutation is equally likely. n^2 comparisons, all in one reduction kernel."""
@@ -367,12 +293,15 @@ class TensorCreation(_Core):
         return before.cast(dtypes.int32).sum(1).cast(dtypes.as_dtype(dtype))
 
     @classmethod
-    def _arange_int(cls, count: int, device: str) -> Tensor:
+    def _arange_int(cls, count: int, device: str) -> Self:
         """0, 1, ..., count-1 as int32, from primitive ops only.
         Small: a running sum of ones (cumsum). Large: i*b + j from two smaller aranges."""
         if count <= 32:
             ones = cls.ones(count, dtype=dtypes.int32, device=device)
-            return ones.cumsum() - 1 if count else ones
+            if not count:
+                return ones
+            windows = pool(ones.pad([(count - 1, 0)]), (count,))  # window i: i+1 ones
+            return windows.sum(-1, dtype=dtypes.int32) - 1
         columns = math.isqrt(count - 1) + 1
         rows = -(-count // columns)
         grid = (cls._arange_int(rows, device) * columns).reshape(rows, 1) + \
@@ -392,17 +321,17 @@ class TensorCreation(_Core):
     def is_floating_point(self) -> bool:
         return dtypes.is_float(self.dtype)
 
-    def short(self) -> Tensor:
+    def short(self) -> Self:
         return self.cast(dtypes.int16)
 
     def data(self) -> memoryview:
         """The values, computed, as a memoryview with the tensor's shape and format (as
         tinygrad's; `.numpy()` gives an array)."""
-        return as_tensor(self).numpy().data
+        return self.numpy().data
 
-    def replace(self, x: Tensor) -> Tensor:
+    def replace(self, x: Self) -> Self:
         """Make this tensor be `x` (same shape and dtype): its graph, its value. In place."""
-        tensor = as_tensor(self)
+        tensor = self
         if x.shape != tensor.shape or x.dtype != tensor.dtype:
             raise ValueError(f"replace: {x.shape} {x.dtype} does not match {tensor.shape} "
                              f"{tensor.dtype}")
@@ -412,9 +341,9 @@ class TensorCreation(_Core):
         tensor.uop, tensor._lazy = x.uop, x._lazy
         return tensor
 
-    def to_(self, device: str) -> Tensor:
+    def to_(self, device: str) -> Self:
         """Move this tensor to `device`, in place (`to` returns a new tensor)."""
-        tensor = as_tensor(self)
+        tensor = self
         moved = tensor.to(device)
         tensor.uop, tensor.device, tensor._lazy = moved.uop, moved.device, None
         return tensor
@@ -434,10 +363,10 @@ def _hash32_int(x: int) -> int:
     return x ^ (x >> 16)
 
 
-def _hash32(x: Tensor) -> Tensor:
+def _hash32(x: C) -> C:
     """lowbias32 on a uint32 tensor: xor, multiply and shift (a shift is a division by 2^k)."""
-    x = x ^ (x // (1 << 16))
+    x = x ^ x._binary(Ops.IDIV, 1 << 16)
     x = x * 0x7FEB352D
-    x = x ^ (x // (1 << 15))
+    x = x ^ x._binary(Ops.IDIV, 1 << 15)
     x = x * 0x846CA68B
-    return x ^ (x // (1 << 16))
+    return x ^ x._binary(Ops.IDIV, 1 << 16)

@@ -33,81 +33,78 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self, TypeVar
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import prod
-from tinyteach.tensor_create import as_tensor
+from tinyteach.tensor_core import Scalar, pool, scalar_dtype, sum_dtype
 from tinyteach.tensor_movement import TensorMovement
 from tinyteach.uop import Ops
 
-if TYPE_CHECKING:
-    from tinyteach.tensor import Scalar, Tensor
+TM = TypeVar("TM", bound="TensorMath")  # the helper functions return what they were given
 
 
 class TensorMath(TensorMovement):
     """Derived elementwise math, activations, rounding, reductions and cumsum (part 6)."""
 
+    # ---- random integers: rand (part 4), scaled and rounded down ----
+
+    @classmethod
+    def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: DType | str = dtypes.int32,
+                **kwargs: Any) -> Self:
+        """Uniform integers in [low, high): a uniform float, scaled and rounded down (here in
+        part 6, not with the other random numbers in part 4, because it needs floor)."""
+        if high <= low:
+            raise ValueError(f"randint needs low < high, got low={low}, high={high}")
+        uniform = cls.rand(*shape, dtype=dtypes.float64 if high - low > 1 << 23 else None,
+                              **kwargs)
+        return (uniform * (high - low)).floor().cast(dtypes.as_dtype(dtype)) + low
+
     # ---- min from max: turn the order around ----
 
-    def minimum(self, other: Any) -> Tensor:
+    def minimum(self, other: Any) -> Self:
         x, y = self._broadcasted(other)
         return x._order_reversed().maximum(y._order_reversed())._order_reversed()
 
-    def _order_reversed(self) -> Tensor:
+    def _order_reversed(self) -> Self:
         """Values in the opposite order, so that min(x) = r(max(r(x))): -x for floats, and
         ~x = -x - 1 for integers and bools, which never overflows (-INT_MIN does)."""
         return -self if dtypes.is_float(self.dtype) else ~self
 
     # ---- math, composed from EXP2, LOG2, SIN, SQRT and RECIPROCAL ----
 
-    def exp2(self) -> Tensor:
-        return self._to_float()._unary(Ops.EXP2)
-
-    def log2(self) -> Tensor:
-        return self._to_float()._unary(Ops.LOG2)
-
-    def exp(self) -> Tensor:
+    def exp(self) -> Self:
         return (self._to_float() * (1 / math.log(2))).exp2()   # e^x = 2^(x / ln 2)
 
-    def log(self) -> Tensor:
+    def log(self) -> Self:
         return self.log2() * math.log(2)                       # ln x = log2(x) * ln 2
 
-    def sqrt(self) -> Tensor:
-        return self._to_float()._unary(Ops.SQRT)
-
-    def rsqrt(self) -> Tensor:
+    def rsqrt(self) -> Self:
         return self.sqrt().reciprocal()
 
-    def reciprocal(self) -> Tensor:
-        return self._to_float()._unary(Ops.RECIPROCAL)
-
-    def sin(self) -> Tensor:
-        return self._to_float()._unary(Ops.SIN)
-
-    def cos(self) -> Tensor:
+    def cos(self) -> Self:
         return ((math.pi / 2) - self._to_float()).sin()         # cos x = sin(pi/2 - x)
 
-    def tan(self) -> Tensor:
+    def tan(self) -> Self:
         return self.sin() / self.cos()
 
-    def sigmoid(self) -> Tensor:
+    def sigmoid(self) -> Self:
         return (1 + (-self._to_float()).exp()).reciprocal()
 
-    def tanh(self) -> Tensor:
+    def tanh(self) -> Self:
         return 2.0 * (2.0 * self._to_float()).sigmoid() - 1.0
 
-    def relu(self) -> Tensor:
+    def relu(self) -> Self:
         """max(x, 0) as PyTorch has it: where(x < 0, 0, x) keeps NaN (a NaN activation must not
         turn into 0 and hide a diverging run) and -0.0; zeros pass through detached, so the
         gradient at 0 is 0. (tinygrad: where(x > 0, x, 0), which maps NaN to 0.)"""
         passes = (self > 0) | (self != self)
         return (self < 0).where(0, passes.where(self, self.detach()))
 
-    def leaky_relu(self, neg_slope: float = 0.01) -> Tensor:
+    def leaky_relu(self, neg_slope: float = 0.01) -> Self:
         return (self < 0).where(self * neg_slope, self)
 
-    def gelu(self, approximate: str = "tanh") -> Tensor:
+    def gelu(self, approximate: str = "tanh") -> Self:
         """x * Phi(x), Phi the normal distribution's CDF. By default its tanh approximation
         (tinygrad's gelu, PyTorch's gelu(approximate='tanh')); approximate="none" is the exact
         x/2 (1 + erf(x/sqrt 2)) (PyTorch's default)."""
@@ -118,16 +115,16 @@ class TensorMath(TensorMovement):
         inner = math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)
         return 0.5 * self * (1 + inner.tanh())
 
-    def silu(self) -> Tensor:
+    def silu(self) -> Self:
         return self * self.sigmoid()
 
-    def swish(self) -> Tensor:
+    def swish(self) -> Self:
         return self.silu()
 
-    def elu(self, alpha: float = 1.0) -> Tensor:
+    def elu(self, alpha: float = 1.0) -> Self:
         return (self > 0).where(self, alpha * (self.exp() - 1))
 
-    def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Self:
         """log(1 + e^(beta x)) / beta; x itself where beta x > threshold (PyTorch's), where the
         two agree to float precision and exp would overflow."""
         if beta == 0:
@@ -136,50 +133,50 @@ class TensorMath(TensorMovement):
         smooth = (1 + (linear.where(0, self) * beta).exp()).log() * (1 / beta)
         return linear.where(self, smooth)
 
-    def abs(self) -> Tensor:
+    def abs(self) -> Self:
         if self.dtype.kind in ("uint", "bool"):
-            return as_tensor(self)
+            return self
         # max(x, -x) keeps NaN, and its gradient at 0 is a tie's two halves, 1/2 - 1/2 = 0, as in
         # PyTorch; at the tie of -0.0 and 0.0 it may give either, and + 0.0 makes it 0.0
         # (x * sign(x) gave -0.0 for -0.0)
         largest = self.maximum(-self)
         return largest + 0.0 if dtypes.is_float(self.dtype) else largest
 
-    def sign(self) -> Tensor:
+    def sign(self) -> Self:
         positive = (self > 0).cast(self.dtype)
         if self.dtype.kind in ("uint", "bool"):
             return positive
-        return _step_gradient(positive - (self < 0).cast(self.dtype), as_tensor(self))
+        return _step_gradient(positive - (self < 0).cast(self.dtype), self)
 
-    def clip(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Tensor:
+    def clip(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Self:
         if min_ is None and max_ is None:
             raise ValueError("clip needs at least one of min_ and max_")
-        result = as_tensor(self) if min_ is None else self.maximum(min_)
+        result = self if min_ is None else self.maximum(min_)
         return result if max_ is None else result.minimum(max_)
 
-    def clamp(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Tensor:
+    def clamp(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Self:
         return self.clip(min_, max_)
 
-    def square(self) -> Tensor:
+    def square(self) -> Self:
         return self * self
 
-    def trunc(self) -> Tensor:
+    def trunc(self) -> Self:
         """Round toward zero: x - fmod(x, 1); huge floats are already whole numbers."""
         if not dtypes.is_float(self.dtype):
-            return as_tensor(self)
+            return self
         whole = self - self._binary(Ops.MOD, 1.0)
         limit = 2.0 ** {2: 10, 4: 23, 8: 52}[self.dtype.itemsize]
-        return _step_gradient((self.abs() < limit).where(whole, self), as_tensor(self))
+        return _step_gradient((self.abs() < limit).where(whole, self), self)
 
-    def floor(self) -> Tensor:
+    def floor(self) -> Self:
         whole = self.trunc()
         return whole if not dtypes.is_float(self.dtype) else (self < whole).where(whole - 1, whole)
 
-    def ceil(self) -> Tensor:
+    def ceil(self) -> Self:
         whole = self.trunc()
         return whole if not dtypes.is_float(self.dtype) else (self > whole).where(whole + 1, whole)
 
-    def round(self) -> Tensor:
+    def round(self) -> Self:
         """Round half to even, as numpy and PyTorch do."""
         down = self.floor()
         difference = self - down
@@ -187,7 +184,7 @@ class TensorMath(TensorMovement):
         up = (difference > 0.5) | ((difference == 0.5) & down_is_even.logical_not())
         return up.where(down + 1, down)
 
-    def floordiv(self, other: Any, reverse: bool = False) -> Tensor:
+    def floordiv(self, other: Any, reverse: bool = False) -> Self:
         """Python's //: rounds toward negative infinity."""
         x, y = self._broadcasted(other, reverse)
         if dtypes.is_float(x.dtype):
@@ -198,7 +195,40 @@ class TensorMath(TensorMovement):
         inexact = x._apply(x.uop.alu(Ops.MOD, y.uop), x, y) != 0
         return (inexact & ((x < 0) != (y < 0))).where(quotient - 1, quotient)
 
-    def mod(self, other: Any, reverse: bool = False) -> Tensor:
+    def div(self, other: Any, reverse: bool = False, rounding_mode: str | None = None) -> Self:
+        """The core's true division, plus PyTorch's `rounding_mode`: round the quotient toward
+        zero ("trunc") or down ("floor"); integers then stay integers."""
+        if rounding_mode == "floor":
+            return self.floordiv(other, reverse)
+        if rounding_mode == "trunc":
+            x, y = self._broadcasted(other, reverse)
+            if dtypes.is_float(x.dtype):
+                return (x * y.reciprocal()).trunc()
+            return x._apply(x.uop.alu(Ops.IDIV, y.uop), x, y)  # IDIV rounds toward zero, as C
+        if rounding_mode is not None:
+            raise ValueError(f"div rounding_mode must be None, 'trunc' or 'floor', "
+                             f"not {rounding_mode!r}")
+        return super().div(other, reverse)
+
+    def __floordiv__(self, other: Any) -> Self:
+        return self.floordiv(other)
+
+    def __rfloordiv__(self, other: Any) -> Self:
+        return self.floordiv(other, True)
+
+    def __mod__(self, other: Any) -> Self:
+        return self.mod(other)
+
+    def __rmod__(self, other: Any) -> Self:
+        return self.mod(other, True)
+
+    def __pow__(self, other: Any) -> Self:
+        return self.pow(other)
+
+    def __rpow__(self, other: Any) -> Self:
+        return self.pow(other, True)
+
+    def mod(self, other: Any, reverse: bool = False) -> Self:
         """Python's %: the result takes the sign of the divisor."""
         x, y = self._broadcasted(other, reverse)
         remainder = x._apply(x.uop.alu(Ops.MOD, y.uop), x, y)
@@ -207,13 +237,12 @@ class TensorMath(TensorMovement):
         wrong_sign = (remainder != 0) & ((remainder < 0) != (y < 0))
         return wrong_sign.where(remainder + y, remainder)
 
-    def pow(self, exponent: Any, reverse: bool = False) -> Tensor:
+    def pow(self, exponent: Any, reverse: bool = False) -> Self:
         """x ** y. A whole-number constant exponent: repeated squaring (exact, and integers
         stay integers). Integer ** integer tensor: square and multiply over the exponent's bits
         (`_integer_tensor_power`). Anything else: 2^(y * log2|x|), with the sign fixed up."""
         if reverse:
-            from tinyteach.tensor import _scalar_dtype  # (tensor.py imports this module)
-            base = type(self)(exponent, self.device, dtype=_scalar_dtype(self.dtype, exponent))
+            base = type(self)(exponent, self.device, dtype=scalar_dtype(self.dtype, exponent))
             return base.pow(self)
         if isinstance(exponent, int) and not isinstance(exponent, bool):
             if not dtypes.is_float(self.dtype):
@@ -240,12 +269,12 @@ class TensorMath(TensorMovement):
         result = (negative & is_whole.logical_not()).where(math.nan, signed)
         return (power == 0).where(1.0, result)
 
-    def _integer_power(self, exponent: int) -> Tensor:
+    def _integer_power(self, exponent: int) -> Self:
         """x ** n by repeated squaring: exact for integers and negative bases."""
         if exponent < 0:
             return self._integer_power(-exponent).reciprocal()
-        result: Tensor | None = None
-        base = as_tensor(self)
+        result: Self | None = None
+        base = self
         while exponent:
             if exponent & 1:
                 result = base if result is None else result * base
@@ -256,17 +285,17 @@ class TensorMath(TensorMovement):
 
     # ---- inverse trigonometric, hyperbolic and special functions: polynomials and logs ----
 
-    def log10(self) -> Tensor:
+    def log10(self) -> Self:
         return self.log2() * math.log10(2)                     # log10 x = log2(x) * log10(2)
 
-    def asin(self) -> Tensor:
+    def asin(self) -> Self:
         """arcsin, odd in x, NaN outside [-1, 1]. For a = |x| >= 1/4: pi/2 - sqrt(1-a) * p(a),
         p from Abramowitz & Stegun 4.4.46 (error below 2e-8, as tinygrad); below 1/4 the
         Taylor series (the polynomial would lose digits subtracting from pi/2)."""
         sign, magnitude = self._to_float()._sign_and_magnitude()
         return sign * _asin_of_magnitude(magnitude)
 
-    def acos(self) -> Tensor:
+    def acos(self) -> Self:
         """arccos = pi/2 - asin(x), written so that no digits are lost near x = 1 or -1:
         for |x| >= 1/4 it is sqrt(1-|x|) * p(|x|) (or pi minus that for x < 0)."""
         x = self._to_float()
@@ -276,7 +305,7 @@ class TensorMath(TensorMovement):
         from_series = math.pi / 2 - sign * _asin_series(small.where(magnitude, 0.0))
         return small.where(from_series, (x < 0).where(math.pi - near_one, near_one))
 
-    def atan(self) -> Tensor:
+    def atan(self) -> Self:
         """arctan x = asin(x / sqrt(1 + x^2)) for |x| <= 1; above, pi/2 - atan(1/x) (with the
         sign of x), so that x^2 cannot overflow. The reciprocal never sees 0: where it is not
         used it gets 1, because a gradient through an unused 1/0 is still 0 * inf = NaN."""
@@ -287,7 +316,7 @@ class TensorMath(TensorMovement):
         angle = (inner / (1 + inner * inner).sqrt()).asin()
         return big.where(sign * (math.pi / 2) - angle, angle)
 
-    def sinh(self) -> Tensor:
+    def sinh(self) -> Self:
         """(e^x - e^-x) / 2, as e^(x - ln 2) - e^(-x - ln 2) so that it overflows only where
         sinh does; for |x| < 1/2 the Taylor series (the difference would cancel digits)."""
         x = self._to_float()
@@ -296,16 +325,16 @@ class TensorMath(TensorMovement):
         series = tiny * _polynomial(tiny * tiny, [1 / 362880, 1 / 5040, 1 / 120, 1 / 6, 1.0])
         return small.where(series, (x - math.log(2)).exp() - (-x - math.log(2)).exp())
 
-    def cosh(self) -> Tensor:
+    def cosh(self) -> Self:
         x = self._to_float()
         return (x - math.log(2)).exp() + (-x - math.log(2)).exp()   # (e^x + e^-x) / 2
 
-    def atanh(self) -> Tensor:
+    def atanh(self) -> Self:
         """(log(1 + x) - log(1 - x)) / 2, with an accurate log1p: +-inf at +-1, NaN beyond."""
         x = self._to_float()
         return (_log1p(x) - _log1p(-x)) * 0.5
 
-    def asinh(self) -> Tensor:
+    def asinh(self) -> Self:
         """log(x + sqrt(x^2 + 1)), odd in x. For a = |x|: log1p(a + a^2 / (1 + sqrt(1 + a^2)))
         (sqrt(1 + a^2) - 1 rewritten so that small a keeps its digits); above 2^12,
         log(2a), so that a^2 cannot overflow (the error there is below 1e-8)."""
@@ -315,7 +344,7 @@ class TensorMath(TensorMovement):
         moderate = _log1p(a + a * a / (1 + (1 + a * a).sqrt()))
         return sign * huge.where(huge.where(magnitude, 1.0).log() + math.log(2), moderate)
 
-    def acosh(self) -> Tensor:
+    def acosh(self) -> Self:
         """log(x + sqrt(x^2 - 1)) for x >= 1 (NaN below, from the square root of x - 1):
         log1p((x-1) + sqrt(x-1) sqrt(x+1)) keeps the digits near 1; above 2^12, log(2x), so
         that x^2 cannot overflow."""
@@ -325,7 +354,7 @@ class TensorMath(TensorMovement):
         moderate = _log1p((y - 1) + (y - 1).sqrt() * (y + 1).sqrt())
         return huge.where(huge.where(x, 1.0).log() + math.log(2), moderate)
 
-    def erf(self) -> Tensor:
+    def erf(self) -> Self:
         """The error function, odd in x. Below |x| = 1/2 its Taylor series; above,
         1 - erfc(|x|) with Numerical Recipes' erfcc (relative error below 1.2e-7).
         (tinygrad uses Abramowitz & Stegun 7.1.26, error 1.5e-7 absolute.)"""
@@ -338,7 +367,7 @@ class TensorMath(TensorMovement):
         erfc = t * (_polynomial(t, _ERFC_COEFFICIENTS) - z * z).exp()
         return sign * small.where(series, 1 - erfc)
 
-    def _sign_and_magnitude(self) -> tuple[Tensor, Tensor]:
+    def _sign_and_magnitude(self) -> tuple[Self, Self]:
         """(-1 or 1, |x|) for an odd function f(x) = sign * f(|x|). |x| is where(x < 0, -x, x),
         whose gradient at 0 is 1 (abs's is 0), so f'(0) comes out right."""
         negative = self < 0
@@ -346,7 +375,7 @@ class TensorMath(TensorMovement):
 
     # ---- testing values: inf and NaN ----
 
-    def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+    def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Self:
         """True where the value is +inf (if detect_positive) or -inf (if detect_negative)."""
         never = self.full_like(False, dtype=dtypes.bool)
         if not dtypes.is_float(self.dtype):
@@ -354,67 +383,67 @@ class TensorMath(TensorMovement):
         positive = (self == math.inf) if detect_positive else never
         return (positive | (self == -math.inf)) if detect_negative else positive
 
-    def isnan(self) -> Tensor:
+    def isnan(self) -> Self:
         """NaN is the only value that is not equal to itself."""
         return self != self
 
-    def isfinite(self) -> Tensor:
+    def isfinite(self) -> Self:
         return (self.isinf() | self.isnan()).logical_not()
 
     # ---- more activations (tinygrad's names and signatures, PyTorch's numbers) ----
 
-    def leakyrelu(self, neg_slope: float = 0.01) -> Tensor:
+    def leakyrelu(self, neg_slope: float = 0.01) -> Self:
         """tinygrad's name for leaky_relu."""
         return self.leaky_relu(neg_slope)
 
-    def celu(self, alpha: float = 1.0) -> Tensor:
+    def celu(self, alpha: float = 1.0) -> Self:
         """max(0, x) + min(0, alpha * (e^(x/alpha) - 1))."""
         if alpha == 0:
             raise ValueError("celu: alpha must not be 0 (it divides x)")
         return self.maximum(0) + (alpha * (self.minimum(0) / alpha).exp() - alpha).minimum(0)
 
-    def selu(self, alpha: float = 1.6732632423543772, gamma: float = 1.0507009873554805) -> Tensor:
+    def selu(self, alpha: float = 1.6732632423543772, gamma: float = 1.0507009873554805) -> Self:
         """gamma * (x if x > 0 else alpha * (e^x - 1)). (tinygrad's defaults are these
         constants rounded to 1.67326 and 1.0507; these are PyTorch's.)"""
         return gamma * (self > 0).where(self, alpha * (self.minimum(0).exp() - 1))
 
-    def relu6(self) -> Tensor:
+    def relu6(self) -> Self:
         return self.clip(0, 6)
 
-    def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
+    def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5) -> Self:
         """max(0, min(1, alpha * x + beta)); the defaults are PyTorch's relu6(x + 3) / 6."""
         return (alpha * self + beta).clip(0, 1)
 
-    def hardswish(self) -> Tensor:
+    def hardswish(self) -> Self:
         return self * (self + 3).relu6() * (1 / 6)
 
-    def hardtanh(self, min_val: float = -1, max_val: float = 1) -> Tensor:
+    def hardtanh(self, min_val: float = -1, max_val: float = 1) -> Self:
         if min_val > max_val:
             raise ValueError(f"hardtanh: min_val {min_val} is above max_val {max_val}")
         return self.clip(min_val, max_val)
 
-    def quick_gelu(self) -> Tensor:
+    def quick_gelu(self) -> Self:
         return self * (self * 1.702).sigmoid()                 # gelu's sigmoid approximation
 
-    def mish(self) -> Tensor:
+    def mish(self) -> Self:
         """x * tanh(softplus(x)), with softplus written so that e^x cannot overflow."""
         return self * _stable_softplus(self._to_float()).tanh()
 
-    def softsign(self) -> Tensor:
+    def softsign(self) -> Self:
         return self / (1 + self.abs())
 
-    def logsigmoid(self) -> Tensor:
+    def logsigmoid(self) -> Self:
         """log(sigmoid(x)) = min(x, 0) - log1p(e^-|x|): no overflow, no log(0)."""
         x = self._to_float()
         return x.minimum(0) - _log1p((-x.abs()).exp())
 
-    def lerp(self, end: Tensor, weight: Tensor | float) -> Tensor:
+    def lerp(self, end: Self, weight: Self | float) -> Self:
         """self + (end - self) * weight: linear interpolation from self (0) to end (1)."""
         return self + (end - self) * weight
 
     # ---- binary functions of two tensors ----
 
-    def fmod(self, other: Any) -> Tensor:
+    def fmod(self, other: Any) -> Self:
         """C's fmod (torch.fmod): the remainder of x / y truncated, with the sign of x (Python's
         % takes the divisor's). The value is the primitive MOD; its gradient (1 for x,
         -trunc(x / y) for y) is added as a term that is exactly zero in the forward pass."""
@@ -427,14 +456,14 @@ class TensorMath(TensorMovement):
         quotient = quotient.isfinite().where(quotient, 0.0)
         return remainder + _zero_with_gradient(x) - quotient * _zero_with_gradient(y)
 
-    def copysign(self, other: Any) -> Tensor:
+    def copysign(self, other: Any) -> Self:
         """|x| with the sign of `other`, -0.0 included (a float result, as in PyTorch; the sign
         of a NaN in `other` is not read: NaN counts as positive)."""
         x, y = self._broadcasted(other, float_result=True)
         negative_zero = (y == 0) & (y.reciprocal() < 0)
         return ((y < 0) | negative_zero).where(-x.abs(), x.abs())
 
-    def logaddexp(self, other: Any) -> Tensor:
+    def logaddexp(self, other: Any) -> Self:
         """log(e^x + e^y) = m + log(e^(x-m) + e^(y-m)) with m = max(x, y) (detached: the
         result does not depend on it), and m = 0 where it is infinite, so -inf, -inf gives
         -inf and inf gives inf, not NaN."""
@@ -445,32 +474,32 @@ class TensorMath(TensorMovement):
 
     # ---- bitwise operations: integers and bools only ----
 
-    def bitwise_and(self, other: Any, reverse: bool = False) -> Tensor:
+    def bitwise_and(self, other: Any, reverse: bool = False) -> Self:
         self._check_bitwise("bitwise_and", other)
         return self._binary(Ops.AND, other, reverse)
 
-    def bitwise_or(self, other: Any, reverse: bool = False) -> Tensor:
+    def bitwise_or(self, other: Any, reverse: bool = False) -> Self:
         self._check_bitwise("bitwise_or", other)
         return self._binary(Ops.OR, other, reverse)
 
-    def bitwise_xor(self, other: Any, reverse: bool = False) -> Tensor:
+    def bitwise_xor(self, other: Any, reverse: bool = False) -> Self:
         self._check_bitwise("bitwise_xor", other)
         return self._binary(Ops.XOR, other, reverse)
 
-    def xor(self, other: Any, reverse: bool = False) -> Tensor:
+    def xor(self, other: Any, reverse: bool = False) -> Self:
         """tinygrad's name for bitwise_xor."""
         return self.bitwise_xor(other, reverse)
 
-    def bitwise_not(self) -> Tensor:
+    def bitwise_not(self) -> Self:
         self._check_bitwise("bitwise_not")
         return ~self
 
-    def lshift(self, shift: Any) -> Tensor:
+    def lshift(self, shift: Any) -> Self:
         """x << n = x * 2^n, wrapping as the integers do (n may be an integer tensor)."""
         self._check_bitwise("lshift", shift)
         return self * self._power_of_two("lshift", shift)
 
-    def rshift(self, shift: Any) -> Tensor:
+    def rshift(self, shift: Any) -> Self:
         """x >> n = floor(x / 2^n): an arithmetic shift, as PyTorch's for negative x."""
         self._check_bitwise("rshift", shift)
         bits = 8 * self.dtype.itemsize
@@ -478,19 +507,19 @@ class TensorMath(TensorMovement):
             return (self < 0).where(-1, 0).cast(self.dtype)    # 2^(bits-1) does not fit
         return self // self._power_of_two("rshift", shift)
 
-    def __lshift__(self, shift: Any) -> Tensor:
+    def __lshift__(self, shift: Any) -> Self:
         return self.lshift(shift)
 
-    def __rshift__(self, shift: Any) -> Tensor:
+    def __rshift__(self, shift: Any) -> Self:
         return self.rshift(shift)
 
-    def __rlshift__(self, value: Any) -> Tensor:  # 1 << t
+    def __rlshift__(self, value: Any) -> Self:  # 1 << t
         self._check_bitwise("lshift", value)
-        return self.full_like(value).lshift(as_tensor(self))
+        return self.full_like(value).lshift(self)
 
-    def __rrshift__(self, value: Any) -> Tensor:  # 256 >> t
+    def __rrshift__(self, value: Any) -> Self:  # 256 >> t
         self._check_bitwise("rshift", value)
-        return self.full_like(value).rshift(as_tensor(self))
+        return self.full_like(value).rshift(self)
 
     def _power_of_two(self, name: str, shift: Any) -> Any:
         """2^shift, for a constant (checked against the dtype's width) or an integer tensor."""
@@ -512,7 +541,7 @@ class TensorMath(TensorMovement):
 
     # ---- bitcast: the bits of a float, read and written with arithmetic ----
 
-    def bitcast(self, dtype: DType | str) -> Tensor:
+    def bitcast(self, dtype: DType | str) -> Self:
         """The same bits read as another dtype of the same size (numpy's `view`). There is no
         primitive that reinterprets bits, so a float is taken apart with arithmetic: sign,
         exponent e = floor(log2 |x|) (corrected by one where log2 rounds across a power of
@@ -528,7 +557,7 @@ class TensorMath(TensorMovement):
         if wanted.itemsize != self.dtype.itemsize:
             raise ValueError(f"bitcast needs a dtype of the same size: {self.dtype.name} has "
                              f"{self.dtype.itemsize} bytes, {wanted.name} {wanted.itemsize}")
-        x = as_tensor(self).detach()
+        x = self.detach()
         if wanted == x.dtype:
             return x
         unsigned = _UNSIGNED[x.dtype.itemsize]
@@ -537,23 +566,11 @@ class TensorMath(TensorMovement):
 
     # ---- reductions: sum and max are the primitive REDUCE; the rest are built on them ----
 
-    def sum(self, axis: Any = None, keepdim: bool = False,
-            dtype: DType | str | type | None = None) -> Tensor:
-        """Sums accumulate in at least 32 bits (half floats in float32), as in tinygrad;
-        `dtype` casts the input first and sums in that dtype (PyTorch's)."""
-        accumulate = _sum_dtype(self.dtype) if dtype is None else dtypes.as_dtype(dtype)
-        wide = accumulate if dtype is not None else (dtypes.float32 if self.dtype == dtypes.float16
-                                         else accumulate)
-        return self.cast(wide)._reduce(Ops.ADD, axis, keepdim).cast(accumulate)
-
-    def max(self, axis: Any = None, keepdim: bool = False) -> Tensor:
-        return self._reduce(Ops.MAX, axis, keepdim)
-
-    def min(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+    def min(self, axis: Any = None, keepdim: bool = False) -> Self:
         return self._order_reversed().max(axis, keepdim)._order_reversed()
 
     def mean(self, axis: Any = None, keepdim: bool = False,
-             dtype: DType | str | type | None = None) -> Tensor:
+             dtype: DType | str | type | None = None) -> Self:
         """Integers are averaged in the default float; `dtype` (a float) casts the input first."""
         if dtype is not None:
             wanted = dtypes.as_dtype(dtype)
@@ -564,16 +581,16 @@ class TensorMath(TensorMovement):
         count = prod(s for i, s in enumerate(self.shape) if i in self._axes(axis))
         return total / max(count, 1) if count else total * math.nan
 
-    def var(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    def var(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Self:
         centered = self._to_float() - self._to_float().mean(axis, keepdim=True)
         count = prod(s for i, s in enumerate(self.shape) if i in self._axes(axis))
         return (centered * centered).sum(axis, keepdim) / max(count - correction, 0)
 
-    def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Self:
         return self.var(axis, keepdim, correction).sqrt()
 
     def prod(self, axis: Any = None, keepdim: bool = False,
-             dtype: DType | str | type | None = None) -> Tensor:
+             dtype: DType | str | type | None = None) -> Self:
         """Multiply pairs of halves until one element is left (log2(n) elementwise steps).
         `dtype` casts the input first (PyTorch's)."""
         if dtype is not None:
@@ -581,7 +598,7 @@ class TensorMath(TensorMovement):
         axes = self._axes(axis)
         moved = self.permute([i for i in range(self.ndim) if i not in axes] + list(axes))
         kept = moved.shape[: self.ndim - len(axes)]
-        x = moved.reshape(*kept, -1).cast(_sum_dtype(self.dtype))
+        x = moved.reshape(*kept, -1).cast(sum_dtype(self.dtype))
         while x.shape[-1] > 1:
             half = (x.shape[-1] + 1) // 2
             x = x.pad([(0, 0)] * (x.ndim - 1) + [(0, 2 * half - x.shape[-1])], value=1)
@@ -596,13 +613,13 @@ class TensorMath(TensorMovement):
             result = result.reshape(tuple(1 if i in axes else s for i, s in enumerate(self.shape)))
         return result
 
-    def any(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+    def any(self, axis: Any = None, keepdim: bool = False) -> Self:
         return self.cast(dtypes.bool).max(axis, keepdim)
 
-    def all(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+    def all(self, axis: Any = None, keepdim: bool = False) -> Self:
         return self.logical_not().any(axis, keepdim).logical_not()
 
-    def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+    def argmax(self, axis: int | None = None, keepdim: bool = False) -> Self:
         """The index of the first maximum: max over (is_max * (n - index)), turned around."""
         if axis is None:
             index = self.flatten().argmax(0)
@@ -616,38 +633,38 @@ class TensorMath(TensorMovement):
             (n,) + (1,) * (self.ndim - a - 1))
         return n - (is_max.cast(dtypes.int32) * countdown).max(a, keepdim)
 
-    def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+    def argmin(self, axis: int | None = None, keepdim: bool = False) -> Self:
         return self._order_reversed().argmax(axis, keepdim)
 
-    def cumsum(self, axis: int = 0) -> Tensor:
+    def cumsum(self, axis: int = 0) -> Self:
         """Running sum: each output sums a window of the input padded with n-1 zeros."""
         return self._cumulative(axis, "sum")
 
-    def cumprod(self, axis: int = 0) -> Tensor:
+    def cumprod(self, axis: int = 0) -> Self:
         """Running product: the windows of cumsum, padded with ones, multiplied out by `prod`
         (pairs of halves, so a zero anywhere gives the right gradient, unlike exp(sum(log)))."""
         return self._cumulative(axis, "prod")
 
-    def _cumulative(self, axis: int, reduction: str) -> Tensor:
+    def _cumulative(self, axis: int, reduction: str) -> Self:
         if self.ndim == 0:
             return self.reshape(1)._cumulative(0, reduction).reshape(())
         a = self._axis(axis)
         if self.shape[a] == 0:
-            return as_tensor(self)
+            return self
         fill = 1 if reduction == "prod" else 0
         windows = self._prefix_windows(a, fill)
         if reduction == "prod":
             return windows.prod(-1).transpose(a, -1)
-        return windows.sum(-1, dtype=_sum_dtype(self.dtype)).transpose(a, -1)
+        return windows.sum(-1, dtype=sum_dtype(self.dtype)).transpose(a, -1)
 
-    def _prefix_windows(self, axis: int, fill: Scalar) -> Tensor:
+    def _prefix_windows(self, axis: int, fill: Scalar) -> Self:
         """(..., n, n) with `axis` moved last: window i holds inputs 0..i, after n-1-i `fill`s."""
         n = self.shape[axis]
         moved = self.transpose(axis, -1)
         padded = moved.pad([(0, 0)] * (self.ndim - 1) + [(n - 1, 0)], value=fill)
         return pool(padded, (n,))
 
-    def cummax(self, axis: int = 0) -> tuple[Tensor, Tensor]:
+    def cummax(self, axis: int = 0) -> tuple[Self, Self]:
         """Running max and where it was reached, as PyTorch's (values, indices): the last
         index of a tie; once a NaN is seen the values are NaN and the index is the latest NaN's."""
         if self.ndim == 0:
@@ -656,7 +673,7 @@ class TensorMath(TensorMovement):
         a = self._axis(axis)
         n = self.shape[a]
         if n == 0:
-            return as_tensor(self), self.zeros_like(dtype=dtypes.int32)
+            return self, self.zeros_like(dtype=dtypes.int32)
         windows = self._prefix_windows(a, self.dtype.min)
         # the input index of each window position (-1 in the padding)
         index = type(self).arange(n, device=self.device).pad([(n - 1, 0)], value=-1)
@@ -671,12 +688,12 @@ class TensorMath(TensorMovement):
             values, last = seen.where(math.nan, values), seen.where(last_nan, last)
         return values.transpose(a, -1), last.transpose(a, -1)
 
-    def cummin(self, axis: int = 0) -> tuple[Tensor, Tensor]:
+    def cummin(self, axis: int = 0) -> tuple[Self, Self]:
         """Running min and its indices: cummax of the values in reversed order."""
         values, indices = self._order_reversed().cummax(axis)
         return values._order_reversed(), indices
 
-    def unfold(self, dim: int, size: int, step: int) -> Tensor:
+    def unfold(self, dim: int, size: int, step: int) -> Self:
         """Windows of `size` elements every `step` along dim (PyTorch's Tensor.unfold): dim
         becomes the number of windows and a last axis of length `size` is added."""
         if size < 0 or step < 1:
@@ -693,7 +710,7 @@ class TensorMath(TensorMovement):
     # ---- closeness, and statistics in pairs ----
 
     def isclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08,
-                equal_nan: bool = False) -> Tensor:
+                equal_nan: bool = False) -> Self:
         """|x - y| <= atol + rtol * |y| (PyTorch's and numpy's rule, not symmetric in x, y);
         infinities are close only to themselves, NaN to NaN only if equal_nan."""
         x, y = self._broadcasted(other, float_result=True)
@@ -707,16 +724,16 @@ class TensorMath(TensorMovement):
         return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
 
     def var_mean(self, axis: Any = None, keepdim: bool = False,
-                 correction: int = 1) -> tuple[Tensor, Tensor]:
+                 correction: int = 1) -> tuple[Self, Self]:
         return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
 
     def std_mean(self, axis: Any = None, keepdim: bool = False,
-                 correction: int = 1) -> tuple[Tensor, Tensor]:
+                 correction: int = 1) -> tuple[Self, Self]:
         return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
 
     # ---- sorting: a bitonic network of compare-and-swap steps over views ----
 
-    def sort(self, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
+    def sort(self, dim: int = -1, descending: bool = False) -> tuple[Self, Self]:
         """(values, indices) sorted along dim, stably (ties keep their order), NaN last when
         ascending and first when descending, as PyTorch's sort(stable=True).
 
@@ -739,7 +756,7 @@ class TensorMath(TensorMovement):
         index = type(self).arange(n, device=self.device).reshape(
             (1,) * (self.ndim - 1) + (n,)).expand(moved.shape)
         if n <= 1:
-            return as_tensor(self), index.transpose(a, -1)
+            return self, index.transpose(a, -1)
         size = 1 << (n - 1).bit_length()
         pad = [(0, 0)] * (self.ndim - 1) + [(0, size - n)]
         values, index = moved.pad(pad), index.pad(pad, value=size)  # index >= n: padding
@@ -754,12 +771,12 @@ class TensorMath(TensorMovement):
         keep = [None] * (self.ndim - 1) + [(0, n)]
         return values.shrink(keep).transpose(a, -1), index.shrink(keep).transpose(a, -1)
 
-    def argsort(self, dim: int = -1, descending: bool = False) -> Tensor:
+    def argsort(self, dim: int = -1, descending: bool = False) -> Self:
         """The indices that sort the tensor along dim (sort's second result)."""
         return self.sort(dim, descending)[1]
 
     def topk(self, k: int, dim: int = -1, largest: bool = True,
-             sorted_: bool = True) -> tuple[Tensor, Tensor]:
+             sorted_: bool = True) -> tuple[Self, Self]:
         """The k largest (or smallest) values along dim and their indices, largest first
         (always sorted: sorted_=False is allowed to be sorted too). NaN counts as largest."""
         a = self._axis(dim)
@@ -786,7 +803,7 @@ _ERFC_COEFFICIENTS = [0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.278868
                       0.09678418, 0.37409196, 1.00002368, -1.26551223]
 
 
-def _polynomial(x: Tensor, coefficients: Sequence[float]) -> Tensor:
+def _polynomial(x: TM, coefficients: Sequence[float]) -> TM:
     """c0 x^n + c1 x^(n-1) + ... + cn by Horner's rule: n multiplies and n adds."""
     result = x * coefficients[0] + coefficients[1]
     for c in coefficients[2:]:
@@ -794,19 +811,19 @@ def _polynomial(x: Tensor, coefficients: Sequence[float]) -> Tensor:
     return result
 
 
-def _asin_series(a: Tensor) -> Tensor:
+def _asin_series(a: TM) -> TM:
     """asin by its Taylor series: 5 terms are exact to float32 for |a| < 1/4."""
     return a * _polynomial(a * a, _ASIN_SERIES)
 
 
-def _asin_of_magnitude(a: Tensor) -> Tensor:
+def _asin_of_magnitude(a: TM) -> TM:
     """asin(a) for a = |x| >= 0: the series below 1/4, A&S 4.4.46 above."""
     small = a < 0.25
     near_one = math.pi / 2 - (1 - a).sqrt() * _polynomial(a, _ASIN_COEFFICIENTS)
     return small.where(_asin_series(small.where(a, 0.0)), near_one)
 
 
-def _log1p(u: Tensor) -> Tensor:
+def _log1p(u: TM) -> TM:
     """log(1 + u) without losing the digits of a small u: with w = 1 + u rounded,
     log(w) * u / (w - 1) corrects for the rounding (Goldberg's trick); u itself where w is 1,
     inf where w is inf. The divisor is never 0, not even where its result is not used."""
@@ -816,12 +833,12 @@ def _log1p(u: Tensor) -> Tensor:
     return exact.where(u, w.log() * ratio)
 
 
-def _stable_softplus(x: Tensor) -> Tensor:
+def _stable_softplus(x: TM) -> TM:
     """log(1 + e^x) = max(x, 0) + log1p(e^-|x|): e^x cannot overflow."""
     return x.maximum(0) + _log1p((-x.abs()).exp())
 
 
-def _step_gradient(value: Tensor, source: Tensor) -> Tensor:
+def _step_gradient(value: TM, source: TM) -> TM:
     """`value`, a step function of `source` (sign, trunc and the roundings built on it), with
     the gradient PyTorch gives it: 0, where the graph alone would give 1 (x - fmod(x, 1)) or
     no gradient at all (comparisons). Costs nothing when no gradient is wanted."""
@@ -830,12 +847,12 @@ def _step_gradient(value: Tensor, source: Tensor) -> Tensor:
     return value.detach() + _zero_with_gradient(source) * 0.0
 
 
-def _zero_with_gradient(x: Tensor) -> Tensor:
+def _zero_with_gradient(x: TM) -> TM:
     """0 in the forward pass, with the gradient of x: x - detach(x) (0 too where x is not
     finite, where the difference would be NaN)."""
     return x.isfinite().where(x - x.detach(), 0.0)
 
-def _sort_key(values: Tensor, index: Tensor, n: int, descending: bool) -> tuple[Tensor, Tensor]:
+def _sort_key(values: TM, index: TM, n: int, descending: bool) -> tuple[TM, TM]:
     """A total order for sort, as (class, key), compared before the index: class 0 for
     ordinary values, 1 for NaN (0 when descending, so NaN comes first, as PyTorch's), 2 for
     padding; key is the value (reversed when descending) and 0 for NaN and padding."""
@@ -848,15 +865,15 @@ def _sort_key(values: Tensor, index: Tensor, n: int, descending: bool) -> tuple[
     return group, (is_nan | is_pad).where(0, key)
 
 
-def _comes_after(a: tuple[Tensor, Tensor, Tensor], b: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+def _comes_after(a: tuple[TM, TM, TM], b: tuple[TM, TM, TM]) -> TM:
     """(group, key, index) of a > that of b, lexicographically: the pair is out of order."""
     (group_a, key_a, index_a), (group_b, key_b, index_b) = a, b
     later = (key_a > key_b) | ((key_a == key_b) & (index_a > index_b))
     return (group_a > group_b) | ((group_a == group_b) & later)
 
 
-def _compare_and_swap(values: Tensor, index: Tensor, n: int, j: int, mirror: bool,
-                      descending: bool) -> tuple[Tensor, Tensor]:
+def _compare_and_swap(values: TM, index: TM, n: int, j: int, mirror: bool,
+                      descending: bool) -> tuple[TM, TM]:
     """One step of the bitonic network: in every block of 2j elements, element i of the first
     half is compared with element i of the second half (with element j-1-i of it, when
     `mirror`), and the two swap when they are out of order."""
@@ -887,7 +904,7 @@ _FLOAT_FORMATS = {2: (5, 10), 4: (8, 23), 8: (11, 52)}
 _UNSIGNED = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
 
 
-def _float_to_bits(x: Tensor, unsigned: DType) -> Tensor:
+def _float_to_bits(x: TM, unsigned: DType) -> TM:
     """sign * 2^(n-1) + biased exponent * 2^m + mantissa, as an unsigned integer."""
     exponent_bits, mantissa_bits = _FLOAT_FORMATS[x.dtype.itemsize]
     bias, top = 2 ** (exponent_bits - 1) - 1, 2 ** exponent_bits - 1
@@ -910,7 +927,7 @@ def _float_to_bits(x: Tensor, unsigned: DType) -> Tensor:
     return sign + biased.cast(unsigned) * 2 ** mantissa_bits + mantissa.cast(unsigned)
 
 
-def _bits_to_float(bits: Tensor, wanted: DType) -> Tensor:
+def _bits_to_float(bits: TM, wanted: DType) -> TM:
     """The float whose IEEE 754 bits are the unsigned integer `bits`."""
     exponent_bits, mantissa_bits = _FLOAT_FORMATS[wanted.itemsize]
     bias, top = 2 ** (exponent_bits - 1) - 1, 2 ** exponent_bits - 1
@@ -926,15 +943,7 @@ def _bits_to_float(bits: Tensor, wanted: DType) -> Tensor:
     value = (biased == top).where(special, value)
     return negative.where(-value, value).cast(wanted)
 
-def _sum_dtype(dtype: DType) -> DType:
-    if dtype.kind == "bool" or (dtype.kind == "int" and dtype.itemsize < 4):
-        return dtypes.int32
-    if dtype.kind == "uint" and dtype.itemsize < 4:
-        return dtypes.uint32
-    return dtype
-
-
-def _integer_tensor_power(base: Tensor, power: Tensor) -> Tensor:
+def _integer_tensor_power(base: TM, power: TM) -> TM:
     """base ** power for integer tensors of one dtype, exactly: square and multiply.
 
     Write the exponent in binary, power = sum of b_i * 2^i; then base ** power is the product
@@ -961,42 +970,4 @@ def _integer_tensor_power(base: Tensor, power: Tensor) -> Tensor:
     if not signed:
         return result
     return ((power < 0) & (base.abs() != 1)).where(0, result)
-
-
-def pool(x: Tensor, kernel: Sequence[int], stride: Sequence[int] | None = None,
-         dilation: Sequence[int] | None = None) -> Tensor:
-    """Sliding windows over the last len(kernel) axes, with movement ops only.
-    Returns shape (..., out_1, ..., out_k, kernel_1, ..., kernel_k)."""
-    k = len(kernel)
-    stride = stride or (1,) * k
-    dilation = dilation or (1,) * k
-    leading = x.ndim - k
-    for position, (size, step, spread) in enumerate(zip(kernel, stride, dilation)):
-        axis = leading + 2 * position  # earlier axes have become (kernel, out) pairs
-        x = _windows_1d(x, axis, size, step, spread)
-    outs = [leading + 2 * i + 1 for i in range(k)]
-    kernels = [leading + 2 * i for i in range(k)]
-    return x.permute(list(range(leading)) + outs + kernels)
-
-
-def _windows_1d(x: Tensor, axis: int, kernel: int, stride: int, dilation: int) -> Tensor:
-    """Replace axis (size n) by (kernel, out): y[r, o] = x[r*dilation + o*stride].
-    Trick: repeat x with rows of length L+dilation; row r then starts r*dilation later."""
-    n = x.shape[axis]
-    span = dilation * (kernel - 1) + 1
-    if span > n:
-        raise ValueError(f"window of {kernel} (dilation {dilation}) does not fit in size {n}")
-    out = (n - span) // stride + 1
-    length = max(n, dilation * (kernel - 1) + out * stride)
-    before, after = x.shape[:axis], x.shape[axis + 1:]
-    rows = -(-kernel * (length + dilation) // length)
-    moved = x.pad([(0, 0)] * axis + [(0, length - n)] + [(0, 0)] * len(after))
-    repeated = moved.unsqueeze(axis).expand(*before, rows, length, *after)
-    flat = repeated.reshape(*before, rows * length, *after)
-    diagonal = flat.shrink([None] * axis + [(0, kernel * (length + dilation))] +
-                           [None] * len(after)).reshape(*before, kernel, length + dilation, *after)
-    strided = diagonal.shrink([None] * (axis + 1) + [(0, out * stride)] + [None] * len(after))
-    strided = strided.reshape(*before, kernel, out, stride, *after)
-    picked = strided.shrink([None] * (axis + 2) + [(0, 1)] + [None] * len(after))
-    return picked.reshape(*before, kernel, out, *after)
 

@@ -13,8 +13,8 @@ What this teaches:
   `diagonal` reads a flattened square with a stride of n + 1 (pad by one row, reshape to
   (n, n + 1), keep the first column).
 
-Builds on: tensor_create.py (part 4; `arange` for gather). Used by: tensor_math.py and
-everything above.
+Builds on: tensor_create.py (part 4; `arange` for gather) and the core's six movement ops.
+Used by: tensor_math.py and everything above.
 
 >>> from tinyteach import Tensor
 >>> a, b = Tensor([[1, 2]]), Tensor([[3, 4]])
@@ -27,65 +27,64 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self, TypeVar
 
 from tinyteach.dtype import dtypes, least_upper_dtype
-from tinyteach.tensor_create import TensorCreation, _shape_from, as_tensor
+from tinyteach.tensor_core import CoreTensor, Scalar, padding_pairs
+from tinyteach.tensor_create import TensorCreation, _shape_from
 
-if TYPE_CHECKING:
-    from tinyteach.tensor import Tensor
+M = TypeVar("M", bound="TensorMovement")  # the helper functions return what they were given
 
 
 class TensorMovement(TensorCreation):
     """Movement ops composed from the six primitive ones, and joining and splitting (part 5)."""
 
-    def view(self, *shape: Any) -> Tensor:
+    def view(self, *shape: Any) -> Self:
         return self.reshape(*shape)
 
-    def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+    def transpose(self, dim0: int = 1, dim1: int = 0) -> Self:
         order = list(range(self.ndim))
         a, b = self._axis(dim0), self._axis(dim1)
         order[a], order[b] = order[b], order[a]
         return self.permute(order)
 
     @property
-    def T(self) -> Tensor:
+    def T(self) -> Self:
         return self.permute(tuple(reversed(range(self.ndim))))
 
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Self:
         if self.ndim == 0:
             return self.reshape(1)
         start, end = self._axis(start_dim), self._axis(end_dim)
         return self.reshape(*self.shape[:start], -1, *self.shape[end + 1:])
 
-    def unflatten(self, dim: int, sizes: Sequence[int]) -> Tensor:
+    def unflatten(self, dim: int, sizes: Sequence[int]) -> Self:
         axis = self._axis(dim)
         return self.reshape(*self.shape[:axis], *sizes, *self.shape[axis + 1:])
 
-    def squeeze(self, dim: int | Sequence[int] | None = None) -> Tensor:
+    def squeeze(self, dim: int | Sequence[int] | None = None) -> Self:
         """Drop axes of size 1: all of them, or those of `dim` (an axis or, as PyTorch 2, a
         tuple of axes) that have size 1."""
         if dim is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
         if not self.shape:
             self._axis(dim if isinstance(dim, int) else 0)  # a 0-d tensor takes only dim 0 / -1
-            return as_tensor(self)
+            return self
         axes = self._axes(dim)
         return self.reshape(tuple(s for i, s in enumerate(self.shape)
                                   if not (i in axes and s == 1)))
 
-    def unsqueeze(self, dim: int) -> Tensor:
+    def unsqueeze(self, dim: int) -> Self:
         axis = self._axis(dim, self.ndim + 1)
         return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
 
     # ---- selecting, joining and splitting ----
 
-    def gather(self, dim: int, index: Tensor) -> Tensor:
+    def gather(self, dim: int, index: Self) -> Self:
         """out[i][j] = self[i][index[i][j]] for dim=1 (PyTorch's gather)."""
         axis = self._axis(dim)
         if index.ndim != self.ndim:
             raise ValueError(f"gather: index has {index.ndim} dims, tensor has {self.ndim}")
-        from tinyteach.indexing import check_index_range
         check_index_range(index, self.shape[axis], axis)
         index = (index < 0).where(index + self.shape[axis], index)  # -1 is the last, as numpy
         bounds = [(0, i) if a != axis else None for a, i in enumerate(index.shape)]
@@ -95,14 +94,13 @@ class TensorMovement(TensorCreation):
         one_hot = picked == type(self).arange(n, device=self.device)
         return one_hot.where(source.unsqueeze(-2), 0).sum(-1, dtype=self.dtype).transpose(axis, -1)
 
-    def cat(*tensors: Any, dim: int = 0) -> Tensor:
+    def cat(self, *others: Any, dim: int = 0) -> Self:
         """Join along `dim`: `a.cat(b, c)`, `Tensor.cat(a, b, c)` or `Tensor.cat([a, b, c])`
-        (no @staticmethod, so that `a.cat(b)` passes `a` too, as in tinygrad)."""
-        items: list[Tensor] = list(tensors[0]) if len(tensors) == 1 and isinstance(
-            tensors[0], (list, tuple)) else list(tensors)
+        (a plain method, so that `a.cat(b)` passes `a` too, as in tinygrad)."""
+        items = _tensor_list(self, others)
         return items[0].cat_with(*items[1:], dim=dim)
 
-    def cat_with(self, *others: Tensor, dim: int = 0) -> Tensor:
+    def cat_with(self, *others: Self, dim: int = 0) -> Self:
         axis = self._axis(dim)
         for other in others:
             if other.ndim != self.ndim or any(a != b for i, (a, b) in
@@ -122,10 +120,9 @@ class TensorMovement(TensorCreation):
         assert result is not None
         return result
 
-    def stack(*tensors: Any, dim: int = 0) -> Tensor:
+    def stack(self, *others: Any, dim: int = 0) -> Self:
         """Join along a new axis `dim`: `a.stack(b)`, `Tensor.stack(a, b)` or a list."""
-        items: list[Tensor] = list(tensors[0]) if len(tensors) == 1 and isinstance(
-            tensors[0], (list, tuple)) else list(tensors)
+        items = _tensor_list(self, others)
         for item in items[1:]:
             if item.shape != items[0].shape:
                 raise ValueError(f"stack needs tensors of one shape, got {items[0].shape} and "
@@ -134,7 +131,7 @@ class TensorMovement(TensorCreation):
         first, *rest = [t.unsqueeze(axis) for t in items]
         return first.cat(*rest, dim=axis)
 
-    def split(self, sizes: int | Sequence[int], dim: int = 0) -> list[Tensor]:
+    def split(self, sizes: int | Sequence[int], dim: int = 0) -> list[Self]:
         axis = self._axis(dim)
         length = self.shape[axis]
         if isinstance(sizes, int):
@@ -151,13 +148,13 @@ class TensorMovement(TensorCreation):
             start += size
         return pieces
 
-    def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
+    def chunk(self, chunks: int, dim: int = 0) -> list[Self]:
         if chunks <= 0:
             raise ValueError(f"chunk needs a positive number of chunks, got {chunks}")
         length = self.shape[self._axis(dim)]
         return self.split(max(1, math.ceil(length / chunks)), dim)
 
-    def repeat(self, *repeats: Any) -> Tensor:
+    def repeat(self, *repeats: Any) -> Self:
         counts = _shape_from(repeats)
         if len(counts) < self.ndim:
             raise ValueError(f"repeat needs at least {self.ndim} counts, got {counts}")
@@ -169,11 +166,20 @@ class TensorMovement(TensorCreation):
 
     # ---- more movement: padding, rolling, diagonals, grids (tinygrad's names) ----
 
-    def pad2d(self, padding: Sequence[int], value: float = 0.0) -> Tensor:
+    def pad2d(self, padding: Sequence[int], value: float = 0.0) -> Self:
         """PyTorch's flat padding (left, right, top, bottom, ...) from the last axis."""
         return self.pad(list(padding), value=value)
 
-    def _pad_edges(self, pairs: Sequence[tuple[int, int]], mode: str) -> Tensor:
+    def pad(self, padding: Sequence[Any], mode: str = "constant", value: Scalar = 0) -> Self:
+        """The core's pad, plus PyTorch's modes that pad from the tensor's own edges:
+        "reflect", "replicate" and "circular" (`_pad_edges`)."""
+        if isinstance(mode, str) and mode != "constant":
+            if value != 0:
+                raise ValueError(f"pad mode {mode!r} takes no fill value (got value={value})")
+            return self._pad_edges(padding_pairs(padding, self.ndim), mode)
+        return super().pad(padding, mode, value)
+
+    def _pad_edges(self, pairs: Sequence[tuple[int, int]], mode: str) -> Self:
         """Pad from the tensor's own edges, one axis at a time (PyTorch's F.pad modes):
         "reflect" mirrors without repeating the edge (d c b | a b c d | c b a), "replicate"
         repeats the edge element, "circular" wraps around. Each side is a shrink (and a flip
@@ -181,46 +187,46 @@ class TensorMovement(TensorCreation):
         if mode not in _EDGE_PADS:
             raise ValueError(f"pad mode must be 'constant', 'reflect', 'replicate' or "
                              f"'circular', not {mode!r}")
-        x = as_tensor(self)
+        x = self
         for axis, (before, after) in enumerate(pairs):
             if before or after:
                 x = _EDGE_PADS[mode](x, axis, before, after)
         return x
 
-    def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Tensor:
+    def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Self:
         """Shift elements along `dims`, wrapping around: the last `s` move to the front (a
         shrink of each part and a cat). Without dims, the flattened tensor is rolled."""
         if dims is None:
             if not isinstance(shifts, int):
                 raise ValueError(f"roll without dims takes one int shift, got {shifts}")
-            return as_tensor(self).flatten().roll(shifts, 0).reshape(self.shape)
+            return self.flatten().roll(shifts, 0).reshape(self.shape)
         shift_list = [shifts] if isinstance(shifts, int) else list(shifts)
         dim_list = [dims] if isinstance(dims, int) else list(dims)
         if len(shift_list) != len(dim_list):
             raise ValueError(f"roll: {len(shift_list)} shifts for {len(dim_list)} dims")
-        result = as_tensor(self)
+        result = self
         for shift, dim in zip(shift_list, dim_list):
             result = result._roll_one(shift, result._axis(dim))
         return result
 
-    def _roll_one(self, shift: int, axis: int) -> Tensor:
+    def _roll_one(self, shift: int, axis: int) -> Self:
         size = self.shape[axis]
         if size == 0 or shift % size == 0:
-            return as_tensor(self)
+            return self
         cut = size - shift % size
-        head, tail = as_tensor(self).split([cut, size - cut], axis)
+        head, tail = self.split([cut, size - cut], axis)
         return tail.cat(head, dim=axis)
 
-    def triu(self, diagonal: int = 0) -> Tensor:
+    def triu(self, diagonal: int = 0) -> Self:
         """Keep the elements on and above the `diagonal`-th diagonal of the last two axes
         (column - row >= diagonal), zero the rest."""
         return self._triangle("triu", diagonal, upper=True)
 
-    def tril(self, diagonal: int = 0) -> Tensor:
+    def tril(self, diagonal: int = 0) -> Self:
         """Keep the elements on and below the `diagonal`-th diagonal (column - row <= diagonal)."""
         return self._triangle("tril", diagonal, upper=False)
 
-    def _triangle(self, name: str, diagonal: int, upper: bool) -> Tensor:
+    def _triangle(self, name: str, diagonal: int, upper: bool) -> Self:
         if self.ndim < 2:
             raise ValueError(f"{name} needs a tensor with at least 2 dimensions, got shape "
                              f"{self.shape}")
@@ -230,7 +236,7 @@ class TensorMovement(TensorCreation):
         keep = (column - row >= diagonal) if upper else (column - row <= diagonal)
         return keep.where(self, self.zeros_like())  # zeros of self's dtype, bool too
 
-    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Self:
         """The elements (i, i + offset) of axes dim1 and dim2, which are removed; the diagonal
         becomes the last axis (PyTorch's). The square block that holds it is flattened,
         padded by one row's worth and read with a stride of n + 1: a reshape and a shrink."""
@@ -249,7 +255,7 @@ class TensorMovement(TensorCreation):
         strided = flat.reshape(*lead, length, length + 1)
         return strided.shrink([None] * len(lead) + [None, (0, 1)]).reshape(*lead, length)
 
-    def diag(self, diagonal: int = 0) -> Tensor:
+    def diag(self, diagonal: int = 0) -> Self:
         """1-d: a square matrix with these values on the `diagonal`-th diagonal (tinygrad's
         diag, which has no offset); 2-d: that diagonal, as a 1-d tensor (PyTorch's)."""
         if self.ndim == 2:
@@ -263,12 +269,12 @@ class TensorMovement(TensorCreation):
         k = abs(diagonal)
         return square.pad([(0, k), (k, 0)] if diagonal >= 0 else [(k, 0), (0, k)])
 
-    def meshgrid(self, *others: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
+    def meshgrid(self, *others: Self, indexing: str = "ij") -> tuple[Self, ...]:
         """Coordinate grids from 1-d tensors: the i-th result varies along axis i ("ij") and
         is broadcast along the others; "xy" swaps the first two axes (numpy's default)."""
         if indexing not in ("ij", "xy"):
             raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', not {indexing!r}")
-        tensors = [as_tensor(self), *others]
+        tensors = [self, *others]
         for t in tensors:
             if t.ndim > 1:
                 raise ValueError(f"meshgrid needs 0-d or 1-d tensors, got shape {t.shape}")
@@ -283,7 +289,7 @@ class TensorMovement(TensorCreation):
             grids.append(t.reshape(shape).expand(sizes))
         return tuple(grids)
 
-    def repeat_interleave(self, repeats: int, dim: int | None = None) -> Tensor:
+    def repeat_interleave(self, repeats: int, dim: int | None = None) -> Self:
         """Repeat each element `repeats` times along dim (flattened first when dim is None):
         [1, 2] -> [1, 1, 2, 2]. An unsqueeze, an expand and a reshape."""
         if not isinstance(repeats, int) or isinstance(repeats, bool):
@@ -291,26 +297,26 @@ class TensorMovement(TensorCreation):
                             f"{type(repeats).__name__}")
         if repeats < 0:
             raise ValueError(f"repeat_interleave needs repeats >= 0, got {repeats}")
-        x = as_tensor(self).flatten() if dim is None else as_tensor(self)
+        x = self.flatten() if dim is None else self
         axis = 0 if dim is None else x._axis(dim)
         expanded = list(x.shape[:axis + 1]) + [repeats] + list(x.shape[axis + 1:])
         moved = x.unsqueeze(axis + 1).expand(expanded)
         return moved.reshape(*x.shape[:axis], x.shape[axis] * repeats, *x.shape[axis + 1:])
 
-    def masked_fill(self, mask: Tensor, value: Any) -> Tensor:
+    def masked_fill(self, mask: Self, value: Any) -> Self:
         """`value` where the bool `mask` is True (broadcast), self elsewhere."""
         if mask.dtype != dtypes.bool:
             raise TypeError(f"masked_fill needs a bool mask, not {mask.dtype.name}")
         return mask.where(value, self)
 
 
-def _slice(x: Tensor, axis: int, start: int, end: int) -> Tensor:
+def _slice(x: M, axis: int, start: int, end: int) -> M:
     bounds: list[tuple[int, int] | None] = [None] * x.ndim
     bounds[axis] = (start, end)
     return x.shrink(bounds)
 
 
-def _check_edge_pad(x: Tensor, axis: int, before: int, after: int, mode: str,
+def _check_edge_pad(x: M, axis: int, before: int, after: int, mode: str,
                     limit: int) -> None:
     if before < 0 or after < 0:
         raise ValueError(f"pad mode {mode!r} takes no negative padding, got {(before, after)}")
@@ -319,7 +325,7 @@ def _check_edge_pad(x: Tensor, axis: int, before: int, after: int, mode: str,
                          f"at most {limit} for its size {x.shape[axis]}")
 
 
-def _reflect(x: Tensor, axis: int, before: int, after: int) -> Tensor:
+def _reflect(x: M, axis: int, before: int, after: int) -> M:
     n = x.shape[axis]
     _check_edge_pad(x, axis, before, after, "reflect", n - 1)
     head = _slice(x, axis, 1, before + 1).flip(axis)
@@ -327,7 +333,7 @@ def _reflect(x: Tensor, axis: int, before: int, after: int) -> Tensor:
     return head.cat(x, tail, dim=axis)
 
 
-def _replicate(x: Tensor, axis: int, before: int, after: int) -> Tensor:
+def _replicate(x: M, axis: int, before: int, after: int) -> M:
     n = x.shape[axis]
     if n == 0:
         raise ValueError(f"pad mode 'replicate' cannot pad axis {axis} of size 0")
@@ -340,10 +346,25 @@ def _replicate(x: Tensor, axis: int, before: int, after: int) -> Tensor:
     return head.cat(x, tail, dim=axis)
 
 
-def _circular(x: Tensor, axis: int, before: int, after: int) -> Tensor:
+def _circular(x: M, axis: int, before: int, after: int) -> M:
     n = x.shape[axis]
     _check_edge_pad(x, axis, before, after, "circular", n)
     return _slice(x, axis, n - before, n).cat(x, _slice(x, axis, 0, after), dim=axis)
 
 
 _EDGE_PADS = {"reflect": _reflect, "replicate": _replicate, "circular": _circular}
+
+
+def _tensor_list(first: Any, rest: tuple[Any, ...]) -> list[Any]:
+    """The tensors of `f(a, b, c)` or of `f([a, b, c])` (then `first` is the list)."""
+    if not rest and isinstance(first, (list, tuple)):
+        return list(first)
+    return [first, *rest]
+
+
+def check_index_range(index: CoreTensor, size: int, axis: int) -> None:
+    """Out-of-range indices would select nothing (a silent 0), so they are an error."""
+    values = index.numpy()
+    if values.size and (values.min() < -size or values.max() >= size):
+        bad = values[(values < -size) | (values >= size)].reshape(-1)[0]
+        raise IndexError(f"index {bad} is out of range for axis {axis} with size {size}")

@@ -27,16 +27,16 @@ Builds on: tensor_math.py (part 6). Used by: tensor.py's Tensor, nn/ and every t
 from __future__ import annotations
 
 import math
+import string
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self, TypeVar
 
 from tinyteach.dtype import DType, dtypes, least_upper_dtype
 from tinyteach.helpers import TRAINING
-from tinyteach.tensor_create import as_tensor
-from tinyteach.tensor_math import TensorMath, pool
+from tinyteach.tensor_core import padding_pairs, pool
+from tinyteach.tensor_math import TensorMath
 
-if TYPE_CHECKING:
-    from tinyteach.tensor import Tensor
+N = TypeVar("N", bound="TensorNN")  # the helper functions return what they were given
 
 
 class TensorNN(TensorMath):
@@ -44,10 +44,16 @@ class TensorNN(TensorMath):
 
     # ---- matmul: multiply, then sum over the shared axis ----
 
-    def dot(self, other: Tensor, dtype: DType | str | type | None = None) -> Tensor:
+    def __matmul__(self, other: Self) -> Self:
+        return self.matmul(other)
+
+    def __rmatmul__(self, other: Self) -> Self:
+        return other.matmul(self)
+
+    def dot(self, other: Self, dtype: DType | str | type | None = None) -> Self:
         return self.matmul(other, dtype=dtype)
 
-    def matmul(self, other: Tensor, dtype: DType | str | type | None = None) -> Tensor:
+    def matmul(self, other: Self, dtype: DType | str | type | None = None) -> Self:
         """Multiply then sum over the shared axis: (n, 1, k) * (1, m, k) -> sum -> (n, m).
         `dtype` (tinygrad's) is the dtype the products are summed in, and the result's."""
         if not isinstance(other, type(self)):  # type(self) is Tensor
@@ -68,8 +74,8 @@ class TensorNN(TensorMath):
             result = result.squeeze(-1)
         return result
 
-    def linear(self, weight: Tensor, bias: Tensor | None = None,
-               dtype: DType | str | type | None = None) -> Tensor:
+    def linear(self, weight: Self, bias: Self | None = None,
+               dtype: DType | str | type | None = None) -> Self:
         """x @ weight + bias (weight is (in, out), as tinygrad; 1-d weight: x * weight)."""
         if weight.ndim == 1:
             out = self * weight if dtype is None else (self * weight).cast(dtype)
@@ -79,16 +85,16 @@ class TensorNN(TensorMath):
 
     # ---- convolution and pooling: sliding windows (tensor_math.pool), then one reduce ----
 
-    def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
+    def conv2d(self, weight: Self, bias: Self | None = None, groups: int = 1,
                stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
                padding: int | str | Sequence[int] = 0,
-               dtype: DType | str | type | None = None) -> Tensor:
+               dtype: DType | str | type | None = None) -> Self:
         """Convolution (cross-correlation, as PyTorch) over any number of spatial axes, as in
         tinygrad: input (N, C, *spatial), weight (O, C/groups, *kernel). Windows from `pool`,
         then one multiply and one sum over (C/groups, *kernel), in `dtype` if given.
         `padding` is as in PyTorch: an int, one per axis, (left, right, top, bottom, ...),
         "valid" (none) or "same" (the output keeps the input's size; stride 1 only)."""
-        dims = _check_conv(as_tensor(self), weight, bias, groups)
+        dims = _check_conv(self, weight, bias, groups)
         batch = self.shape[0]
         out_channels, group_channels, *kernel = weight.shape
         dilations = _ints(dilation, dims, "dilation")
@@ -104,10 +110,10 @@ class TensorNN(TensorMath):
         result = (x * w).sum(summed, dtype=dtype).reshape(batch, out_channels, *out)
         return result if bias is None else result + bias.reshape(1, -1, *[1] * dims)
 
-    def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
+    def conv_transpose2d(self, weight: Self, bias: Self | None = None, groups: int = 1,
                          stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
                          padding: int | Sequence[int] = 0,
-                         output_padding: int | Sequence[int] = 0) -> Tensor:
+                         output_padding: int | Sequence[int] = 0) -> Self:
         """The transposed convolution (PyTorch's conv_transpose2d), built from conv2d.
 
         x is (N, C_in, H, W) and weight (C_in, C_out/groups, kH, kW), as in PyTorch. Where
@@ -128,7 +134,7 @@ class TensorNN(TensorMath):
         Each output axis has (H-1)*stride - 2*padding + dilation*(k-1) + output_padding + 1
         pixels. Every step is a movement op or conv2d, so autograd needs nothing new.
         (tinygrad builds it the same way.)"""
-        x = as_tensor(self)
+        x = self
         _check_conv_transpose(x, weight, bias, groups)
         dims = x.ndim - 2  # any number of spatial axes, as conv2d
         strides, dilations = _ints(stride, dims, "stride", False), _ints(dilation, dims,
@@ -150,7 +156,7 @@ class TensorNN(TensorMath):
                    stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
                    ceil_mode: bool = False, count_include_pad: bool = True,
                    divisor_override: int | None = None,
-                   dilation: int | Sequence[int] = 1) -> Tensor:
+                   dilation: int | Sequence[int] = 1) -> Self:
         """Average over windows of the last len(kernel_size) axes (2 for an int), PyTorch's
         arguments: `ceil_mode` adds a last, partial window where floor would drop it (its
         divisor counts only what it covers); `count_include_pad=False` divides by the number
@@ -159,7 +165,7 @@ class TensorNN(TensorMath):
         kernel = _pool_kernel(kernel_size)
         strides = _ints(stride or kernel, len(kernel), "stride")
         dilations = _ints(dilation, len(kernel), "dilation")
-        pads, extra = _pool_padding(as_tensor(self), kernel, strides, dilations, padding,
+        pads, extra = _pool_padding(self, kernel, strides, dilations, padding,
                                     ceil_mode)
         lead = [(0, 0)] * (self.ndim - len(kernel))
         x = self.pad(lead + [(b, a + e) for (b, a), e in zip(pads, extra)])
@@ -181,14 +187,14 @@ class TensorNN(TensorMath):
     def max_pool2d(self, kernel_size: int | Sequence[int] = 2,
                    stride: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0,
                    dilation: int | Sequence[int] = 1, ceil_mode: bool = False,
-                   return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                   return_indices: bool = False) -> Self | tuple[Self, Self]:
         """Max over windows of the last len(kernel_size) axes (2 for an int). `ceil_mode` as
         in avg_pool2d; `return_indices` also returns where each max came from, as PyTorch: an
         index into the flattened spatial axes of the input, the first one on a tie."""
         kernel = _pool_kernel(kernel_size)
         strides = _ints(stride or kernel, len(kernel), "stride")
         dilations = _ints(dilation, len(kernel), "dilation")
-        pads, extra = _pool_padding(as_tensor(self), kernel, strides, dilations, padding, ceil_mode)
+        pads, extra = _pool_padding(self, kernel, strides, dilations, padding, ceil_mode)
         full = [(0, 0)] * (self.ndim - len(kernel)) + [(b, a + e)
                                                        for (b, a), e in zip(pads, extra)]
         x = self.pad(full, value=-math.inf)
@@ -206,7 +212,7 @@ class TensorNN(TensorMath):
         return values, first.detach()
 
     def interpolate(self, size: Sequence[int], mode: str = "linear",
-                    align_corners: bool = False) -> Tensor:
+                    align_corners: bool = False) -> Self:
         """Resample the last len(size) axes to `size` (PyTorch's F.interpolate with its linear,
         bilinear and trilinear modes all called "linear", and "nearest", "nearest-exact").
 
@@ -232,7 +238,7 @@ class TensorNN(TensorMath):
 
     # ---- softmax and its relatives: subtract the max first, so exp cannot overflow ----
 
-    def softmax(self, axis: int = -1, dtype: DType | str | type | None = None) -> Tensor:
+    def softmax(self, axis: int = -1, dtype: DType | str | type | None = None) -> Self:
         """exp(x - max) / sum(exp(x - max)); `dtype` casts the input first (PyTorch's)."""
         if dtype is not None:
             return self.cast(dtypes.as_dtype(dtype)).softmax(axis)
@@ -240,27 +246,27 @@ class TensorNN(TensorMath):
         e = shifted.exp()
         return e / e.sum(axis, keepdim=True)
 
-    def log_softmax(self, axis: int = -1, dtype: DType | str | type | None = None) -> Tensor:
+    def log_softmax(self, axis: int = -1, dtype: DType | str | type | None = None) -> Self:
         if dtype is not None:
             return self.cast(dtypes.as_dtype(dtype)).log_softmax(axis)
         shifted = self._to_float() - self._shift(axis)
         return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
-    def _shift(self, axis: Any) -> Tensor:
+    def _shift(self, axis: Any) -> Self:
         """The max along `axis`, subtracted before exp() so it cannot overflow. Detached: the
         result does not depend on the shift (its gradient is exactly zero), and backward would
         otherwise spend two reductions (and two kernels) computing that zero. (tinygrad
         detaches it too.)"""
         return self._to_float().max(axis, keepdim=True).detach()
 
-    def logsumexp(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+    def logsumexp(self, axis: Any = None, keepdim: bool = False) -> Self:
         peak = self._shift(axis)
         peak = (peak.abs() == math.inf).where(0.0, peak)  # all -inf: the answer is -inf, not nan
         total = (self - peak).exp().sum(axis, keepdim=True).log() + peak
         return total if keepdim else total.reshape(
             tuple(s for i, s in enumerate(self.shape) if i not in self._axes(axis)))
 
-    def logcumsumexp(self, axis: int = 0) -> Tensor:
+    def logcumsumexp(self, axis: int = 0) -> Self:
         """log(cumsum(exp(x))), stably: a logsumexp over each prefix window, so every window
         subtracts its own max (one global max would underflow the early, small prefixes)."""
         if self.ndim == 0:
@@ -273,12 +279,12 @@ class TensorNN(TensorMath):
 
     # ---- normalization and dropout ----
 
-    def layernorm(self, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Tensor:
+    def layernorm(self, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Self:
         centered = self - self.mean(axis, keepdim=True)
         return centered * ((centered * centered).mean(axis, keepdim=True) + eps).rsqrt()
 
-    def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor,
-                  invstd: Tensor, axis: int | Sequence[int] = 1) -> Tensor:
+    def batchnorm(self, weight: Self | None, bias: Self | None, mean: Self,
+                  invstd: Self, axis: int | Sequence[int] = 1) -> Self:
         axes = self._axes(axis)
         shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
         x = self - mean.reshape(shape)
@@ -287,11 +293,11 @@ class TensorNN(TensorMath):
         x = x * (invstd.reshape(shape) if invstd.ndim == len(axes) else invstd)
         return x if bias is None else x + bias.reshape(shape)
 
-    def dropout(self, p: float = 0.5) -> Tensor:
+    def dropout(self, p: float = 0.5) -> Self:
         if not 0 <= p <= 1:
             raise ValueError(f"dropout probability must be in [0, 1], got {p}")
         if not (type(self).training or TRAINING) or p == 0:
-            return as_tensor(self)
+            return self
         if p == 1:
             return self.zeros_like()
         keep = type(self).rand(*self.shape, device=self.device) >= p
@@ -299,7 +305,7 @@ class TensorNN(TensorMath):
 
     # ---- losses ----
 
-    def one_hot(self, num_classes: int = -1) -> Tensor:
+    def one_hot(self, num_classes: int = -1) -> Self:
         if dtypes.is_float(self.dtype):
             raise TypeError(f"one_hot needs integer class indices, not {self.dtype}")
         if num_classes == -1:
@@ -307,10 +313,10 @@ class TensorNN(TensorMath):
         classes = type(self).arange(num_classes, device=self.device)
         return (self.unsqueeze(-1) == classes).where(1, 0)
 
-    def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1,
+    def sparse_categorical_crossentropy(self, Y: Self, ignore_index: int = -1,
                                         label_smoothing: float = 0.0,
                                         reduction: str = "mean",
-                                        weight: Tensor | None = None) -> Tensor:
+                                        weight: Self | None = None) -> Self:
         """Cross-entropy of logits `self` (N, C) against integer labels Y (N,). `weight` (C,)
         weighs each class, as PyTorch's: a mean then divides by the weights of the targets."""
         if Y.shape != self.shape[:-1]:
@@ -325,7 +331,7 @@ class TensorNN(TensorMath):
         if label_smoothing:
             spread = kept.cast(log_probs.dtype) * (label_smoothing / self.shape[-1])
             weights = weights * (1 - label_smoothing) + spread
-        denominator: Tensor = counted
+        denominator: Self = counted
         if weight is not None:
             if weight.shape != (self.shape[-1],):
                 raise ValueError(f"class weight of shape {weight.shape} does not match the "
@@ -339,8 +345,8 @@ class TensorNN(TensorMath):
         # (a reduction that feeds another reduction is stored)
         return _reduce_loss(per_class, reduction, denominator)
 
-    def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
-                      ignore_index: int = -1, weight: Tensor | None = None) -> Tensor:
+    def cross_entropy(self, Y: Self, reduction: str = "mean", label_smoothing: float = 0.0,
+                      ignore_index: int = -1, weight: Self | None = None) -> Self:
         """Cross-entropy of logits (..., C) against class indices (...) or, as PyTorch, class
         probabilities of the logits' own shape. `label_smoothing` mixes the target with the
         uniform distribution: (1 - s) * target + s / C. Items whose index is `ignore_index`
@@ -357,14 +363,14 @@ class TensorNN(TensorMath):
         loss = -(self.log_softmax(-1) * target).sum(-1)
         return _reduce_loss(loss, reduction)
 
-    def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
+    def binary_crossentropy(self, Y: Self, reduction: str = "mean") -> Self:
         """For probabilities `self` in (0, 1); logs are clipped at -100 as PyTorch does."""
         log_p = self.log().maximum(-100)
         log_not_p = (1 - self).log().maximum(-100)
         return _reduce_loss(-(Y * log_p + (1 - Y) * log_not_p), reduction)
 
-    def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean",
-                                   pos_weight: Tensor | None = None) -> Tensor:
+    def binary_crossentropy_logits(self, Y: Self, reduction: str = "mean",
+                                   pos_weight: Self | None = None) -> Self:
         """-(pos_weight * y * log sigmoid(x) + (1 - y) * log(1 - sigmoid(x))), PyTorch's
         BCEWithLogits; `pos_weight` (broadcast over the last axis) weighs the positives."""
         # log(sigmoid(x)) = -softplus(-x) and log(1 - sigmoid(x)) = -softplus(x), written
@@ -380,48 +386,53 @@ class TensorNN(TensorMath):
 
     # ---- einsum: permute every operand to one letter order, broadcast, multiply, sum ----
 
-    @staticmethod
-    def einsum(formula: str, *operands: Any, dtype: DType | None = None) -> Tensor:
+    @classmethod
+    def einsum(cls, formula: str, *operands: Any, dtype: DType | None = None) -> Self:
         """Einstein summation, e.g. `Tensor.einsum("ij,jk->ik", a, b)` is a @ b. Without "->"
         the output letters are those used once, in alphabetical order (numpy's rule). A letter
-        repeated in one operand takes its diagonal ("ii->i"). Each operand is permuted to one
-        common letter order with size-1 axes for its missing letters; the broadcast product is
-        summed over the letters not in the output. (No "..." yet.)"""
-        tensors: list[Tensor] = list(operands[0]) if len(operands) == 1 and isinstance(
+        repeated in one operand takes its diagonal ("ii->i"). "..." stands for the axes no
+        letter names, broadcast across operands (aligned from the right, as numpy's
+        broadcasting; so is an axis of size 1); without "->" they come first in the output, and
+        an output without "..." sums them. Each operand is permuted to one common letter order
+        with size-1 axes for its missing letters; the broadcast product is summed over the
+        letters not in the output."""
+        tensors: list[Self] = list(operands[0]) if len(operands) == 1 and isinstance(
             operands[0], (list, tuple)) else list(operands)
-        inputs, output = _parse_einsum(formula.replace(" ", ""), len(tensors))
+        formula = _spell_out_ellipsis(formula.replace(" ", ""), [t.ndim for t in tensors])
+        inputs, output = _parse_einsum(formula, len(tensors))
         prepared = [_einsum_diagonals(letters, t) for letters, t in zip(inputs, tensors)]
         sizes = _einsum_sizes(prepared)
         order = sorted(sizes)
-        product: Tensor | None = None
+        product: Self | None = None
         for letters, tensor in prepared:
+            own = dict(zip(letters, tensor.shape))
             moved = tensor.permute([letters.index(c) for c in order if c in letters])
-            aligned = moved.reshape([sizes[c] if c in letters else 1 for c in order])
+            aligned = moved.reshape([own.get(c, 1) for c in order])
             product = aligned if product is None else product * aligned
         assert product is not None
+        product = product.expand([sizes[c] for c in order])  # an operand alone may hold a 1
         summed = [i for i, c in enumerate(order) if c not in output]
         kept = [c for c in order if c in output]
-        result = product.sum(summed, dtype=dtype) if summed else product.expand(
-            [sizes[c] for c in order])
+        result = product.sum(summed, dtype=dtype) if summed else product
         return result.reshape([sizes[c] for c in kept]).permute([kept.index(c) for c in output])
 
     # ---- functional layers ----
 
-    def sequential(self, ll: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
+    def sequential(self, ll: Sequence[Callable[[Self], Self]]) -> Self:
         """Apply the layers (any callables) one after the other: ll[-1](...ll[0](self))."""
-        result = as_tensor(self)
+        result = self
         for layer in ll:
             result = layer(result)
         return result
 
-    def rmsnorm(self, axis: int | Sequence[int] = -1, eps: float = 1e-6) -> Tensor:
+    def rmsnorm(self, axis: int | Sequence[int] = -1, eps: float = 1e-6) -> Self:
         """x / sqrt(mean(x^2) + eps) over `axis` (no weight: nn.RMSNorm multiplies it in)."""
         return self * ((self * self).mean(axis, keepdim=True) + eps).rsqrt()
 
-    def scaled_dot_product_attention(self, key: Tensor, value: Tensor,
-                                     attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+    def scaled_dot_product_attention(self, key: Self, value: Self,
+                                     attn_mask: Self | None = None, dropout_p: float = 0.0,
                                      is_causal: bool = False, enable_gqa: bool = False,
-                                     scale: float | None = None) -> Tensor:
+                                     scale: float | None = None) -> Self:
         """softmax(q k^T / sqrt(d) + mask) v, with self as the queries (..., L, d), key (..., S, d)
         and value (..., S, dv). A bool attn_mask keeps the True positions; a float one is
         added. is_causal keeps key j <= query i. enable_gqa repeats the key/value heads (axis
@@ -451,8 +462,8 @@ class TensorNN(TensorMath):
 
     # ---- more losses ----
 
-    def nll_loss(self, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None,
-                 reduction: str = "mean") -> Tensor:
+    def nll_loss(self, Y: Self, weight: Self | None = None, ignore_index: int | None = None,
+                 reduction: str = "mean") -> Self:
         """The negative log-likelihood of log-probabilities self (N, C, ...) at the integer
         targets Y (N, ...), as PyTorch's: -weight[y] * self[n, y], averaged over the weights
         of the targets that are not ignore_index (None: none is ignored, tinygrad's default;
@@ -480,7 +491,7 @@ class TensorNN(TensorMath):
         return _reduce_loss(loss, reduction)
 
 
-def _reduce_loss(loss: Tensor, reduction: str, counted: Tensor | None = None) -> Tensor:
+def _reduce_loss(loss: N, reduction: str, counted: N | None = None) -> N:
     if reduction == "none":
         return loss
     if reduction == "sum":
@@ -492,8 +503,6 @@ def _reduce_loss(loss: Tensor, reduction: str, counted: Tensor | None = None) ->
 
 def _parse_einsum(formula: str, count: int) -> tuple[list[str], str]:
     """"ij,jk->ik" -> (["ij", "jk"], "ik"); without "->", the letters used once, sorted."""
-    if "." in formula:
-        raise ValueError(f"einsum: '...' is not supported (in {formula!r})")
     left, arrow, right = formula.partition("->")
     inputs = left.split(",")
     if len(inputs) != count:
@@ -508,18 +517,45 @@ def _parse_einsum(formula: str, count: int) -> tuple[list[str], str]:
     return inputs, right
 
 
-def _einsum_sizes(operands: list[tuple[str, Tensor]]) -> dict[str, int]:
-    """Each letter's size, checked: one size per letter."""
+def _spell_out_ellipsis(formula: str, ranks: list[int]) -> str:
+    """Write each "..." as letters of its own: "...ij,jk" with ranks (4, 2) -> "ABij,jk->ABik"
+    (fresh letters, one per axis, the last ones shared by operands with fewer axes)."""
+    if "." not in formula:
+        return formula
+    left, arrow, right = formula.partition("->")
+    inputs = left.split(",")
+    if any(part.count(".") not in (0, 3) or (part.count(".") and "..." not in part)
+           for part in inputs + [right]):
+        raise ValueError(f"einsum: a '.' must be part of one '...' per operand (in {formula!r})")
+    if len(inputs) != len(ranks):
+        raise ValueError(f"einsum: {formula!r} names {len(inputs)} operands, {len(ranks)} given")
+    named = [len(part.replace("...", "")) for part in inputs]
+    hidden = [rank - count if "..." in part else 0
+              for part, rank, count in zip(inputs, ranks, named)]
+    if any(h < 0 for h in hidden):
+        raise ValueError(f"einsum: {formula!r} names more axes than an operand's shape has")
+    fresh = [c for c in string.ascii_letters if c not in formula][:max(hidden)]
+    spelled = [part.replace("...", "".join(fresh[len(fresh) - h:]) if h else "")
+               for part, h in zip(inputs, hidden)]
+    if not arrow:
+        letters = "".join(part.replace("...", "") for part in inputs)
+        right = "..." + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    return ",".join(spelled) + "->" + right.replace("...", "".join(fresh))
+
+
+def _einsum_sizes(operands: list[tuple[str, N]]) -> dict[str, int]:
+    """Each letter's size, checked: one size per letter (or 1, which broadcasts, as PyTorch)."""
     sizes: dict[str, int] = {}
     for letters, tensor in operands:
         for letter, size in zip(letters, tensor.shape):
-            if sizes.setdefault(letter, size) != size:
-                raise ValueError(f"einsum: letter {letter!r} has sizes {sizes[letter]} and "
-                                 f"{size}")
+            known = sizes.setdefault(letter, size)
+            if known != size and 1 not in (known, size):
+                raise ValueError(f"einsum: letter {letter!r} has sizes {known} and {size}")
+            sizes[letter] = max(known, size) if 1 in (known, size) else size
     return sizes
 
 
-def _einsum_diagonals(letters: str, tensor: Tensor) -> tuple[str, Tensor]:
+def _einsum_diagonals(letters: str, tensor: N) -> tuple[str, N]:
     """A letter twice in one operand ("ii") keeps the diagonal of those two axes."""
     if len(letters) != tensor.ndim:
         raise ValueError(f"einsum: operand {letters!r} has shape {tensor.shape}")
@@ -534,7 +570,7 @@ def _einsum_diagonals(letters: str, tensor: Tensor) -> tuple[str, Tensor]:
         letters = letters[:first] + letters[first + 1:second] + letters[second + 1:] + letter
     return letters, tensor
 
-def _resample_axis(x: Tensor, out: int, mode: str, align_corners: bool) -> Tensor:
+def _resample_axis(x: N, out: int, mode: str, align_corners: bool) -> N:
     """Resample the last axis of x (size n) to `out` elements (see Tensor.interpolate)."""
     n = x.shape[-1]
     o = type(x).arange(out, device=x.device).cast(x.dtype).reshape(out, 1)
@@ -572,7 +608,7 @@ def _ints(value: int | Sequence[int], dims: int, what: str,
     return values
 
 
-def _check_conv(x: Tensor, weight: Tensor, bias: Tensor | None, groups: int) -> int:
+def _check_conv(x: N, weight: N, bias: N | None, groups: int) -> int:
     """The shapes conv2d needs; returns the number of spatial axes."""
     if x.ndim < 3 or weight.ndim != x.ndim:
         raise ValueError(f"conv2d needs (N, C, H, W) input and (O, C/groups, kH, kW) weight, "
@@ -621,7 +657,7 @@ def _pool_kernel(kernel_size: int | Sequence[int]) -> tuple[int, ...]:
     return kernel
 
 
-def _pool_padding(x: Tensor, kernel: Sequence[int], strides: Sequence[int],
+def _pool_padding(x: N, kernel: Sequence[int], strides: Sequence[int],
                   dilations: Sequence[int], padding: int | Sequence[int],
                   ceil_mode: bool) -> tuple[list[tuple[int, int]], list[int]]:
     """The padding of each pooled axis, and how much more `ceil_mode` adds at its end for a
@@ -649,7 +685,7 @@ def _pool_padding(x: Tensor, kernel: Sequence[int], strides: Sequence[int],
     return pads, extra
 
 
-def _check_conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, groups: int) -> None:
+def _check_conv_transpose(x: N, weight: N, bias: N | None, groups: int) -> None:
     """The shapes conv_transpose2d needs, each mistake with a message that names it."""
     if x.ndim < 3 or weight.ndim != x.ndim:
         raise ValueError(f"conv_transpose2d needs (N, C_in, H, W) input and (C_in, "
@@ -686,7 +722,7 @@ def _check_conv_transpose_sizes(image: Sequence[int], kernel: Sequence[int],
                          f"{tuple(paddings)} gives an empty output {tuple(sizes)}")
 
 
-def _spread(x: Tensor, strides: Sequence[int]) -> Tensor:
+def _spread(x: N, strides: Sequence[int]) -> N:
     """Insert s-1 zeros between neighbours on each spatial axis: H -> (H-1)s+1. Each pixel
     gets s-1 zeros after it (reshape to (H, 1), pad to (H, s), reshape to H*s), then the
     zeros after the last pixel are cut off."""
@@ -711,8 +747,7 @@ def _conv_padding(padding: int | Sequence[int], dims: int) -> list[tuple[int, in
     if len(values) == dims:
         return [(int(p), int(p)) for p in values]
     if len(values) == 2 * dims:
-        from tinyteach.tensor import _padding_pairs  # (tensor.py imports this module)
-        return _padding_pairs(values, dims)
+        return padding_pairs(values, dims)
     raise ValueError(f"padding {padding} does not fit {dims} spatial axes")
 
 

@@ -1,0 +1,806 @@
+"""Chapter 1 (part 1): the Tensor's core — a lazy graph on a device, realize, and autograd.
+
+What this teaches:
+- a Tensor is a handle on a lazy UOp graph plus a device; building `(a + b).relu()` computes
+  nothing. `realize()`, `numpy()`, `item()` or `tolist()` schedule the graph into kernels and run
+  them (chapters 6-9);
+- the core has the primitive ops only: the six movement ops, one elementwise op per operator
+  (after broadcasting and dtype promotion, which happen here, once, so every op below sees
+  operands of equal shape and dtype), one reduction, and the entry to autograd;
+- `requires_grad` has three states, as in tinygrad: True (backward fills `.grad`), None (the
+  default: no `.grad`, but an optimizer that is handed the tensor makes it True) and False
+  (never trained: BatchNorm's running statistics). What autograd remembers across tensors is
+  one object, `AUTOGRAD` (`AutogradState`); chapter 2 has the gradient rules.
+
+The rest of chapter 1 stands on this class. Each part is a mixin that uses only what is below
+it: CoreTensor <- TensorCreation (tensor_create.py, part 4) <- TensorMovement (part 5) <-
+TensorMath (part 6) <- TensorNN (part 7) <- TensorIndexing (indexing.py, part 3), and
+tensor.py assembles them into `Tensor`. The parts are typed with `typing.Self`: a method of a
+part returns the same class it was called on, which is always the assembled Tensor.
+
+Builds on: uop, schedule, realize, gradient. Used by: the other parts of chapter 1.
+
+>>> from tinyteach import Tensor
+>>> a = Tensor([[1.0, 2.0], [3.0, 4.0]])
+>>> (a + a).tolist()
+[[2.0, 4.0], [6.0, 8.0]]
+>>> a.sum(axis=1).numpy().tolist()
+[3.0, 7.0]
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self, TypeVar
+
+import numpy as np
+
+from tinyteach.device import Buffer, Device
+from tinyteach.dtype import DType, dtypes, least_upper_dtype, least_upper_float
+from tinyteach.gradient import (
+    CONTIGUOUS_BACKWARD,
+    compute_gradient,
+    graph_before_realize,
+    reachable_by_gradient,
+)
+from tinyteach.helpers import Context, prod
+from tinyteach.realize import realize_uops
+from tinyteach.schedule import device_of, is_contiguous_buffer
+from tinyteach.uop import Ops, UOp
+
+Scalar = int | float | bool
+ShapeArg = int | Sequence[int]
+
+
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy's broadcasting rule: align from the right; sizes must match or be 1."""
+    ndim = max(len(s) for s in shapes)
+    padded = [(1,) * (ndim - len(s)) + s for s in shapes]
+    result = []
+    for sizes in zip(*padded):
+        non_one = {s for s in sizes if s != 1}
+        if len(non_one) > 1:
+            raise ValueError(f"cannot broadcast shapes {' and '.join(map(str, shapes))}: "
+                             f"sizes {sorted(non_one)} differ on one axis")
+        result.append(non_one.pop() if non_one else 1)
+    return tuple(result)
+
+
+# ---- what autograd remembers across tensors ----
+
+def _by_id() -> weakref.WeakValueDictionary[int, CoreTensor]:
+    # keyed by id: a WeakSet would compare tensors with ==, which builds a graph
+    return weakref.WeakValueDictionary()
+
+
+@dataclass
+class AutogradState:
+    """Everything realize() and backward() remember across tensors. There is one, `AUTOGRAD`.
+
+    Each tensor carries two fields of its own: `requires_grad` (True, None or False) and
+    `_lazy`, the graph its buffer was computed from once it is realized (None for a leaf and
+    for host data). The invariant that ties them to the fields here:
+    - `leaves` holds exactly the live tensors whose requires_grad was set to True: each is a
+      buffer of its own (setting True on a lazy tensor computes it first), and they are the
+      tensors `backward()` fills `.grad` on. A tensor computed from a leaf has requires_grad
+      True too, but is not a leaf and gets no `.grad` (as in PyTorch);
+    - `graph_behind` maps the buffer of every realized non-leaf tensor with requires_grad True
+      to its lazy graph, so that a graph built on that buffer still reaches the leaves:
+      gradient.graph_before_realize puts the graph back before differentiating;
+    - `losses` holds the tensors backward() ran on that are not computed yet: a later assign
+      to a buffer one of them reads (an optimizer step) is realized together with them, so
+      `loss.backward(); opt.step(); loss.item()` reports the loss before the step.
+    Every map holds its keys or values weakly: autograd keeps nothing alive on its own."""
+
+    leaves: weakref.WeakValueDictionary[int, CoreTensor] = field(default_factory=_by_id)
+    losses: weakref.WeakValueDictionary[int, CoreTensor] = field(default_factory=_by_id)
+    graph_behind: weakref.WeakKeyDictionary[UOp, UOp] = field(
+        default_factory=weakref.WeakKeyDictionary)
+
+
+AUTOGRAD = AutogradState()
+
+
+class _ClassSwitch(contextlib.ContextDecorator):
+    """Set a class-level switch of Tensor for a `with` block or a decorated function, then
+    put the previous value back: `Tensor.train()` sets `training` (and the TRAINING context),
+    `Tensor.test()` sets `no_grad` (tinygrad's names)."""
+
+    def __init__(self, owner: type, name: str, value: bool,
+                 context: contextlib.AbstractContextManager[Any] | None = None):
+        self.owner, self.name, self.value, self.context = owner, name, value, context
+
+    def __enter__(self) -> None:
+        self.previous = getattr(self.owner, self.name)
+        setattr(self.owner, self.name, self.value)
+        if self.context is not None:
+            self.context.__enter__()
+
+    def __exit__(self, *args: Any) -> None:
+        if self.context is not None:
+            self.context.__exit__(*args)
+        setattr(self.owner, self.name, self.previous)
+
+
+class CoreTensor:
+    """A lazily computed n-dimensional array on a device, with reverse-mode autograd: the
+    primitive ops. The parts of chapter 1 build the rest of the API on it (module docstring)."""
+
+    training: ClassVar[bool] = False
+    no_grad: ClassVar[bool] = False  # tinygrad's switch: results made while True get no gradient
+    __hash__ = object.__hash__  # `==` builds a graph, so hashing is by identity
+
+    def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
+                 requires_grad: bool | None = None):
+        wanted = None if dtype is None else dtypes.as_dtype(dtype)
+        self.device = Device.canonicalize(device)
+        if isinstance(data, UOp):
+            self.uop = data if wanted is None else data.cast(wanted)
+        elif isinstance(data, CoreTensor):
+            self.uop = data.to(self.device).uop if wanted is None else data.cast(wanted).uop
+        elif isinstance(data, (bool, int, float, np.bool_, np.integer, np.floating)):
+            self.uop = UOp.const(wanted or dtypes.from_py(data), data)
+        else:
+            self.uop = _uop_from_data(data, wanted, self.device)
+        self.grad: Self | None = None
+        self._lazy: UOp | None = None  # the graph before realize, kept for backward()
+        self.requires_grad = requires_grad
+
+    @property
+    def requires_grad(self) -> bool | None:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool | None) -> None:
+        if value:
+            if not dtypes.is_float(self.dtype):
+                raise TypeError(f"only float tensors can require gradients, not {self.dtype}")
+            if not is_contiguous_buffer(self.uop):
+                self._requires_grad = None  # realized as a plain tensor, with no graph kept
+                self._become_leaf()
+            AUTOGRAD.leaves[id(self)] = self
+        self._requires_grad = value
+
+    def requires_grad_(self, requires_grad: bool | None = True) -> Self:
+        """Set requires_grad and return the tensor (tinygrad's and PyTorch's)."""
+        self.requires_grad = requires_grad
+        return self
+
+    def _become_leaf(self) -> None:
+        """Compute this tensor into a buffer of its own and forget how it was made, as a
+        PyTorch leaf. UOps are shared (hash-consed) and realized graphs are remembered:
+        `zeros(2)` is the same node, and realizes to the same buffer, as every other
+        `zeros(2)`; only a fresh buffer tells one parameter from another."""
+        self.uop = _uop_from_data(self.numpy(), self.dtype, self.device)  # a copy, no math
+        self._lazy = None
+
+    @classmethod
+    def train(cls, mode: bool = True) -> _ClassSwitch:
+        """`with Tensor.train():` (or `@Tensor.train()`): dropout and batchnorm statistics on."""
+        return _ClassSwitch(cls, "training", mode, Context(TRAINING=int(mode)))
+
+    @classmethod
+    def test(cls, mode: bool = True) -> _ClassSwitch:
+        """`with Tensor.test():` (or `@Tensor.test()`): `Tensor.no_grad` is True inside, so
+        nothing made there gets a gradient (tinygrad's; PyTorch's `torch.no_grad()`)."""
+        return _ClassSwitch(cls, "no_grad", mode)
+
+    # ---- what a tensor is ----
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.uop.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.uop.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    def size(self, dim: int | None = None) -> int | tuple[int, ...]:
+        return self.shape if dim is None else self.shape[self._axis(dim)]
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        state = "realized" if is_contiguous_buffer(self.uop) else "lazy"
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"<Tensor {state} shape={self.shape} dtype={self.dtype} device={self.device}{grad}>"
+
+    # ---- running the graph ----
+
+    def realize(self, *others: Self) -> Self:
+        """Compute this tensor (and `others`): `t.realize()` or `Tensor.realize(a, b, c)`.
+        Three steps: pick the tensors that still need computing, run their graphs in one
+        schedule (realize.py), and point each tensor at its buffer."""
+        pending = _still_lazy([self, *others])
+        if pending:
+            results = realize_uops([t.uop for t in pending], self.device)
+            for tensor, result in zip(pending, results):
+                tensor._point_at(result)
+        return self
+
+    def _point_at(self, result: UOp) -> None:
+        """Make `result` (this tensor's computed buffer) its graph, and keep what backward()
+        needs: the lazy graph in `_lazy`, and, for a non-leaf on a path to a leaf, the same
+        graph in AUTOGRAD.graph_behind (see AutogradState)."""
+        if self.requires_grad is not None or self.uop.op is not Ops.BUFFER:
+            self._lazy = self._lazy or self.uop
+        lazy = self._lazy or self.uop
+        if self.requires_grad and id(self) not in AUTOGRAD.leaves and result is not lazy:
+            AUTOGRAD.graph_behind[result] = lazy  # (a view of a buffer is its own graph)
+        self.uop = result
+
+    def _buffer(self) -> Buffer:
+        node = self.realize().uop
+        if not is_contiguous_buffer(node):  # a view of a buffer: copy it into a fresh one
+            node = self.contiguous().realize().uop
+        while node.op is Ops.RESHAPE:
+            node = node.src[0]
+        buffer: Buffer = node.arg
+        return buffer
+
+    def numpy(self) -> np.ndarray:
+        """Compute the tensor and return its values as a numpy array (a copy)."""
+        return self._buffer().numpy().reshape(self.shape)
+
+    def item(self) -> Scalar:
+        if self.numel() != 1:
+            raise ValueError(f"item() needs a tensor with exactly one element, not shape "
+                             f"{self.shape}")
+        value = self.numpy().reshape(-1)[0]
+        return value.item()
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def to(self, device: str) -> Self:
+        """This tensor on another device (a COPY node; nothing moves until realized)."""
+        device = Device.canonicalize(device)
+        if device == self.device:
+            return self
+        result = type(self)(UOp(Ops.COPY, self.dtype, (self.uop,), device), device)
+        result._inherit_grad(self)
+        return result
+
+    def detach(self) -> Self:
+        return type(self)(UOp(Ops.DETACH, self.dtype, (self.uop,)), self.device)
+
+    def contiguous(self) -> Self:
+        return self._apply(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), self)
+
+    def contiguous_backward(self) -> Self:
+        """The same value; in backward, the gradient that flows through here is computed into
+        a buffer of its own (tinygrad's), which cuts a long backward graph into kernels."""
+        marked = UOp(Ops.DETACH, self.dtype, (self.uop,), CONTIGUOUS_BACKWARD)
+        return self._apply(marked, self)
+
+    def clone(self) -> Self:
+        return self.contiguous()
+
+    # ---- building results ----
+
+    def _apply(self, uop: UOp, *sources: CoreTensor) -> Self:
+        if type(self).no_grad and any(s.requires_grad for s in sources):
+            uop = UOp(Ops.DETACH, uop.dtype, (uop,))  # made under no_grad: gradients stop here
+        result = type(self)(uop, self.device)
+        result._inherit_grad(*sources)
+        return result
+
+    def _inherit_grad(self, *sources: CoreTensor) -> None:
+        """tinygrad's rule: True if a source requires a gradient (and no_grad is off), False if
+        every source is False, else None."""
+        wanted = [s.requires_grad for s in sources]
+        if any(wanted) and not type(self).no_grad:
+            self._requires_grad = True
+        elif wanted and all(w is False for w in wanted):
+            self._requires_grad = False
+
+    def _const(self, value: Scalar, dtype: DType | None = None) -> Self:
+        """A scalar constant broadcast to this tensor's shape."""
+        node = UOp.const(dtype or self.dtype, value)
+        shape = self.shape
+        if shape:
+            node = node.reshape((1,) * len(shape)).expand(shape)
+        return type(self)(node, self.device, requires_grad=False)
+
+    def _axis(self, axis: int, ndim: int | None = None) -> int:
+        ndim = self.ndim if ndim is None else ndim
+        if not -max(ndim, 1) <= axis < max(ndim, 1):
+            raise IndexError(f"axis {axis} is out of range for a tensor with {ndim} dimensions "
+                             f"(shape {self.shape})")
+        return axis % max(ndim, 1)
+
+    def _axes(self, axis: int | Sequence[int] | None) -> tuple[int, ...]:
+        if axis is None:
+            return tuple(range(self.ndim))
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        normalized = tuple(self._axis(a) for a in axes)
+        if len(set(normalized)) != len(normalized):
+            raise ValueError(f"repeated axis in {axes}")
+        return normalized
+
+    # ---- movement: the six primitive movement ops (the rest are in tensor_movement.py) ----
+
+    def reshape(self, *shape: Any) -> Self:
+        new_shape = list(_shape_from_maybe_negative(shape))
+        if new_shape.count(-1) > 1:
+            raise ValueError(f"reshape: only one -1 allowed, got {tuple(new_shape)}")
+        if -1 in new_shape:
+            known = prod(s for s in new_shape if s != -1)
+            if known == 0 or self.numel() % known:
+                raise ValueError(f"cannot reshape {self.shape} ({self.numel()} elements) "
+                                 f"to {tuple(new_shape)}")
+            new_shape[new_shape.index(-1)] = self.numel() // known
+        if prod(new_shape) != self.numel():
+            raise ValueError(f"cannot reshape {self.shape} ({self.numel()} elements) to "
+                             f"{tuple(new_shape)} ({prod(new_shape)} elements)")
+        return self._apply(self.uop.reshape(tuple(new_shape)), self)
+
+    def permute(self, *order: Any) -> Self:
+        axes = _shape_from_maybe_negative(order)
+        normalized = tuple(self._axis(a) for a in axes)
+        if sorted(normalized) != list(range(self.ndim)):
+            raise ValueError(f"permute order {axes} is not a permutation of the {self.ndim} "
+                             f"axes of shape {self.shape}")
+        return self._apply(self.uop.permute(normalized), self)
+
+    def expand(self, *shape: Any) -> Self:
+        wanted = _shape_from_maybe_negative(shape)
+        if len(wanted) < self.ndim:
+            raise ValueError(f"cannot expand {self.shape} to fewer dimensions {wanted}")
+        current = (1,) * (len(wanted) - self.ndim) + self.shape
+        target = tuple(c if w == -1 else w for c, w in zip(current, wanted))
+        for c, t in zip(current, target):
+            if c != t and c != 1:
+                raise ValueError(f"cannot expand shape {self.shape} to {wanted}: only axes of "
+                                 f"size 1 can be expanded")
+        reshaped = self.reshape(current)
+        return self._apply(reshaped.uop.expand(target), self)
+
+    def pad(self, padding: Sequence[Any], mode: str = "constant", value: Scalar = 0) -> Self:
+        """`padding` is ((before, after) or None per axis), or PyTorch's flat form
+        (left, right, top, bottom, ...) that starts from the last axis, filled with `value`.
+        (TensorMovement adds the modes "reflect", "replicate" and "circular".)"""
+        if isinstance(mode, (int, float)):  # tinygrad's old pad(padding, value) order
+            mode, value = "constant", mode
+        if mode != "constant":
+            raise ValueError(f"the core pads with a constant only, not mode {mode!r}")
+        pairs = padding_pairs(padding, self.ndim)
+        if any(b < 0 or a < 0 for b, a in pairs):
+            cropped = tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape))
+            return self.shrink(cropped).pad([(max(0, b), max(0, a)) for b, a in pairs],
+                                            value=value)
+        padded = self._apply(self.uop.pad(tuple(pairs)), self)
+        if value == 0:
+            return padded
+        inside = self._const(True, dtypes.bool).pad(pairs)  # False where the padding is
+        return inside.where(padded, value)
+
+    def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Self:
+        if len(bounds) != self.ndim:
+            raise ValueError(f"shrink needs {self.ndim} bounds for shape {self.shape}, "
+                             f"got {len(bounds)}")
+        full = tuple((0, s) if b is None else (int(b[0]), int(b[1]))
+                     for b, s in zip(bounds, self.shape))
+        for (start, end), size in zip(full, self.shape):
+            if not 0 <= start <= end <= size:
+                raise ValueError(f"shrink bounds {full} out of range for shape {self.shape}")
+        return self._apply(self.uop.shrink(full), self)
+
+    def flip(self, axis: int | Sequence[int]) -> Self:
+        axes = self._axes(axis)
+        return self._apply(self.uop.flip(tuple(a for a in axes if self.shape[a] > 1)), self)
+
+    # ---- elementwise: broadcasting and promotion, then one primitive op ----
+
+    def _broadcasted(self, other: Any, reverse: bool = False,
+                     float_result: bool = False) -> tuple[Self, Self]:
+        x, y = self, other
+        if not isinstance(y, CoreTensor):
+            y = type(self)(y, self.device, dtype=scalar_dtype(self.dtype, y), requires_grad=False)
+        elif y.device != x.device:
+            raise RuntimeError(f"tensors are on different devices: {x.device} and {y.device}; "
+                               f"move one with .to()")
+        if reverse:
+            x, y = y, x
+        dtype = least_upper_dtype(x.dtype, y.dtype)
+        if float_result:
+            dtype = least_upper_float(dtype)
+        shape = broadcast_shape(x.shape, y.shape)
+        return x.cast(dtype).expand(shape), y.cast(dtype).expand(shape)
+
+    def _binary(self, op: Ops, other: Any, reverse: bool = False) -> Self:
+        x, y = self._broadcasted(other, reverse)
+        return x._apply(x.uop.alu(op, y.uop), x, y)
+
+    def _unary(self, op: Ops) -> Self:
+        return self._apply(self.uop.alu(op), self)
+
+    def cast(self, dtype: DType | str | type) -> Self:
+        wanted = dtypes.as_dtype(dtype)
+        return self if wanted == self.dtype else self._apply(self.uop.cast(wanted), self)
+
+    def _to_float(self) -> Self:
+        return self.cast(least_upper_float(self.dtype))
+
+    def add(self, other: Any, reverse: bool = False) -> Self:
+        return self._binary(Ops.ADD, other, reverse)
+
+    def mul(self, other: Any, reverse: bool = False) -> Self:
+        return self._binary(Ops.MUL, other, reverse)
+
+    def sub(self, other: Any, reverse: bool = False) -> Self:
+        x, y = self._broadcasted(other, reverse)
+        return x + (-y)
+
+    # the five unary primitives (tensor_math.py composes every other function from them)
+    def exp2(self) -> Self:
+        return self._to_float()._unary(Ops.EXP2)
+
+    def log2(self) -> Self:
+        return self._to_float()._unary(Ops.LOG2)
+
+    def sin(self) -> Self:
+        return self._to_float()._unary(Ops.SIN)
+
+    def sqrt(self) -> Self:
+        return self._to_float()._unary(Ops.SQRT)
+
+    def reciprocal(self) -> Self:
+        return self._to_float()._unary(Ops.RECIPROCAL)
+
+    def div(self, other: Any, reverse: bool = False, rounding_mode: str | None = None) -> Self:
+        """True division: integers are divided as floats. PyTorch's `rounding_mode` rounds the
+        quotient toward zero ("trunc") or down ("floor"); integers then stay integers.
+        (TensorMath adds the rounding modes.)"""
+        if rounding_mode is not None:
+            raise ValueError(f"the core divides without rounding, not rounding_mode "
+                             f"{rounding_mode!r}")
+        x, y = self._broadcasted(other, reverse, float_result=True)
+        return x * y.reciprocal()
+
+    def neg(self) -> Self:
+        if self.dtype == dtypes.bool:
+            return self.logical_not()
+        return self._unary(Ops.NEG)
+
+    def __neg__(self) -> Self:
+        return self.neg()
+
+    def __add__(self, other: Any) -> Self:
+        return self.add(other)
+
+    def __radd__(self, other: Any) -> Self:
+        return self.add(other, True)
+
+    def __sub__(self, other: Any) -> Self:
+        return self.sub(other)
+
+    def __rsub__(self, other: Any) -> Self:
+        return self.sub(other, True)
+
+    def __mul__(self, other: Any) -> Self:
+        return self.mul(other)
+
+    def __rmul__(self, other: Any) -> Self:
+        return self.mul(other, True)
+
+    def __truediv__(self, other: Any) -> Self:
+        return self.div(other)
+
+    def __rtruediv__(self, other: Any) -> Self:
+        return self.div(other, True)
+
+    def __and__(self, other: Any) -> Self:
+        return self._binary(Ops.AND, other)
+
+    def __rand__(self, other: Any) -> Self:
+        return self._binary(Ops.AND, other, True)
+
+    def __or__(self, other: Any) -> Self:
+        return self._binary(Ops.OR, other)
+
+    def __ror__(self, other: Any) -> Self:
+        return self._binary(Ops.OR, other, True)
+
+    def __xor__(self, other: Any) -> Self:
+        return self._binary(Ops.XOR, other)
+
+    def __rxor__(self, other: Any) -> Self:
+        return self._binary(Ops.XOR, other, True)
+
+    def __invert__(self) -> Self:
+        if self.dtype == dtypes.bool:
+            return self.logical_not()
+        if dtypes.is_float(self.dtype):
+            raise TypeError(f"~ needs an integer or bool tensor, not {self.dtype}")
+        return self ^ self._const(-1 if self.dtype.kind == "int" else self.dtype.max)
+
+    # comparisons give bool tensors (and build graphs, so tensors hash by identity)
+    def __lt__(self, other: Any) -> Self:
+        return self._binary(Ops.CMPLT, other)
+
+    def __gt__(self, other: Any) -> Self:
+        return self._binary(Ops.CMPLT, other, True)
+
+    def __le__(self, other: Any) -> Self:
+        return (self < other) | (self == other)
+
+    def __ge__(self, other: Any) -> Self:
+        return (self > other) | (self == other)
+
+    def __ne__(self, other: Any) -> Self:  # type: ignore[override]
+        return self._binary(Ops.CMPNE, other)
+
+    def __eq__(self, other: Any) -> Self:  # type: ignore[override]
+        return (self != other).logical_not()
+
+    def logical_not(self) -> Self:
+        return self.cast(dtypes.bool)._binary(Ops.CMPNE, True)
+
+    def where(self, if_true: Any, if_false: Any) -> Self:
+        """self ? if_true : if_false, with broadcasting (self is used as a condition)."""
+        condition = self.cast(dtypes.bool)
+        if not isinstance(if_true, CoreTensor) and not isinstance(if_false, CoreTensor):
+            dtype = least_upper_dtype(dtypes.from_py(if_true), dtypes.from_py(if_false))
+            if_true = type(self)(if_true, self.device, dtype=dtype, requires_grad=False)
+        if isinstance(if_true, type(self)):
+            x, y = if_true._broadcasted(if_false)
+        else:
+            y, x = type(self)._broadcasted(if_false, if_true)
+        shape = broadcast_shape(condition.shape, x.shape)
+        c, x, y = condition.expand(shape), x.expand(shape), y.expand(shape)
+        return x._apply(c.uop.alu(Ops.WHERE, x.uop, y.uop), x, y)
+
+    def maximum(self, other: Any) -> Self:
+        return self._binary(Ops.MAX, other)
+
+    # ---- reduction: one primitive op, summing or taking the max (the rest: tensor_math.py) ----
+
+    def sum(self, axis: Any = None, keepdim: bool = False,
+            dtype: DType | str | type | None = None) -> Self:
+        """Sums accumulate in at least 32 bits (half floats in float32), as in tinygrad;
+        `dtype` casts the input first and sums in that dtype (PyTorch's)."""
+        accumulate = sum_dtype(self.dtype) if dtype is None else dtypes.as_dtype(dtype)
+        wide = accumulate if dtype is not None else (dtypes.float32 if self.dtype == dtypes.float16
+                                         else accumulate)
+        return self.cast(wide)._reduce(Ops.ADD, axis, keepdim).cast(accumulate)
+
+    def max(self, axis: Any = None, keepdim: bool = False) -> Self:
+        return self._reduce(Ops.MAX, axis, keepdim)
+
+    def _reduce(self, op: Ops, axis: Any, keepdim: bool) -> Self:
+        axes = self._axes(axis)
+        if self.ndim == 0:
+            return self
+        reduced = self._apply(self.uop.reduce(op, axes), self)
+        if keepdim:
+            return reduced
+        return reduced.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    # ---- autograd ----
+
+    def gradient(self, *targets: CoreTensor, gradient: CoreTensor | None = None) -> list[Self]:
+        """The gradients of this tensor with respect to `targets`, as new lazy tensors; `.grad`
+        is not touched (tinygrad's; PyTorch's torch.autograd.grad). A target the gradient does
+        not reach gets zeros. `gradient` is the output's own gradient, needed unless the
+        output is a scalar."""
+        if not dtypes.is_float(self.dtype) or any(not dtypes.is_float(t.dtype) for t in targets):
+            raise RuntimeError("only float tensors have gradients")
+        if gradient is None:
+            if self.shape != ():
+                raise ValueError(f"gradient of a non-scalar tensor (shape {self.shape}) needs "
+                                 f"`gradient=`, the gradient of the output")
+            gradient = type(self)(1.0, self.device, dtype=self.dtype)
+        if gradient.shape != self.shape:
+            raise ValueError(f"gradient shape {gradient.shape} != tensor shape {self.shape}")
+        root = graph_before_realize(self._lazy or self.uop, AUTOGRAD.graph_behind)
+        target_nodes = {node for t in targets for node in (t.uop, t._lazy) if node is not None}
+        grads = compute_gradient(root, gradient.uop, target_nodes, _copy_back)
+        results = []
+        for t in targets:
+            node = t.uop if t.uop in grads else t._lazy
+            reached = node is not None and node in grads
+            grad = grads[node] if node is not None and reached else t._const(0.0).uop
+            results.append(type(self)(grad, t.device))
+        return results
+
+    def backward(self, gradient: CoreTensor | None = None) -> Self:
+        """Add this tensor's gradient to `.grad` of every leaf (requires_grad=True) below it."""
+        if gradient is None and self.shape != ():
+            raise ValueError(f"backward() needs a scalar (shape ()) tensor, this one has shape "
+                             f"{self.shape}; pass gradient= for a non-scalar output")
+        root = graph_before_realize(self._lazy or self.uop, AUTOGRAD.graph_behind)
+        in_graph = reachable_by_gradient(root)
+        targets = [t for t in list(AUTOGRAD.leaves.values())
+                   if t.uop in in_graph or (t._lazy is not None and t._lazy in in_graph)]
+        if not targets:
+            raise RuntimeError("backward(): no tensor with requires_grad=True in this graph "
+                               "(gradients stop at detach(), no_grad and comparisons)")
+        for target, grad in zip(targets, self.gradient(*targets, gradient=gradient)):
+            target.grad = grad if target.grad is None else target.grad + grad
+        AUTOGRAD.losses[id(self)] = self
+        return self
+
+    def assign(self, value: Any) -> Self:
+        """Replace this tensor's value (the graph of `value` is computed when realized)."""
+        if not isinstance(value, CoreTensor):
+            value = type(self)(value, self.device, dtype=self.dtype)
+        if value.shape != self.shape or value.dtype != self.dtype or value.device != self.device:
+            raise ValueError(f"assign: {value.shape} {value.dtype} on {value.device} does not "
+                             f"match {self.shape} {self.dtype} on {self.device}")
+        target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
+        if is_contiguous_buffer(target) and value.uop is not target:
+            # write into the existing buffer: whoever holds it (a JIT, an optimizer) sees it
+            self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value.uop))
+        else:
+            self.uop = value.uop
+        self._lazy = None
+        return self
+
+    def __iter__(self) -> Iterator[Self]:
+        return (self._row(i) for i in range(len(self)))
+
+    def _row(self, i: int) -> Self:
+        """self[i] for an int i, from a shrink and a reshape."""
+        bounds: list[tuple[int, int] | None] = [None] * self.ndim
+        bounds[0] = (i, i + 1)
+        return self.shrink(bounds).reshape(self.shape[1:])
+
+    def __bool__(self) -> bool:
+        raise TypeError("the truth value of a Tensor is ambiguous; use .item(), .any() or .all()")
+
+    # ---- casts by name: last in the class, because below these definitions the names
+    # `float`, `int` and `bool` mean the methods, not the types (for type checkers) ----
+
+    def float(self) -> Self:
+        return self.cast(dtypes.float32)
+
+    def half(self) -> Self:
+        return self.cast(dtypes.float16)
+
+    def double(self) -> Self:
+        return self.cast(dtypes.float64)
+
+    def int(self) -> Self:
+        return self.cast(dtypes.int32)
+
+    def long(self) -> Self:
+        return self.cast(dtypes.int64)
+
+    def bool(self) -> Self:
+        return self.cast(dtypes.bool)
+
+
+# ---- helpers used above ----
+
+def _still_lazy(tensors: list[CoreTensor]) -> list[CoreTensor]:
+    """The tensors to compute (those not yet a buffer), and with them every unrealized loss
+    that reads a buffer one of them assigns to: it must be computed in the same schedule,
+    before the assign overwrites what it reads."""
+    pending = [t for t in tensors if not is_contiguous_buffer(t.uop)]
+    targets = {node.src[0] for t in pending for node in t.uop.toposort if node.op is Ops.ASSIGN}
+    if not targets:
+        return pending
+    chosen = {id(t) for t in pending}
+    for loss in list(AUTOGRAD.losses.values()):
+        if id(loss) in chosen or is_contiguous_buffer(loss.uop):
+            continue
+        if any(node in targets for node in loss.uop.toposort):
+            pending.append(loss)
+    return pending
+
+
+def _shape_from_maybe_negative(args: tuple[Any, ...]) -> tuple[int, ...]:
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        args = tuple(args[0])
+    return tuple(int(s) for s in args)
+
+
+def scalar_dtype(tensor_dtype: DType, value: Any) -> DType:
+    """A Python scalar adapts to the tensor: int*2 stays int, int*0.5 becomes float."""
+    if isinstance(value, bool):
+        return tensor_dtype
+    if isinstance(value, int):
+        return tensor_dtype if tensor_dtype != dtypes.bool else dtypes.default_int
+    return tensor_dtype if dtypes.is_float(tensor_dtype) else dtypes.default_float
+
+
+def padding_pairs(padding: Sequence[Any], ndim: int) -> list[tuple[int, int]]:
+    """((before, after) per axis) from either form pad() takes."""
+    items = list(padding)
+    if all(isinstance(p, int) for p in items):  # PyTorch: (last_before, last_after, ...)
+        if len(items) % 2 or len(items) // 2 > ndim:
+            raise ValueError(f"flat padding {tuple(items)} needs an even count <= {2 * ndim}")
+        pairs = [(0, 0)] * ndim
+        for k in range(len(items) // 2):
+            pairs[ndim - 1 - k] = (items[2 * k], items[2 * k + 1])
+        return pairs
+    if len(items) != ndim:
+        raise ValueError(f"padding needs one (before, after) pair per axis ({ndim}), got {items}")
+    return [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in items]
+
+
+def sum_dtype(dtype: DType) -> DType:
+    """The dtype a sum accumulates in: at least 32 bits for integers and bools."""
+    if dtype.kind == "bool" or (dtype.kind == "int" and dtype.itemsize < 4):
+        return dtypes.int32
+    if dtype.kind == "uint" and dtype.itemsize < 4:
+        return dtypes.uint32
+    return dtype
+
+
+# ---- sliding windows from movement ops only: cumsum (arange), convolution and pooling ----
+
+CT = TypeVar("CT", bound=CoreTensor)  # pool returns the class it was given
+
+
+def pool(x: CT, kernel: Sequence[int], stride: Sequence[int] | None = None,
+         dilation: Sequence[int] | None = None) -> CT:
+    """Sliding windows over the last len(kernel) axes, with movement ops only.
+    Returns shape (..., out_1, ..., out_k, kernel_1, ..., kernel_k)."""
+    k = len(kernel)
+    stride = stride or (1,) * k
+    dilation = dilation or (1,) * k
+    leading = x.ndim - k
+    for position, (size, step, spread) in enumerate(zip(kernel, stride, dilation)):
+        axis = leading + 2 * position  # earlier axes have become (kernel, out) pairs
+        x = _windows_1d(x, axis, size, step, spread)
+    outs = [leading + 2 * i + 1 for i in range(k)]
+    kernels = [leading + 2 * i for i in range(k)]
+    return x.permute(list(range(leading)) + outs + kernels)
+
+
+def _windows_1d(x: CT, axis: int, kernel: int, stride: int, dilation: int) -> CT:
+    """Replace axis (size n) by (kernel, out): y[r, o] = x[r*dilation + o*stride].
+    Trick: repeat x with rows of length L+dilation; row r then starts r*dilation later."""
+    n = x.shape[axis]
+    span = dilation * (kernel - 1) + 1
+    if span > n:
+        raise ValueError(f"window of {kernel} (dilation {dilation}) does not fit in size {n}")
+    out = (n - span) // stride + 1
+    length = max(n, dilation * (kernel - 1) + out * stride)
+    before, after = x.shape[:axis], x.shape[axis + 1:]
+    rows = -(-kernel * (length + dilation) // length)
+    moved = x.pad([(0, 0)] * axis + [(0, length - n)] + [(0, 0)] * len(after))
+    repeated = moved.reshape(*before, 1, length, *after).expand(*before, rows, length, *after)
+    flat = repeated.reshape(*before, rows * length, *after)
+    diagonal = flat.shrink([None] * axis + [(0, kernel * (length + dilation))] +
+                           [None] * len(after)).reshape(*before, kernel, length + dilation, *after)
+    strided = diagonal.shrink([None] * (axis + 1) + [(0, out * stride)] + [None] * len(after))
+    strided = strided.reshape(*before, kernel, out, stride, *after)
+    picked = strided.shrink([None] * (axis + 2) + [(0, 1)] + [None] * len(after))
+    return picked.reshape(*before, kernel, out, *after)
+
+
+def _copy_back(grad: UOp, source: UOp) -> UOp:
+    return UOp(Ops.COPY, grad.dtype, (grad,), device_of(source, Device.DEFAULT))
+
+
+def _uop_from_data(data: Any, dtype: DType | None, device: str) -> UOp:
+    """Bring host data (list, numpy array) onto the device as a realized buffer."""
+    if isinstance(data, (list, tuple)):
+        array = np.array(data, dtype=(dtype or dtypes.from_py(data)).np)
+    elif isinstance(data, np.ndarray):
+        array = data if dtype is None else data.astype(dtype.np)
+        if dtype is None and array.dtype not in (np.float16, np.float32, np.float64):
+            dtypes.from_np(array.dtype)  # raises a clear error for unsupported dtypes
+    elif isinstance(data, bytes):
+        array = np.frombuffer(data, dtype=np.uint8)
+    else:
+        raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
+    shape = array.shape  # (np.ascontiguousarray turns a 0-d array into shape (1,))
+    array = np.ascontiguousarray(array)
+    buffer = Buffer(device, array.size, dtypes.from_np(array.dtype)).copyin(array.reshape(-1))
+    return UOp(Ops.BUFFER, buffer.dtype, (), buffer).reshape(shape)
