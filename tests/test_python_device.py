@@ -199,6 +199,28 @@ def test_a_few_training_steps_match_numpy(heuristic_reads_the_renderer):
     np.testing.assert_allclose(losses("PYTHON"), losses("NUMPY"), rtol=1e-5)
 
 
+def test_fuzzed_graphs_with_group_reductions_match_numpy(heuristic_reads_the_renderer,
+                                                        monkeypatch):
+    """The differential fuzzer's graphs are small: with the heuristic's thresholds lowered,
+    most of their reductions become group reductions (a fixed-seed slice)."""
+    from fuzz_graphs import fuzz
+
+    import tinyteach.opt as opt
+    monkeypatch.setattr(opt, "GROUP_MIN_REDUCE", 2)
+    monkeypatch.setattr(opt, "GROUP_THREADS", 4)
+    monkeypatch.setattr(opt, "_chosen", {})
+    chosen: list[KernelOptions] = []
+    choose = opt._choose
+
+    def counting(*args):
+        chosen.append(choose(*args))
+        return chosen[-1]
+    monkeypatch.setattr(opt, "_choose", counting)
+    report = fuzz(40, ["PYTHON"], seed=4242)
+    assert report.ok(), "\n\n".join(report.failures[:3])
+    assert sum(1 for options in chosen if options.group) >= 10
+
+
 # ---- the checks fire on kernels broken on purpose ----
 
 def _global(number: int, size: int) -> UOp:
