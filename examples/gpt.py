@@ -1,6 +1,6 @@
 """Train a small character-level GPT on the standard library's docstrings, then sample from it.
 
-    python examples/gpt.py                      # ~0.8M parameters, 150 steps (a few minutes)
+    python examples/gpt.py                      # ~0.8M parameters, 250 steps (a few minutes)
     python examples/gpt.py --steps 20 --sample-length 200
     python examples/gpt.py --load gpt.safetensors --steps 0 --prompt "Return the"
 
@@ -128,7 +128,7 @@ def load(path: str) -> GPT:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--device", default=None, help="CPU, NUMPY, OPENCL, ... (default: best)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--block-size", type=int, default=64)
