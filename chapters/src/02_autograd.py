@@ -223,13 +223,16 @@ viz.graph(w.grad)
 # %% [markdown] id="autograd-21"
 # ## Stopping gradients: `no_grad` and `detach()`
 #
-# Inside `with Tensor.no_grad:` nothing records gradients (use it for evaluation and for
-# optimizer updates). `detach()` makes a tensor that has the same value but passes no
-# gradient: here `x * x.detach()` has gradient `x`, not `2x`, because only one factor counts.
+# `Tensor.no_grad` is tinygrad's switch, a plain `bool`: while it is `True`, nothing made
+# records gradients (use it for evaluation and for optimizer updates). `Tensor.no_grad = True`
+# turns it on until you set it back; `with Tensor.test():` (tinygrad's name; PyTorch's is
+# `torch.no_grad()`) turns it on for one block and then restores it. `detach()` makes a
+# tensor that has the same value but passes no gradient: here `x * x.detach()` has gradient
+# `x`, not `2x`, because only one factor counts.
 
 # %% id="autograd-22"
 x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
-with Tensor.no_grad:
+with Tensor.test():
     frozen = x * 2
 print("made under no_grad requires_grad:", frozen.requires_grad)
 
@@ -246,6 +249,58 @@ try:
     (x.detach() * 3).sum().backward()
 except RuntimeError as error:
     print("RuntimeError:", error)
+
+# %% [markdown] id="autograd-34"
+# ## Who gets a gradient: three states of `requires_grad`
+#
+# As in tinygrad, `requires_grad` is `True`, `None` or `False`. `True` marks a *leaf*:
+# `backward()` adds to its `.grad`. `None`, the default, gets no `.grad`, but an optimizer
+# that is handed the tensor turns it into `True` (so `nn` layers need not mark their
+# weights). `False` is never trained (BatchNorm's running statistics). A result is `True` if a
+# source is, `False` if every source is, else `None`. `Tensor.gradient(*targets)` differentiates
+# with respect to any tensors, of any state, and returns the gradients without touching
+# `.grad` (PyTorch's `torch.autograd.grad`); a target the gradient does not reach gets zeros.
+
+# %% id="autograd-35"
+w = Tensor([1.0, -2.0, 0.5], requires_grad=True)
+data = Tensor([3.0, 1.0, 2.0])                     # None: the default
+stats = Tensor([0.0, 0.0, 0.0], requires_grad=False)
+print("results:", (w * data).requires_grad, (data * 2).requires_grad, (stats * 2).requires_grad)
+
+loss = (w * data).sum()
+dw, ddata, dstats = loss.gradient(w, data, stats)
+assert np.array_equal(dw.numpy(), data.numpy()) and np.array_equal(ddata.numpy(), w.numpy())
+assert np.array_equal(dstats.numpy(), np.zeros(3))
+print("gradient() left .grad alone:", w.grad, data.grad)
+
+loss.backward()
+print("backward() filled the leaf only:", w.grad.tolist(), data.grad)
+
+# %% [markdown] id="autograd-36"
+# What autograd remembers between calls is one object, `AUTOGRAD` (an `AutogradState` in
+# [`tensor_core.py`](../tinyteach/tensor_core.py)), whose docstring states how its maps and
+# each tensor's own fields stay consistent: the leaves `backward()` fills, the lazy graph
+# behind each realized tensor on a path to a leaf (so gradients still pass through a tensor
+# realized half-way), and the losses that must be computed before an optimizer's step
+# overwrites what they read. The gradient rules themselves are one table,
+# `gradient.GRADIENT_RULES`: op → function of (gradient of the node, node). Each rule matches
+# on the op alone, so a dict is the whole pattern matcher; tinygrad writes the same table as
+# `pm_gradient`, a `PatternMatcher` of `UPat(op)` → rule.
+#
+# `contiguous_backward()` is the one tensor that is a no-op forward and a cut backward: its
+# value is its input's, and the gradient that flows through it is computed into a buffer of
+# its own (a `CONTIGUOUS` node in the backward graph only), which splits a long backward
+# graph into kernels.
+
+# %% id="autograd-37"
+x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+loss = (x.contiguous_backward() * x).sum()
+(dx,) = loss.gradient(x)
+ops_forward = {node.op.name for node in loss.uop.toposort}
+ops_backward = {node.op.name for node in dx.uop.toposort}
+print("CONTIGUOUS in forward:", "CONTIGUOUS" in ops_forward,
+      "in backward:", "CONTIGUOUS" in ops_backward)
+assert np.array_equal(dx.numpy(), 2 * x.numpy())
 
 # %% [markdown] id="autograd-25"
 # ## Try it
