@@ -52,7 +52,9 @@ print(pretty(expression))
 # `Ops` has more members than the backend contract: `CONTIGUOUS`, `DETACH` and `ASSIGN` shape
 # the graph for the Tensor layer; `SINK`, `STORE` and `DEFINE_GLOBAL` frame a kernel's AST as
 # soon as the scheduler makes it (chapter 6: `SINK(STORE(DEFINE_GLOBAL 0, value))`); and
-# `RANGE`, `LOAD`, `DEFINE_ACC`… appear only in lowered kernels (chapter 7). What a backend must implement is `PRIMITIVE_OPS`:
+# `RANGE`, `LOAD`, `DEFINE_ACC`… appear only in lowered kernels (chapter 7), and `DEFINE_LOCAL`,
+# `SPECIAL`, `BARRIER` only in GPU kernels (chapter 8b). What a backend must implement is
+# `PRIMITIVE_OPS`:
 
 # %% id="ir-07"
 print(len(Ops), "ops in all;", len(PRIMITIVE_OPS), "primitive:")
