@@ -315,11 +315,14 @@ class CStyleRenderer:
     # ---- ALU ops: the table ----
 
     def code(self, op: Ops) -> CodeForOp:
+        """The table's entry for `op` (a clear error when the language has none)."""
         if op not in self.code_for_op:
             raise NotImplementedError(f"code_for_op has no entry for {op.name}")
         return self.code_for_op[op]
 
     def alu(self, node: UOp, operands: list[str]) -> str:
+        """An ALU node's expression: its entry's snippet, brought back into range when the
+        language computes a narrow dtype in a wider one."""
         if node.dtype.count > 1:
             return self.vector_alu(node.op, node.dtype, node.src, operands)
         expression = self.code(node.op)(self, operands, [s.dtype for s in node.src], node.dtype)
