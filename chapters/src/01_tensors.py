@@ -12,15 +12,16 @@
 # - broadcasting and dtype promotion happen once, in the Tensor layer, before the graph is built;
 # - indexing is made of movement ops, and random numbers come from an integer hash.
 #
-# **Where it lives:** [`tinyteach/tensor.py`](../tinyteach/tensor.py) (the core: the lazy
-# graph, the primitive elementwise and movement ops, `backward`),
-# [`tinyteach/dtype.py`](../tinyteach/dtype.py) (dtypes and promotion),
-# [`tinyteach/indexing.py`](../tinyteach/indexing.py) (`t[...]`), and the rest of the API,
-# composed from the core, in the classes `Tensor` inherits:
+# **Where it lives:** [`tinyteach/tensor_core.py`](../tinyteach/tensor_core.py) (the core:
+# the lazy graph, the primitive elementwise, movement and reduction ops, `backward`),
+# [`tinyteach/dtype.py`](../tinyteach/dtype.py) (dtypes and promotion), and the rest of the
+# API in layers, each a class that inherits the one before it and uses only what is below it:
 # [`tensor_create.py`](../tinyteach/tensor_create.py) (`ones`, `arange`, random numbers),
 # [`tensor_movement.py`](../tinyteach/tensor_movement.py) (`transpose`, `cat`, `split`),
-# [`tensor_math.py`](../tinyteach/tensor_math.py) (`exp`, `relu`, `sum`, `mean`) and
-# [`tensor_nn.py`](../tinyteach/tensor_nn.py) (matmul, `conv2d`, `softmax`, losses).
+# [`tensor_math.py`](../tinyteach/tensor_math.py) (`exp`, `relu`, `mean`, `cumsum`),
+# [`tensor_nn.py`](../tinyteach/tensor_nn.py) (matmul, `conv2d`, `softmax`, losses) and
+# [`indexing.py`](../tinyteach/indexing.py) (`t[...]`).
+# [`tinyteach/tensor.py`](../tinyteach/tensor.py) assembles them into `Tensor`.
 
 # %% id="tensors-02"
 import numpy as np
