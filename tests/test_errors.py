@@ -306,7 +306,8 @@ def test_kernel_that_fails_to_compile_shows_the_message_and_line(monkeypatch):
     clang's) message and the offending source line, and the process carries on."""
     renderer = Device["CPU"].renderer
     monkeypatch.setitem(renderer.code_for_op, Ops.ADD,
-                        lambda a, b, dtype: f"({a} +* {b} @)")
+                        lambda renderer, operands, operand_dtypes, dtype:
+                        "({} +* {} @)".format(*operands))
     a = Tensor(np.arange(7.0, dtype=np.float32), device="CPU")
     with pytest.raises(CompileError) as info:
         (a + 3.25).exp2().numpy()  # a kernel no other test builds, so it is not cached
