@@ -25,9 +25,6 @@ NOT_DONE = {
     # realize() (tensor.py) schedules and runs in one step; tinygrad's schedule() hands the
     # tensors their output buffers before anything runs, which needs that step split in two
     "schedule", "schedule_with_vars",
-    # nn.optim: low-rank projected Adam (random projections refreshed every 200 steps); not
-    # built yet
-    "APOLLO",
     # nn.state: the GGUF format of llama.cpp with its quantized block types; out of scope
     "gguf_load",
 }

@@ -437,3 +437,96 @@ def test_bad_hyperparameters_are_refused(make: Callable[[list[Tensor]], Any],
                                          message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make([Tensor([1.0])])
+
+
+# ---- APOLLO ----
+
+class NumpyAPOLLO:
+    """APOLLO (Zhu et al., 2024, Algorithm 1, with tinygrad's choices: channel scaling, the
+    1.01 norm-growth limiter, decay applied to the updated weights) in float64 numpy. The
+    random projection is the one the tinyteach optimizer drew (read from its state)."""
+
+    def __init__(self, params: list[np.ndarray], ours: Any, lr: float, weight_decay: float,
+                 scale_type: str, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6):
+        self.params, self.ours, self.lr, self.wd = params, ours, lr, weight_decay
+        self.scale_type, self.b1, self.b2, self.eps, self.t = scale_type, b1, b2, eps, 0
+        self.m: list[Any] = [None] * len(params)
+        self.v: list[Any] = [None] * len(params)
+        self.previous_norm: list[float] = [0.0] * len(params)
+
+    def moments(self, i: int, g: np.ndarray) -> np.ndarray:
+        m = self.m[i] if self.m[i] is not None else np.zeros_like(g)
+        v = self.v[i] if self.v[i] is not None else np.zeros_like(g)
+        self.m[i] = self.b1 * m + (1 - self.b1) * g
+        self.v[i] = self.b2 * v + (1 - self.b2) * g * g
+        return self.m[i] / (np.sqrt(self.v[i]) + self.eps)
+
+    def direction(self, i: int, g: np.ndarray) -> np.ndarray:
+        if g.ndim != 2:
+            return self.moments(i, g)
+        right = g.shape[0] >= g.shape[1]
+        projection = self.ours.projs[self.ours.proj_index[i]].numpy().astype(np.float64)
+        low = g @ projection.T if right else projection.T @ g
+        step = self.moments(i, low)
+        if self.scale_type == "tensor":
+            scaling = np.linalg.norm(step) / (np.linalg.norm(low) + 1e-8)
+        else:
+            axis = 1 if right else 0
+            scaling = np.linalg.norm(step, axis=axis) / (np.linalg.norm(low, axis=axis) + 1e-8)
+            scaling = scaling[:, None] if right else scaling[None, :]
+        direction = g * scaling
+        norm = np.linalg.norm(direction)
+        if self.t > 1:
+            limiter = max(norm / (self.previous_norm[i] + 1e-8), 1.01) / 1.01
+            direction, norm = direction / limiter, norm / limiter
+        self.previous_norm[i] = norm
+        return direction
+
+    def step(self, grads: list[np.ndarray]) -> None:
+        self.t += 1
+        step_size = self.lr * np.sqrt(1 - self.b2 ** self.t) / (1 - self.b1 ** self.t)
+        for i, g in enumerate(grads):
+            updated = self.params[i] - step_size * self.direction(i, g)
+            self.params[i] = updated * (1 - self.lr * self.wd)
+
+
+@pytest.mark.parametrize("options", [dict(scale_type="channel", weight_decay=0.0),
+                                     dict(scale_type="tensor", weight_decay=0.1)], ids=str)
+def test_apollo_against_numpy(device: str, options: dict[str, Any]) -> None:
+    """A wide and a tall matrix (projected to rank 2 on their smaller side) and a vector (plain
+    Adam moments), five steps, parameters compared after each."""
+    rng = np.random.default_rng(6)
+    shapes = [(3, 5), (6, 3), (4,)]
+    values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    ours = [Tensor(v, device=device) for v in values]
+    optimizer = nn.optim.APOLLO(ours, lr=0.05, rank=2, **options)
+    assert [p.shape for p in optimizer.projs] == [(3, 2), (2, 3)]
+    reference = NumpyAPOLLO([v.astype(np.float64) for v in values], optimizer, lr=0.05,
+                            **options)
+    with Tensor.train():
+        for step in range(5):
+            grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+            for param, grad in zip(ours, grads):
+                param.grad = Tensor(grad, device=device)
+            optimizer.step()
+            reference.step([g.astype(np.float64) for g in grads])
+            for k, (o, t) in enumerate(zip(ours, reference.params)):
+                np.testing.assert_allclose(o.numpy(), t, atol=2e-5, rtol=1e-4,
+                                           err_msg=f"parameter {k} after step {step + 1}")
+
+
+def test_apollo_redraws_its_projection_every_gap_steps() -> None:
+    param = Tensor(np.ones((4, 6), dtype=np.float32))
+    optimizer = nn.optim.APOLLO([param], rank=2, update_proj_gap=2)
+    seen = []
+    with Tensor.train():
+        for _ in range(4):
+            param.grad = Tensor(np.ones((4, 6), dtype=np.float32))
+            optimizer.step()
+            seen.append(optimizer.projs[0].numpy())
+    np.testing.assert_array_equal(seen[0], seen[1])
+    np.testing.assert_array_equal(seen[2], seen[3])
+    assert not np.allclose(seen[1], seen[2])
+    assert abs(np.concatenate(seen).std() * np.sqrt(2) - 1) < 0.5  # N(0, 1) / sqrt(rank)
+    with pytest.raises(ValueError, match="random"):
+        nn.optim.APOLLO([param], proj="svd")

@@ -15,7 +15,7 @@ What this teaches:
   `get_parameters(model)`) so `step()` realizes them together with the weights.
 
 Builds on: tensor.py. Used by: nn.optim, nn.state, the training examples.
-Submodules: `nn.optim` (SGD, LARS, Muon, Adam, AdamW, LAMB), `nn.state` (state dicts,
+Submodules: `nn.optim` (SGD, LARS, Muon, Adam, AdamW, LAMB, APOLLO), `nn.state` (state dicts,
 safetensors, PyTorch checkpoints, tar files), `nn.datasets` (MNIST, digits).
 
 >>> from tinyteach import Tensor, nn

@@ -13,6 +13,7 @@ What this teaches:
   SGD      g = grad + wd*p;  b = mu*b + g;  g = g + mu*b (nesterov) or b;      p -= lr*g
   LARS     SGD with a trust ratio r = tcoef*|p| / (|g| + wd*|p|) per parameter tensor
   Muon     b = mu*b + g;  g = g + mu*b;  g = newton_schulz(g);  p = p*(1 - lr*wd) - lr*g
+  APOLLO   Adam's moments of a random rank-r projection of g set a per-channel scale for g
   Adam     m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
            m_hat = m / (1-b1^t);  v_hat = v / (1-b2^t);  u = m_hat / (sqrt(v_hat) + eps)
   AdamW    p -= lr * (u + wd*p)                   (decay decoupled from the moments)
@@ -35,6 +36,7 @@ Builds on: tensor.py. Used by: training loops and jit tests.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from tinyteach.dtype import dtypes
@@ -327,3 +329,149 @@ def AdamW(params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9,
           b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.01) -> LAMB:
     """AdamW (Loshchilov and Hutter, 2017): Adam with decoupled weight decay."""
     return LAMB(params, lr, b1, b2, eps, weight_decay, adam=True)
+
+
+class APOLLO(Optimizer):
+    """APOLLO (Zhu et al., 2024): AdamW's memory cut to a low-rank sketch, tinygrad's version.
+
+    A matrix gradient g (m, n) is projected to rank r by a random Gaussian matrix P (scaled by
+    1/sqrt(r), redrawn every `update_proj_gap` steps): R = g @ P.T (r columns) or P.T @ g
+    (r rows), whichever side is smaller for proj_type="std". Adam's moments are kept for R only,
+    and the Adam step of R says by how much to scale g, per channel (row or column norms of
+    the step over those of R) or for the whole tensor:
+        s = |adam(R)| / (|R| + 1e-8);   step = g * s * sqrt(scale)
+    The norm-growth limiter caps |step| at 1.01 times the last one. With bias correction,
+    step_size = lr * sqrt(1 - b2^t) / (1 - b1^t), and p <- (p - step_size*step) * (1 - lr*wd)
+    (tinygrad writes this as up + lr*wd*(p - up)). Tensors that are not matrices get AdamW's
+    update from full moments. Only proj="random" exists (as in tinygrad)."""
+
+    def __init__(self, params: Sequence[Tensor], lr: float | Tensor = 0.001, b1: float = 0.9,
+                 b2: float = 0.999, eps: float = 1e-6, weight_decay: float = 0.0,
+                 rank: int = 256, proj: str = "random", scale_type: str = "channel",
+                 scale: float = 1.0, update_proj_gap: int = 200, proj_type: str = "std",
+                 scale_front: bool = False, disable_nl: bool = False, correct_bias: bool = True):
+        _check_apollo_options(b1, b2, eps, weight_decay, rank, scale, update_proj_gap, proj,
+                              scale_type, proj_type)
+        super().__init__(params, lr)
+        self.b1, self.b2, self.eps, self.wd, self.rank = b1, b2, eps, weight_decay, rank
+        self.scale_type, self.scale, self.update_proj_gap = scale_type, scale, update_proj_gap
+        self.proj_type, self.scale_front, self.disable_nl = proj_type, scale_front, disable_nl
+        self.correct_bias = correct_bias
+        self.step_t = _state(Tensor.zeros(1, dtype=dtypes.int32, device=self.device))
+        self.beta_powers = _vector_state([1.0, 1.0], self.device)
+        self.betas = _vector_state([b1, b2], self.device)
+        shapes = [self._state_shape(p.shape) for p in self.params]
+        self.m = [_state(Tensor.zeros(*s, device=self.device)) for s in shapes]
+        self.v = [_state(Tensor.zeros(*s, device=self.device)) for s in shapes]
+        self.projs = [_state(Tensor.zeros(*self._proj_shape(p.shape), device=self.device))
+                      for p in self.params if p.ndim == 2]
+        self.proj_index = {i: k for k, i in enumerate(i for i, p in enumerate(self.params)
+                                                      if p.ndim == 2)}
+        self.scaled_grad = [_state(Tensor.zeros(1, device=self.device)) for _ in self.params]
+
+    # ---- shapes: which side is projected ----
+
+    def _right(self, shape: tuple[int, ...]) -> bool:
+        """Project the columns (g @ P.T) rather than the rows (P.T @ g)?"""
+        if self.proj_type in ("right", "left"):
+            return self.proj_type == "right"
+        return (shape[0] >= shape[1]) == (self.proj_type == "std")
+
+    def _rank(self, shape: tuple[int, ...]) -> int:
+        return min(self.rank, shape[0], shape[1])
+
+    def _state_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if len(shape) != 2:
+            return shape
+        return (shape[0], self._rank(shape)) if self._right(shape) else (self._rank(shape),
+                                                                         shape[1])
+
+    def _proj_shape(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        return (self._rank(shape), shape[1]) if self._right(shape) else (shape[0],
+                                                                         self._rank(shape))
+
+    # ---- one step ----
+
+    def _update(self, indices: list[int]) -> list[Tensor]:
+        self.step_t.assign(self.step_t + 1)
+        first, refresh = self.step_t == 1, ((self.step_t - 1) % self.update_proj_gap) == 0
+        self.beta_powers.assign(self.beta_powers * self.betas)
+        step_size = self.lr
+        if self.correct_bias:
+            step_size = self.lr * (1 - self.beta_powers[1]).sqrt() / (1 - self.beta_powers[0])
+        for i in indices:
+            g = self._gradient(i).cast(dtypes.float32)
+            if i in self.proj_index:
+                direction = self._low_rank_direction(i, g, first, refresh)
+            else:
+                direction = self._adam_direction(i, g)
+            up = step_size * direction
+            if self.wd > 0:
+                up = up + self.lr * self.wd * (self.params[i].detach() - up)
+            param = self.params[i]
+            param.assign((param.detach() - up).cast(param.dtype))
+        changed = [self.m[i] for i in indices] + [self.v[i] for i in indices]
+        changed += [self.projs[self.proj_index[i]] for i in indices if i in self.proj_index]
+        changed += [self.scaled_grad[i] for i in indices if i in self.proj_index]
+        return [self.step_t, self.beta_powers] + changed
+
+    def _adam_direction(self, i: int, g: Tensor) -> Tensor:
+        """m / (sqrt(v) + eps) from the moments of g (the bias correction is in step_size)."""
+        self.m[i].assign(self.b1 * self.m[i] + (1 - self.b1) * g)
+        self.v[i].assign(self.b2 * self.v[i] + (1 - self.b2) * (g * g))
+        return self.m[i] / (self.v[i].sqrt() + self.eps)
+
+    def _low_rank_direction(self, i: int, g: Tensor, first: Tensor, refresh: Tensor) -> Tensor:
+        right = self._right(g.shape)
+        proj = self.projs[self.proj_index[i]]
+        rank = proj.shape[0] if right else proj.shape[1]
+        fresh = Tensor.randn(*proj.shape, device=self.device) / math.sqrt(rank)
+        proj.assign(refresh.where(fresh, proj))
+        low = g @ proj.T if right else proj.T @ g
+        step = self._adam_direction(i, low)
+        direction = g * self._scaling(step, low, right)
+        if self.scale_front:
+            direction = direction * math.sqrt(self.scale)
+        if not self.disable_nl:
+            direction = self._limit_growth(i, direction, first)
+        if not self.scale_front:
+            direction = direction * math.sqrt(self.scale)
+        return direction
+
+    def _scaling(self, step: Tensor, low: Tensor, right: bool) -> Tensor:
+        """|step| / |low| per channel (rows when the columns were projected) or in total."""
+        if self.scale_type == "tensor":
+            return _norm(step) / (_norm(low) + 1e-8)
+        axis = 1 if right else 0
+        factor = _norm(step, axis) / (_norm(low, axis) + 1e-8)
+        return factor.unsqueeze(1) if right else factor
+
+    def _limit_growth(self, i: int, direction: Tensor, first: Tensor) -> Tensor:
+        """Scale the step down so its norm is at most 1.01 times the previous step's."""
+        norm = _norm(direction).reshape(1)
+        limiter = (norm / (self.scaled_grad[i] + 1e-8)).maximum(1.01) / 1.01
+        direction = first.where(direction, direction / limiter)
+        self.scaled_grad[i].assign(first.where(norm, norm / limiter))
+        return direction
+
+
+def _norm(t: Tensor, axis: int | None = None) -> Tensor:
+    return t.square().sum(axis).sqrt()
+
+
+def _check_apollo_options(b1: float, b2: float, eps: float, weight_decay: float, rank: int,
+                          scale: float, update_proj_gap: int, proj: str, scale_type: str,
+                          proj_type: str) -> None:
+    _check_non_negative(eps=eps, weight_decay=weight_decay, scale=scale)
+    for name, beta in (("b1", b1), ("b2", b2)):
+        if not 0 <= beta < 1:
+            raise ValueError(f"{name} must be in [0, 1), got {beta}")
+    if rank < 1 or update_proj_gap < 1:
+        raise ValueError(f"rank and update_proj_gap must be >= 1, got {rank} and "
+                         f"{update_proj_gap}")
+    if proj != "random":
+        raise ValueError(f"proj={proj!r}: only 'random' projections exist (as in tinygrad)")
+    if scale_type not in ("channel", "tensor"):
+        raise ValueError(f"scale_type must be 'channel' or 'tensor', got {scale_type!r}")
+    if proj_type not in ("std", "reverse_std", "left", "right"):
+        raise ValueError(f"proj_type must be std, reverse_std, left or right, got {proj_type!r}")
