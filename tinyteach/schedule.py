@@ -7,6 +7,9 @@ What this teaches:
   other (an elementwise node used by two kernels is simply recomputed in both — it is cheap);
 - a reduction must be stored in its own buffer when its result is broadcast back over the axes it
   reduced (softmax's max), feeds another reduction, or is needed by more than one kernel;
+- `assign` writes into a buffer that already exists, so every kernel reading its old value runs
+  first; when assigns read each other's old values (SGD over both `x` and `W` of `x @ W`), no
+  order works, and one old value is copied into a fresh buffer before anything is overwritten;
 - a very long chain of elementwise ops (`x = x + 1` in a loop of 100,000) is cut every
   `MAX_KERNEL_DEPTH` ops, so that no kernel's source grows too big to render and compile;
 - every cut and every fusion is written down in plain words (`ScheduleItem.boundary_reason`,
@@ -491,8 +494,10 @@ def schedule_graph(outputs: list[UOp], default_device: str) -> Schedule:
         ordered = _ready_first_order(_ordering_constraints(items))
         if len(ordered) == len(items):
             break
-        for node in _old_contents_to_copy(items, ordered, order):
-            realized[node] = OLD_CONTENTS_COPIED
+        to_copy = [n for n in _old_contents_to_copy(items, ordered, order) if n not in realized]
+        if not to_copy:  # (cannot happen: a copy is never waiting, so never stuck)
+            raise RuntimeError("cannot order this schedule, even with old values copied")
+        realized.update((node, OLD_CONTENTS_COPIED) for node in to_copy)
     becomes = {out: _buffer_node(buffer_of[out].alias() if out.op is Ops.ASSIGN else
                                  buffer_of[out], out) for out in outputs if out in buffer_of}
     return Schedule([items[k] for k in ordered], becomes, realized)
