@@ -295,15 +295,21 @@ assert plan_packing(matmul.ast, 16) is None  # 256x256 stays in cache: no packin
 # %% [markdown] id="lower-29"
 # The copy reads `b` row by row and writes panel after panel. The matmul's load of `b` becomes
 # `data2[gidx1*32768 + ridx0*32 + lane]`: the panel number, then 32 floats per row. In the
-# engine this happens on its own (on a CPU with vector registers):
+# engine this happens on its own (on a CPU with vector registers). One function builds the
+# schedule that runs, packing included (`realize.build_schedule`), and viz plans with it too, so
+# `viz.schedule` draws the packing kernel before anything has run:
 
 # %% id="lower-30"
 from tinyteach.realize import record_launches
 
+drawn = [line for line in viz.schedule(big1 @ big2).text.splitlines()
+         if line.startswith("kernel ")]
+print("\n".join(drawn))
 with record_launches() as launches:
     product = (big1 @ big2).numpy()
 print([launch.item.name for launch in launches])
 print(launches[0].item.boundary_reason)
+assert drawn == [f"kernel {n + 1}: {launch.item.name} on CPU" for n, launch in enumerate(launches)]
 np.testing.assert_allclose(product, big1.numpy() @ big2.numpy(), rtol=1e-4, atol=1e-3)
 
 # %% [markdown] id="lower-31"

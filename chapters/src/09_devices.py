@@ -247,7 +247,9 @@ assert {op.name for op in PRIMITIVE_OPS if op not in NUMPY_OPS} == {"BUFFER", "C
 # Compiling C costs tens of milliseconds, so the engine never does it twice:
 #
 # 1. **in memory**, runners are cached by kernel AST. New *data* with the same shapes gives the
-#    same AST (inputs are `DEFINE_GLOBAL`s, not values), so nothing is compiled again;
+#    same AST (inputs are `DEFINE_GLOBAL`s, not values), so nothing is compiled again. The cache
+#    keeps the 4,096 programs used most recently (an LRU cache, `realize.runner_cache`), and
+#    `tinyteach.clear_caches()` empties it and every other cache in memory;
 # 2. **on disk**, the compiled shared object is keyed by a hash of the source, the compiler and
 #    its flags, under `$TINYTEACH_CACHE` (default `~/.cache/tinyteach`): a new Python process
 #    reuses it.
@@ -260,6 +262,7 @@ x2 = Tensor(rng.standard_normal((8, 8)).astype(np.float32)).realize()  # new dat
 (x2.exp() * 3).sum(0).realize()
 print("runners compiled for the second call:", len(runner_cache) - cached_before)
 assert len(runner_cache) == cached_before
+assert runner_cache.limit == 4096
 
 # %% [markdown] id="dev-25"
 # The disk cache, in a fresh temporary directory so that we see it fill (the path is not
