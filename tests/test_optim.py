@@ -530,3 +530,34 @@ def test_apollo_redraws_its_projection_every_gap_steps() -> None:
     assert abs(np.concatenate(seen).std() * np.sqrt(2) - 1) < 0.5  # N(0, 1) / sqrt(rank)
     with pytest.raises(ValueError, match="random"):
         nn.optim.APOLLO([param], proj="svd")
+
+
+# tinygrad's signatures (nn/optim.py), less `device` and `fused` (FUSE_OPTIM), which tinyteach
+# does not have: its state lives on the parameters' device, one buffer per parameter
+TINYGRAD_SIGNATURES = {
+    "SGD": ["params", "lr", "momentum", "weight_decay", "nesterov", "classic"],
+    "Muon": ["params", "lr", "momentum", "weight_decay", "ns_steps", "ns_coefficients",
+             "nesterov"],
+    "LARS": ["params", "lr", "momentum", "weight_decay", "ns_steps", "ns_coefficients",
+             "nesterov", "classic", "pre_wd", "tcoef"],
+    "AdamW": ["params", "lr", "b1", "b2", "eps", "weight_decay"],
+    "Adam": ["params", "lr", "b1", "b2", "eps"],
+    "LAMB": ["params", "lr", "b1", "b2", "eps", "weight_decay", "adam"],
+    "APOLLO": ["params", "lr", "b1", "b2", "eps", "weight_decay", "rank", "proj", "scale_type",
+               "scale", "update_proj_gap", "proj_type", "scale_front", "disable_nl",
+               "correct_bias"],
+}
+TINYGRAD_DEFAULTS = {"SGD": dict(lr=0.001, momentum=0.0, weight_decay=0.0),
+                     "Muon": dict(lr=0.001, momentum=0.95, weight_decay=0.1, ns_steps=5),
+                     "LARS": dict(momentum=0.9, weight_decay=1e-4, tcoef=0.001, classic=True),
+                     "AdamW": dict(weight_decay=0.01, eps=1e-8), "LAMB": dict(eps=1e-6),
+                     "APOLLO": dict(rank=256, update_proj_gap=200, eps=1e-6)}
+
+
+@pytest.mark.parametrize("name", sorted(TINYGRAD_SIGNATURES))
+def test_optimizer_signatures_follow_tinygrad(name: str) -> None:
+    import inspect
+    parameters = inspect.signature(getattr(nn.optim, name)).parameters
+    assert list(parameters) == TINYGRAD_SIGNATURES[name]
+    for argument, default in TINYGRAD_DEFAULTS.get(name, {}).items():
+        assert parameters[argument].default == default, argument
