@@ -176,10 +176,12 @@ viz.schedule(q.scaled_dot_product_attention(k, v, is_causal=True))
 # Everything elementwise fused: the scale into the first product, the mask into the max and
 # the sum, `exp` and the division into the second product. What stops fusion are the softmax's
 # two **reductions**. The max over j must be complete before any `exp(s - max)` can be
-# computed, and the sum must be complete before anything is divided by it; a kernel of this
-# scheduler computes one reduction and then writes its output, so each of them ends a kernel
-# (chapter 6's rule: a reduction whose result is broadcast back is stored). And the scores
-# themselves are read by three kernels, so they go through memory: a (T, T) matrix per head.
+# computed, and the sum must be complete before anything is divided by it. A kernel of this
+# scheduler computes one reduction and writes its output, so each ends a kernel, with the
+# reasons printed above: the max is read by two later kernels (the sum and the second
+# product), and the sum feeds another reduction (the second product sums over j). And the
+# scores themselves are read by three kernels, so they go through memory: a (T, T) matrix
+# per head.
 
 # %% id="gpt-14"
 scores_item = primitive_items[1]
@@ -277,9 +279,9 @@ assert f"r_{config.heads}_{head_size}_{config.block_size}" in names   # weights 
 # %% [markdown] id="gpt-21"
 # With a symbolic length the same kernels would take the length as an argument: the loop over
 # keys would run `position + 1` times, the mask and the wasted tail would disappear, and one
-# compiled kernel would still serve every length. Here the waste is at most block_size / 2 on
-# average — small for a 32-token context, and the reason long-context inference engines want
-# symbolic (or paged) caches.
+# compiled kernel would still serve every length. Here, averaged over the positions, half of
+# the slots are wasted — little for a 32-token context, a lot for a long one, which is why
+# long-context inference engines want symbolic (or paged) caches.
 #
 # ## Training, briefly
 #
