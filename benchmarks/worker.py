@@ -79,9 +79,19 @@ def ms(seconds: float) -> float:
 def peak_rss_mb() -> float:
     """The most memory this worker process has held so far (its peak resident set, in MB of
     10^6 bytes): imports, data, the framework's caches and every step's tensors. Each
-    (framework, workload) has a process of its own, so this is the framework's own figure."""
-    kilobytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
-    return kilobytes * 1024 / 1e6
+    (framework, workload) has a process of its own, so this is the framework's own figure.
+
+    Read from /proc/self/status (VmHWM, the peak of this process's own memory), not from
+    getrusage: Linux carries ru_maxrss across exec, so a worker would report the peak of
+    run.py, which forked it while holding every workload's data."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 1e6  # kB (KiB) -> MB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # no /proc: KiB
 
 
 # ---- training steps ----
