@@ -184,13 +184,21 @@ class FastCompiler:
     def build(self, source: str, tier: str) -> Path | None:
         """A library of `source` built by `tier`, or None if that compiler refused it (the
         optimized build then reports the error)."""
-        output = self.directory() / f"{hashlib.sha256(source.encode()).hexdigest()[:32]}.so"
+        digest = hashlib.sha256(f"{tier}\n{source}".encode()).hexdigest()[:32]
+        output = self.directory() / f"{digest}.so"
+        if output.exists():  # never rewrite a library that may be loaded: the same one again
+            return output
+        temporary = output.with_suffix(f".{threading.get_ident()}.tmp")
         if tier == "tcc":
-            command = [str(self.tcc), "-shared", "-o", str(output), "-", "-lm"]
+            command = [str(self.tcc), "-shared", "-o", str(temporary), "-", "-lm"]
         else:
-            command = [*self.unoptimized, "-x", "c", "-", "-o", str(output), "-lm"]
+            command = [*self.unoptimized, "-x", "c", "-", "-o", str(temporary), "-lm"]
         result = subprocess.run(command, input=source, capture_output=True, text=True)
-        return output if result.returncode == 0 else None
+        if result.returncode != 0:
+            temporary.unlink(missing_ok=True)
+            return None
+        os.replace(temporary, output)
+        return output
 
     def directory(self) -> Path:
         if self._directory is None:
