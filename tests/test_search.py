@@ -228,3 +228,19 @@ def test_a_kernel_with_nothing_to_try_is_not_timed(searches):
         options = search.options_for(Device["CPU"], item.name, item.ast)
     assert options == search.heuristic_options(Device["CPU"], item.ast)
     assert kernel_value(item.ast).shape == () and searches == []
+
+
+def test_the_heuristic_reads_the_renderer_and_groups_on_python():
+    """search starts from what the device's renderer allows: the PYTHON emulator can share a
+    reduction across a work-group, the CPU cannot."""
+    x = Tensor(np.ones((4, 512), dtype=np.float32), device="PYTHON").sum(axis=1)
+    item = [i for i in create_schedule([x.uop], "PYTHON")[0] if i.kind == "kernel"][-1]
+    assert search.heuristic_options(Device["PYTHON"], item.ast).group > 0
+    assert search.heuristic_options(Device["CPU"], item.ast).group == 0
+
+
+def test_a_group_reductions_neighbours_are_other_groups_and_no_group():
+    found = search.neighbours(KernelOptions(group=16), (4, 512))
+    assert KernelOptions(group=8) in found and KernelOptions(group=32) in found
+    assert KernelOptions(group=16, group_combine="serial") in found
+    assert KernelOptions() in found and all(o != KernelOptions(group=16) for o in found)

@@ -66,8 +66,8 @@ from tinyteach.lower import lower
 from tinyteach.opt import (
     MAX_UPCAST_AXES,
     KernelOptions,
-    choose_options,
     kernel_value,
+    options_for_renderer,
     outer_loop_size,
 )
 from tinyteach.uop import Ops, UOp
@@ -84,17 +84,30 @@ SEARCH_VERSION = "1"       # bump when a cached choice should no longer be trust
 # ---- the candidates ----
 
 def heuristic_options(backend: Backend, ast: UOp) -> KernelOptions:
-    """What the hand-written heuristic (opt.py) would choose: the search's starting point."""
-    return choose_options(ast, backend.renderer.vector_width)  # floats per vector register
+    """What the hand-written heuristic (opt.py) would choose: the search's starting point.
+    It reads the device's renderer: its vector width, and whether it can group-reduce."""
+    return options_for_renderer(ast, backend.renderer)
 
 
 def neighbours(options: KernelOptions, shape: tuple[int, ...], body_nodes: int = 1) \
         -> list[KernelOptions]:
     """Every KernelOptions one step away: one axis's upcast factor changed (or removed), or
-    threads switched. Other fields of `options` are kept (`dataclasses.replace`)."""
+    threads switched. Other fields of `options` are kept (`dataclasses.replace`).
+    A group reduction takes no upcasts, vectors or threads: its neighbours are the other group
+    sizes, the other way to combine, and no group at all."""
+    if options.group:
+        return _group_changes(options)
     found = [*_upcast_changes(options, shape, body_nodes), _threads_switched(options),
              _vectors_off(options)]
     return [o for o in dedup(found) if o is not None and o != options and _is_valid(o, shape)]
+
+
+def _group_changes(options: KernelOptions) -> list[KernelOptions]:
+    """Half and twice the threads per group (4 to 256), the other combine, and no group."""
+    sizes = [size for size in (options.group // 2, options.group * 2) if 4 <= size <= 256]
+    other = "serial" if options.group_combine == "tree" else "tree"
+    return [*(dataclasses.replace(options, group=size) for size in sizes),
+            dataclasses.replace(options, group_combine=other), KernelOptions()]
 
 
 def _upcast_changes(options: KernelOptions, shape: tuple[int, ...],
