@@ -174,6 +174,7 @@ class FastCompiler:
         self.unoptimized = [compiler, *["-O0" if f == "-O2" else f for f in flags]]
         self.unoptimized_name = f"{Path(compiler).name} -O0"
         self._directory: Path | None = None
+        self._directory_lock = threading.Lock()  # made once, from whichever thread asks first
 
     def tier_for(self, source: str) -> str:
         """The name of the tier that builds `source`: "tcc" or "<cc> -O0"."""
@@ -201,10 +202,11 @@ class FastCompiler:
         return output
 
     def directory(self) -> Path:
-        if self._directory is None:
-            self._directory = Path(tempfile.mkdtemp(prefix="tinyteach-fast-tier-"))
-            atexit.register(shutil.rmtree, self._directory, True)
-        return self._directory
+        with self._directory_lock:
+            if self._directory is None:
+                self._directory = Path(tempfile.mkdtemp(prefix="tinyteach-fast-tier-"))
+                atexit.register(shutil.rmtree, self._directory, True)
+            return self._directory
 
 
 class OptimizedBuild:
@@ -377,6 +379,7 @@ class ClangStyleCompiler(Compiler):
                 assert library is not None
                 binaries[source] = TieredBinary(library, tier, build, self.optimized_tier)
         if queued:
+            _pending[:] = [future for future in _pending if not future.done()]
             _pending.append(background().submit(self._optimize, queued))
         return binaries
 
@@ -385,7 +388,7 @@ class ClangStyleCompiler(Compiler):
         def build_one(group: list[str], build: OptimizedBuild) -> None:
             try:
                 build.finish(self._compile("\n".join(group), background=True))
-            except CompileError as error:  # the fast tier's build keeps running
+            except (CompileError, OSError) as error:  # the fast tier's build keeps running
                 build.finish(None, str(error))
         with ThreadPoolExecutor(len(queued)) as pool:
             list(pool.map(lambda item: build_one(*item), queued))
