@@ -91,11 +91,11 @@ def inputs() -> list[Tensor]:
     return [Tensor(x.copy(), device="CPU").realize() for x in (a, b, i, j)]
 
 
-def launches_of(case: Case) -> tuple[list[Launch], Tensor]:
+def launches_of(case: Case, given: list[Tensor] | None = None) -> tuple[list[Launch], Tensor]:
     """The kernels of one case, built optimized (tiering off), and the result tensor."""
     build, _ = case
     with Context(CPU_TIERED=0), record_launches() as launches:
-        result = build(*inputs()).realize()
+        result = build(*(inputs() if given is None else given)).realize()
     kernels = [launch for launch in launches if launch.runner is not None]
     assert kernels
     return kernels, result
@@ -142,6 +142,28 @@ def test_special_values_are_bitwise_equal_on_every_tier(name: str) -> None:
                 assert on_tier.tobytes() == optimized.tobytes(), f"{name} differs on {tier}"
                 compared += 1
     assert compared > 0, f"no kernel of {name} could be tiered"
+
+
+# 64-bit integers that a conversion through double would round twice (2^60 + 2^36 + 1 becomes
+# 2^60 + 2^36 in double, then a tie that float32 rounds to even: 2^60; rounded once: 2^60 + 2^37)
+INT64S = np.array([2**60 + 2**36 + 1, -(2**60 + 2**36 + 1), 2**63 - 1, -2**63, 2**53 + 1,
+                   2**24 + 1, -(2**24 + 1), 0, -1, 2**62 + 2**38 + 1], dtype=np.int64)
+UINT64S = np.array([2**64 - 1, 2**63 + 2**39 + 1, 2**63, 2**53 + 1, 2**63 + 2**11 + 1, 0, 1,
+                    2**32 + 1, 2**60 + 2**36 + 1, 2**64 - 2**40 - 1], dtype=np.uint64)
+
+
+@pytest.mark.parametrize("values", [INT64S, UINT64S], ids=["int64", "uint64"])
+@pytest.mark.parametrize("target", [dtypes.float32, dtypes.float64], ids=["float", "double"])
+def test_64_bit_integers_convert_alike_on_every_tier(values: np.ndarray, target) -> None:
+    case: Case = (lambda x: (x + 0).cast(target), None)
+    kernels, result = launches_of(case, [Tensor(values.copy(), device="CPU").realize()])
+    np.testing.assert_array_equal(result.numpy(), values.astype(target.np))  # rounded once
+    for launch in kernels:
+        optimized = launch.buffers[0].numpy().view(np.uint8)
+        for tier in fast_tiers():
+            on_tier = run_on_tier(launch, tier)
+            if on_tier is not None:
+                assert on_tier.tobytes() == optimized.tobytes(), f"differs on {tier}"
 
 
 def test_reordering_kernels_skip_the_fast_tier() -> None:
