@@ -197,3 +197,15 @@ def test_a_build_runs_the_cells_in_chapters_with_the_books_vector_width(tmp_path
     monkeypatch.delenv("CPU_VECTOR_WIDTH")
     with pytest.raises(SystemExit, match="16-lane CPU"):
         book.build("99_test")
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_nbval_markers_are_written_as_nbval_reads_them(name: str):
+    """nbval acts on a comment only when it is exactly a marker: `# NBVAL_IGNORE_OUTPUT: why`
+    is silently an ordinary comment. The reason goes on the next line."""
+    from nbval.plugin import comment_markers
+    comments = [line.strip().lstrip("#").strip() for source in code_cells(f"{name}.ipynb")
+                for line in source.splitlines() if line.strip().startswith("#")]
+    misspelt = [comment for comment in comments
+                if comment.startswith("NBVAL") and comment not in comment_markers]
+    assert misspelt == []

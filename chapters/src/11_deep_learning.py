@@ -522,7 +522,8 @@ print(f"float16 spacing at 1024: {np.spacing(np.float16(1024))}; "
 assert relative_error(in_half) > 1e-2 and relative_error(in_float) < 1e-3
 
 # %% id="dl-54"
-# NBVAL_IGNORE_OUTPUT  (the answer changes when the CPU bug is fixed)
+# NBVAL_IGNORE_OUTPUT
+# (the answer changes when the CPU bug is fixed)
 from tinyteach.device import CompileError
 
 try:

@@ -311,7 +311,8 @@ print(Tensor([1.0, 4.0, 9.0], device="STUDENT").sqrt().numpy())
 # on your device and on the reference NUMPY device: the accuracies must agree within one percentage point.
 
 # %% id="ex-a-train-run" tags=["skip-when-grading"]
-# NBVAL_IGNORE_OUTPUT: the accuracy it prints can differ in the last digit on another CPU
+# NBVAL_IGNORE_OUTPUT
+# the accuracy it prints can differ in the last digit on another CPU
 # (vector math); the next cell checks the verdict
 report_a = grade(StudentInterpreter, train=True)
 report_a
@@ -599,7 +600,8 @@ print(len(launches), "kernel")
 print(launches[-1].runner.source)
 
 # %% id="ex-b-train-run" tags=["skip-when-grading"]
-# NBVAL_IGNORE_OUTPUT: the accuracy it prints can differ in the last digit on another CPU
+# NBVAL_IGNORE_OUTPUT
+# the accuracy it prints can differ in the last digit on another CPU
 # (-march=native); the next cell checks the verdict
 report_b = grade(StudentCompiled, train=True)
 report_b
