@@ -41,7 +41,7 @@ import weakref
 
 from tinyteach.device import Buffer
 from tinyteach.dtype import dtypes
-from tinyteach.realize import runner_cache, get_runner
+from tinyteach.realize import get_runner, runner_cache
 from tinyteach.schedule import create_schedule
 
 # %% [markdown] id="dev-03"
