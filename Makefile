@@ -111,6 +111,7 @@ endef
 system-deps:
 	$(call apt_install,clang,command -v clang >/dev/null 2>&1,clang)
 	@command -v gcc >/dev/null 2>&1 || echo "==> warning: gcc not found; the CPU device needs a C compiler (set CC)"
+	$(call apt_install,tcc (the CPU device's fast first tier),command -v tcc >/dev/null 2>&1,tcc)
 	$(call apt_install,graphviz and chromium,command -v dot >/dev/null 2>&1 && \
 	  command -v chromium >/dev/null 2>&1,graphviz chromium)
 	$(call apt_install,Debian's pocl (OPENCL),ls /etc/OpenCL/vendors/pocl.icd >/dev/null 2>&1,\
