@@ -17,6 +17,12 @@ What this teaches:
   its output loops are loops over groups (kind 'w'), each thread (`SPECIAL` lidx0) sums a
   strided slice of the reduced axis, and the partial sums meet in shared memory
   (`DEFINE_LOCAL`), separated by `BARRIER`s, combined by a tree or by thread 0.
+- with a local tile (opt.py, GPU devices), a matmul-like kernel gives each tile of outputs a
+  work-group, thread (lidx1, lidx0) computing output (row, column) of the tile. The reduction
+  is two loops: over steps of the tile size (`ridx0`), in which every thread copies one element
+  of X and one of Y into shared memory, then a barrier, then the sum of a row of the one tile
+  times a column of the other (`ridx1`). A barrier at the top of each step keeps the copies of
+  the next step from overwriting what slower threads still read.
 
 The result, a `LinearProgram`, is what every renderer (chapter 8) turns into source code.
 
@@ -54,9 +60,11 @@ from tinyteach.helpers import NOOPT
 from tinyteach.opt import (
     NO_OPTIONS,
     KernelOptions,
+    TilePlan,
     can_group_reduce,
     choose_options,
     index_value,
+    local_tile_plan,
 )
 from tinyteach.rewrite import graph_rewrite, sum_terms, symbolic
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
@@ -90,6 +98,9 @@ class _Lowerer:
 
     group: int = 0
     group_combine: str = "tree"
+    tile: TilePlan | None = None  # a local tile: how the kernel splits (opt.local_tile_plan)
+    tile_size: int = 0
+    output_index: Index = ()  # the output element this thread computes (for a local tile)
     reduce_count: int = 0
     local_count: int = 0
     group_results: list[UOp] = field(default_factory=list)  # each group reduction's result
@@ -147,6 +158,8 @@ class _Lowerer:
         """A reduction's source is lowered at the index with its loops in the reduced axes."""
         if self.group:
             return self._plan_group_reduce(node, index, valid)
+        if self.tile is not None:
+            return self._plan_tile_reduce(node)
         reduce_op, axes = node.arg
         source_shape = node.src[0].shape
         if node not in self.reduce_ranges:
@@ -228,9 +241,73 @@ class _Lowerer:
         return UOp(Ops.REDUCE, shared.dtype, (value, loop), reduce_op)
 
 
-def local_thread_id(threads: int) -> UOp:
-    """This thread's index in its work-group (dimension 0), 0 <= lidx0 < threads."""
-    return UOp(Ops.SPECIAL, dtypes.int32, (), ("l", 0, threads))
+    # ---- a matmul-like reduction from tiles in shared memory ----
+
+    def _plan_tile_reduce(self, node: UOp) -> tuple[list[Task], Combine]:
+        """Thread (row, column) = (lidx1, lidx0) stages X at (its row, step * T + column) and Y
+        at (step * T + row, its column); elements past an edge are staged as 0."""
+        assert self.tile is not None
+        tile, size = self.tile, self.tile_size
+        shape = node.src[0].shape
+        steps = make_range("r", self.reduce_count, -(-shape[tile.k_axis] // size))
+        within = make_range("r", self.reduce_count + 1, size)
+        self.reduce_count += 2
+        column, row = local_thread_id(size, 0), local_thread_id(size, 1)
+        base = self._source_index(shape, tile.k_axis)
+        x_index, y_index = list(base), list(base)
+        x_index[tile.n_axis], x_index[tile.k_axis] = index_const(0), steps * size + column
+        y_index[tile.m_axis], y_index[tile.k_axis] = index_const(0), steps * size + row
+        x_valid = _and(_below(base[tile.m_axis], shape[tile.m_axis]),
+                       _below(x_index[tile.k_axis], shape[tile.k_axis]))
+        y_valid = _and(_below(base[tile.n_axis], shape[tile.n_axis]),
+                       _below(y_index[tile.k_axis], shape[tile.k_axis]))
+
+        def combine(values: list[UOp]) -> UOp:
+            x_value, y_value = _guarded(values[0], x_valid), _guarded(values[1], y_valid)
+            return self._sum_of_tiles(node.dtype, x_value, y_value, steps, within)
+        return [(tile.x, tuple(x_index), x_valid), (tile.y, tuple(y_index), y_valid)], combine
+
+    def _source_index(self, shape: tuple[int, ...], k_axis: int) -> list[UOp]:
+        """The reduction's source index of this thread's output (the output's axes of size > 1
+        are the source's, in order; opt.local_tile_plan checked it)."""
+        outputs = iter(entry for entry in self.output_index if entry.op is not Ops.CONST)
+        return [next(outputs) if size > 1 and axis != k_axis else index_const(0)
+                for axis, size in enumerate(shape)]
+
+    def _sum_of_tiles(self, dtype: DType, x_value: UOp, y_value: UOp, steps: UOp,
+                      within: UOp) -> UOp:
+        """Stage both tiles, wait, sum a row of X's tile times a column of Y's tile; the sum
+        over the steps adds those partial sums."""
+        size = self.tile_size
+        column, row = local_thread_id(size, 0), local_thread_id(size, 1)
+        x_tile = UOp(Ops.DEFINE_LOCAL, dtype, (), (self.local_count, size * size))
+        y_tile = UOp(Ops.DEFINE_LOCAL, dtype, (), (self.local_count + 1, size * size))
+        self.local_count += 2
+        step_start = UOp(Ops.BARRIER, dtypes.bool, (steps,))  # slower threads read the last step
+        slot = row * size + column
+        staged = UOp(Ops.BARRIER, dtypes.bool, (
+            UOp(Ops.STORE, dtype, (x_tile, slot, x_value, step_start)),
+            UOp(Ops.STORE, dtype, (y_tile, slot, y_value, step_start))))
+        x_element = UOp(Ops.LOAD, dtype, (x_tile, row * size + within, staged))
+        y_element = UOp(Ops.LOAD, dtype, (y_tile, within * size + column, staged))
+        partial = UOp(Ops.REDUCE, dtype, (x_element * y_element, within), Ops.ADD)
+        return UOp(Ops.REDUCE, dtype, (partial, steps), Ops.ADD)
+
+
+def local_thread_id(threads: int, dimension: int = 0) -> UOp:
+    """This thread's index in its work-group along `dimension`, 0 <= lidx < threads."""
+    return UOp(Ops.SPECIAL, dtypes.int32, (), ("l", dimension, threads))
+
+
+def _below(index: UOp, size: int) -> UOp | None:
+    """`index < size`, or None when the index never reaches `size`."""
+    return None if index.vmax < size else index.lt(size)
+
+
+def _and(a: UOp | None, b: UOp | None) -> UOp | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return a & b
 
 
 Task = tuple[UOp, Index, Valid]  # lower this node at this index, under this condition
@@ -254,6 +331,8 @@ def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index
     gidx*4 + 0, ..., gidx*4 + 3, so the iteration computes a whole tile. With vectors of 16
     lanes, an axis upcast by 32 contributes gidx*32 + lane and gidx*32 + 16 + lane: `lane`
     stands for all 16 lanes at once (`vectorize` below)."""
+    if options.local_tile:
+        return [tile_output_index(shape, options.local_tile)]
     factors = dict(options.upcasts)
     vector_axis = options.upcasts[-1][0] if options.vector_width else None
     output_kind = "w" if options.group else "g"  # with a group reduction: one group per output
@@ -275,6 +354,32 @@ def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index
     return [tuple(combination) for combination in itertools.product(*per_axis)]
 
 
+def tile_output_index(shape: tuple[int, ...], size: int) -> Index:
+    """A local tile's output index: the last two axes longer than 1 are `tile * size + lidx`
+    (lidx1 along the rows, lidx0 along the columns), over loops of work-groups ('w'); other
+    axes get a work-group each."""
+    kept = [axis for axis, length in enumerate(shape) if length > 1]
+    thread_dimension = {kept[-1]: 0, kept[-2]: 1}
+    index = []
+    for axis, length in enumerate(shape):
+        if length == 1:
+            index.append(index_const(0))
+        elif axis in thread_dimension:
+            tiles = make_range("w", axis, -(-length // size))
+            index.append(tiles * size + local_thread_id(size, thread_dimension[axis]))
+        else:
+            index.append(make_range("w", axis, length))
+    return tuple(index)
+
+
+def _inside_output(index: Index, shape: tuple[int, ...]) -> UOp | None:
+    """Where a tile's thread has an output element (threads past the edge have none)."""
+    inside = None
+    for entry, length in zip(index, shape):
+        inside = _and(inside, _below(entry, length))
+    return inside
+
+
 def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
     """SINK(STORE(out, value)) -> SINK(STORE(out, index, lowered value), ...) over loops:
     one STORE per element of the tile each loop iteration computes."""
@@ -283,12 +388,20 @@ def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
     if options.group and not can_group_reduce(ast):
         raise ValueError("a group reduction needs a kernel with exactly one (non-bool) "
                          "reduction")
-    lowerer = _Lowerer(options.group, options.group_combine)
+    tile = local_tile_plan(ast) if options.local_tile else None
+    if options.local_tile and tile is None:
+        raise ValueError("a local tile needs a matmul-like kernel: one sum over one axis of a "
+                         "product X * Y, X constant along the output's last axis, Y along "
+                         "the one before")
+    lowerer = _Lowerer(options.group, options.group_combine, tile, options.local_tile)
     stores = []
     for index in output_indices(value.shape, options):
-        lowered = lowerer.lower(value, index, None)
+        inside = _inside_output(index, value.shape) if tile is not None else None
+        lowerer.output_index = index
+        lowered = lowerer.lower(value, index, inside)
         position = linear_index(index, value.shape)
-        stores.append(UOp(Ops.STORE, value.dtype, (output, position, lowered,
+        gate = () if inside is None else (inside,)
+        stores.append(UOp(Ops.STORE, value.dtype, (output, position, lowered, *gate,
                                                    *_group_store_sources(lowerer))))
     return graph_rewrite(UOp(Ops.SINK, dtypes.bool, tuple(stores)), symbolic,
                          memo=_symbolic_memo)

@@ -17,6 +17,14 @@ What this teaches:
   read neighbouring memory), writes its partial sum to shared memory, and after a barrier the
   partials are combined: by halving (a tree, log2 of the threads steps, one barrier each) or by
   thread 0 alone (serial). lower.py builds it;
+- **local tiles** (GPU devices whose renderer says `supports_local_tile`): a matmul-like kernel
+  (a sum of a product X * Y, X the same along the output's last axis, Y along the one before)
+  gives each LOCAL_TILE x LOCAL_TILE block of outputs a work-group, one thread per output. Per
+  step of LOCAL_TILE along the reduction, the group's threads copy a tile of X and a tile of Y
+  into shared memory (one element each), wait at a barrier, and each thread sums its row of
+  the one tile times its column of the other: every element a group reads from global memory
+  serves LOCAL_TILE threads. lower.py builds it; sizes that are not multiples of the tile are
+  padded with zeros (guards), and threads past the edge store nothing;
 - optimizations never change results beyond float rounding (a tile still sums in order), every
   one is optional (`NOOPT=1` turns them all off) and visible (`DEBUG=3` lists them, viz shows
   them), so you can compare a kernel before and after.
@@ -54,6 +62,7 @@ GROUP_THREADS = 16         # threads of a work-group that share one reduction (a
 GROUP_MIN_REDUCE = 32      # shorter reductions stay one thread per output
 GROUP_MAX_OUTPUTS = 4096   # more outputs than this already fill a GPU with one thread each
 GROUP_COMBINES = ("tree", "serial")
+LOCAL_TILE = 16            # a local tile: LOCAL_TILE x LOCAL_TILE threads (256, every GPU allows)
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,7 @@ class KernelOptions:
     loop_order: tuple[int, ...] = ()  # output axes, outermost loop first (empty: axis order)
     group: int = 0  # > 0: threads per work-group that share the (one) reduction (GPU only)
     group_combine: str = "tree"  # how the partial sums are combined: "tree" or "serial"
+    local_tile: int = 0  # > 0: a matmul-like kernel in tiles of local_tile^2 threads (GPU only)
 
     def __post_init__(self) -> None:
         if self.group and (self.group & (self.group - 1) or self.group < 2):
@@ -78,8 +88,19 @@ class KernelOptions:
         if self.group and (self.upcasts or self.vector_width or self.parallel):
             raise ValueError("a group reduction does not combine with upcasts, vectors or "
                              "threads over the outer loop")
+        if self.local_tile and (self.local_tile & (self.local_tile - 1) or self.local_tile < 2):
+            raise ValueError(f"a local tile is a power of two >= 2 threads on a side, "
+                             f"got {self.local_tile}")
+        if self.local_tile and (self.group or self.upcasts or self.vector_width or self.parallel):
+            raise ValueError("a local tile does not combine with a group reduction, upcasts, "
+                             "vectors or threads over the outer loop")
 
     def describe(self) -> list[str]:
+        if self.local_tile:
+            size = self.local_tile
+            return [f"local tile: {size}x{size} threads per work-group, one output each; "
+                    f"{size}x{size} tiles of both operands staged in shared memory per "
+                    f"{size} steps of the reduction"]
         if self.group:
             how = "a tree (halving)" if self.group_combine == "tree" else "thread 0 (serial)"
             return [f"group reduce: {self.group} threads of a work-group share each reduction, "
@@ -105,34 +126,40 @@ def kernel_value(ast: UOp) -> UOp:
     return ast.src[0].src[1]
 
 
-def choose_options(ast: UOp, vector_width: int = 0, group_reduce: bool = False) \
-        -> KernelOptions:
+def choose_options(ast: UOp, vector_width: int = 0, group_reduce: bool = False,
+                   local_tile: bool = False) -> KernelOptions:
     """The hand-written heuristic: tile reductions, thread big kernels. `vector_width`: how
     many floats the device's vector registers hold (0: it has no vector types).
     `group_reduce`: the device's renderer can share a reduction across a work-group (shared
-    memory and barriers). Remembered per kernel: the engine, pack.py and search.py all ask."""
+    memory and barriers); `local_tile`: it can stage matmul tiles in shared memory.
+    Remembered per kernel: the engine, pack.py and search.py all ask."""
     if NOOPT:
         return NO_OPTIONS
-    return remember(_chosen, (ast, vector_width, group_reduce),
-                    lambda: _choose(ast, vector_width, group_reduce))
+    return remember(_chosen, (ast, vector_width, group_reduce, local_tile),
+                    lambda: _choose(ast, vector_width, group_reduce, local_tile))
 
 
 def options_for_renderer(ast: UOp, renderer: Any) -> KernelOptions:
     """The heuristic's choice for a device, read off its renderer: its `vector_width` and
-    whether it `supports_group_reduce` (None: an interpreter, which takes no options)."""
+    whether it `supports_group_reduce` and `supports_local_tile` (None: an interpreter, which
+    takes no options)."""
     if renderer is None:
         return NO_OPTIONS
     return choose_options(ast, renderer.vector_width,
-                          getattr(renderer, "supports_group_reduce", False))
+                          getattr(renderer, "supports_group_reduce", False),
+                          getattr(renderer, "supports_local_tile", False))
 
 
-_chosen: dict[tuple[UOp, int, bool], KernelOptions] = {}
+_chosen: dict[tuple[UOp, int, bool, bool], KernelOptions] = {}
 
 
-def _choose(ast: UOp, vector_width: int, group_reduce: bool = False) -> KernelOptions:
+def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
+            local_tile: bool = False) -> KernelOptions:
     value = kernel_value(ast)
     shape = value.shape
     reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
+    if local_tile and worth_a_local_tile(ast):
+        return KernelOptions(local_tile=LOCAL_TILE)
     if group_reduce and can_group_reduce(ast) and prod(shape) <= GROUP_MAX_OUTPUTS \
             and reduces[0].src[0].shape[reduces[0].arg[1][-1]] >= GROUP_MIN_REDUCE:
         return KernelOptions(group=GROUP_THREADS)
@@ -164,6 +191,82 @@ def can_group_reduce(ast: UOp) -> bool:
     kernel with two would need two rounds of shared memory: it keeps one thread per output)."""
     reduces = [n for n in kernel_value(ast).toposort if n.op is Ops.REDUCE_AXIS]
     return len(reduces) == 1 and reduces[0].dtype != dtypes.bool
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """How a matmul-like kernel splits: the reduction's source is `reduce.src[0]` = X * Y, with
+    X the same along source axis `n_axis` and Y the same along `m_axis`; `k_axis` is reduced."""
+
+    reduce: UOp
+    x: UOp
+    y: UOp
+    m_axis: int
+    n_axis: int
+    k_axis: int
+
+
+def local_tile_plan(ast: UOp) -> TilePlan | None:
+    """The TilePlan of a kernel that a local tile can compute, or None. It needs one sum over
+    one axis of a product X * Y (not bools), with X constant along the output's last axis and
+    Y along the one before (or the other way round), and only elementwise ops and reshapes
+    (that add or drop size-1 axes) between the sum and the store."""
+    value = kernel_value(ast)
+    reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
+    if len(reduces) != 1 or reduces[0].arg[0] is not Ops.ADD or len(reduces[0].arg[1]) != 1:
+        return None
+    reduce = reduces[0]
+    source = reduce.src[0]
+    if source.op is not Ops.MUL or reduce.dtype == dtypes.bool or \
+            not _only_elementwise_above(value, reduce):
+        return None
+    k_axis = reduce.arg[1][0]
+    kept = [axis for axis, size in enumerate(source.shape) if size > 1 and axis != k_axis]
+    if len(kept) < 2 or [source.shape[a] for a in kept] != [s for s in value.shape if s > 1]:
+        return None
+    m_axis, n_axis = kept[-2], kept[-1]
+    x, y = source.src
+    if not (_constant_along(x, n_axis) and _constant_along(y, m_axis)):
+        x, y = y, x
+    if not (_constant_along(x, n_axis) and _constant_along(y, m_axis)):
+        return None
+    return TilePlan(reduce, x, y, m_axis, n_axis, k_axis)
+
+
+def worth_a_local_tile(ast: UOp) -> bool:
+    """The heuristic's rule: a local tile pays when the tile is filled along both output axes
+    and the reduction (each staged element is then read LOCAL_TILE times)."""
+    plan = local_tile_plan(ast)
+    if plan is None:
+        return False
+    shape = plan.reduce.src[0].shape
+    return all(shape[axis] >= LOCAL_TILE for axis in (plan.m_axis, plan.n_axis, plan.k_axis))
+
+
+def _only_elementwise_above(value: UOp, reduce: UOp) -> bool:
+    """Between the stored value and the reduction: ALU ops and reshapes of size-1 axes only
+    (then the output's index is the reduction's, and each thread's output is its own sum)."""
+    stack, seen = [value], set()
+    while stack:
+        node = stack.pop()
+        if node in seen or node is reduce or reduce not in node.toposort:
+            continue
+        seen.add(node)
+        squeezed = [s for s in node.shape if s > 1]
+        if node.op is Ops.RESHAPE and squeezed == [s for s in node.src[0].shape if s > 1]:
+            stack.append(node.src[0])
+        elif node.op in ALU:
+            stack.extend(node.src)
+        else:
+            return False
+    return True
+
+
+def _constant_along(node: UOp, axis: int) -> bool:
+    """Does every buffer `node` reads stay put as `axis` moves (a broadcast along it)?"""
+    loops = tuple(UOp(Ops.RANGE, dtypes.int32, (), ("r", k, size))
+                  for k, size in enumerate(node.shape))
+    return all(step_along(chain, loops, loops[axis]) == 0 for chain in buffer_reads(node))
 
 
 def _with_threads(options: KernelOptions, shape: tuple[int, ...],

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
-from tinyteach.uop import ALU, Ops, UOp
+from tinyteach.uop import ALU, Ops, UOp, load_parts, store_parts
 
 # values written inline where they are used, when they are used once
 INLINE_OPS = set(ALU) | {Ops.CONST}
@@ -300,6 +300,28 @@ class CStyleRenderer:
     def store(self, buffer: str, index: str, value: str) -> str:
         return f"{buffer}[{index}] = {value};"
 
+    def guarded_load(self, name: str, dtype: DType, valid: str, value: str) -> str:
+        """`name = valid ? buffer[index] : 0`: C's `?:` evaluates only the side it takes, so
+        an invalid index is never read."""
+        return self.declare(name, dtype, self.where(valid, value, self.render_const(0, dtype)))
+
+    def gated_store(self, gate: str, statement: str) -> str:
+        """A store that only the threads where `gate` holds perform."""
+        return f"if ({gate}) {{ {statement} }}"
+
+    # GPU kernels (render/gpu.py): a plain C kernel has no work-groups
+    def define_local(self, writer: KernelWriter, name: str, dtype: DType, size: int) -> str | None:
+        """Declare `size` elements of a work-group's shared memory (None: declared elsewhere)."""
+        raise NotImplementedError(f"{type(self).__name__} has no shared memory (DEFINE_LOCAL)")
+
+    def local_id(self, dimension: int) -> str:
+        """This thread's index within its work-group along `dimension`."""
+        raise NotImplementedError(f"{type(self).__name__} has no work-groups (SPECIAL)")
+
+    def barrier(self) -> str:
+        """Every thread of the work-group waits here; shared memory is up to date after it."""
+        raise NotImplementedError(f"{type(self).__name__} has no work-groups (BARRIER)")
+
     def from_storage(self, loaded: str, dtype: DType) -> str:
         """A value of `dtype` from what a buffer holds (WGSL keeps bools as u32)."""
         return loaded
@@ -410,7 +432,7 @@ def _render_const(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
 
 def _render_range(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
     kind, number, size = u.arg
-    writer.names[u] = f"{'gidx' if kind == 'g' else 'ridx'}{number}"
+    writer.names[u] = f"{'gidx' if kind in ('g', 'w') else 'ridx'}{number}"
     pragma = writer.renderer.parallel_pragma()
     if kind == "g" and writer.program.options.parallel and pragma and writer.depth == 1:
         writer.emit(pragma)  # the outermost loop's iterations run on several cores
@@ -429,14 +451,15 @@ def _render_end_range(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
 
 
 def _render_load(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
-    renderer = writer.renderer
+    renderer, parts = writer.renderer, load_parts(u)
+    buffer, index = writer.names[parts.buffer], writer.names[parts.index]
     if u.dtype.count > 1:  # `count` consecutive elements from the index on, in one load
-        value = renderer.load_vector(operands[0], operands[1], u.dtype)
+        value = renderer.load_vector(buffer, index, u.dtype)
     else:
-        value = renderer.from_storage(renderer.load(operands[0], operands[1]), u.dtype)
-    if len(u.src) == 3:  # guarded: padding outside the buffer reads 0
-        value = renderer.where(operands[2], value, renderer.render_const(0, u.dtype))
+        value = renderer.from_storage(renderer.load(buffer, index), u.dtype)
     writer.names[u] = writer.new_name("val")
+    if parts.valid is not None:  # guarded: padding outside the buffer reads 0
+        return renderer.guarded_load(writer.names[u], u.dtype, writer.names[parts.valid], value)
     return renderer.declare(writer.names[u], u.dtype, value)
 
 
@@ -463,11 +486,32 @@ def _render_reduce(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
 
 
 def _render_store(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
-    if u.src[2].dtype.count > 1:
-        return writer.renderer.store_vector(operands[0], operands[1], operands[2],
-                                            u.src[2].dtype)
-    value = writer.renderer.to_storage(operands[2], u.src[0].dtype)
-    return writer.renderer.store(operands[0], operands[1], value)
+    renderer, parts = writer.renderer, store_parts(u)
+    buffer, index = writer.names[parts.buffer], writer.names[parts.index]
+    value = writer.names[parts.value]
+    if parts.value.dtype.count > 1:
+        statement = renderer.store_vector(buffer, index, value, parts.value.dtype)
+    else:
+        statement = renderer.store(buffer, index, renderer.to_storage(value, u.src[0].dtype))
+    if parts.gate is not None:  # only the threads where the gate holds write
+        return renderer.gated_store(writer.names[parts.gate], statement)
+    return statement
+
+
+def _render_define_local(writer: KernelWriter, u: UOp, operands: list[str]) -> str | None:
+    number, size = u.arg
+    writer.names[u] = f"local{number}"
+    return writer.renderer.define_local(writer, writer.names[u], u.dtype, size)
+
+
+def _render_special(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
+    _, dimension, _ = u.arg
+    writer.names[u] = f"lidx{dimension}"
+    return writer.renderer.declare(writer.names[u], u.dtype, writer.renderer.local_id(dimension))
+
+
+def _render_barrier(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
+    return writer.renderer.barrier()  # no value: the LOADs and STOREs after it list it
 
 
 def _render_alu(writer: KernelWriter, u: UOp, operands: list[str]) -> str | None:
@@ -489,4 +533,7 @@ RENDER_FOR_OP: dict[Ops, RenderRule] = {
     Ops.ACCUMULATE: _render_accumulate,
     Ops.REDUCE: _render_reduce,
     Ops.STORE: _render_store,
+    Ops.DEFINE_LOCAL: _render_define_local,
+    Ops.SPECIAL: _render_special,
+    Ops.BARRIER: _render_barrier,
 }

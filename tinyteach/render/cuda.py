@@ -57,6 +57,8 @@ def cuda_remainder(renderer: CStyleRenderer, operands: list[str], operand_dtypes
 
 class CUDARenderer(GPURenderer):
     device = "CUDA"
+    supports_group_reduce = True  # shared memory and barriers (render/gpu.py)
+    supports_local_tile = True  # matmul tiles staged in shared memory (lower.py)
     code_for_op = {**GPURenderer.code_for_op, Ops.CAST: cuda_cast, Ops.MOD: cuda_remainder,
                    **{op: typed_math_function(name, "__half2float({})", "__float2half({})")
                       for op, name in MATH_FUNCTIONS.items()}}
@@ -68,6 +70,21 @@ class CUDARenderer(GPURenderer):
     def thread_count(self, launch: Launch, dimension: int) -> str:
         axis = AXES[dimension]
         return f"(gridDim.{axis}*blockDim.{axis})"
+
+    def group_id(self, dimension: int) -> str:
+        return f"blockIdx.{AXES[dimension]}"
+
+    def group_count(self, launch: Launch, dimension: int) -> str:
+        return f"gridDim.{AXES[dimension]}"
+
+    def local_id(self, dimension: int) -> str:
+        return f"threadIdx.{AXES[dimension]}"
+
+    def define_local(self, writer: KernelWriter, name: str, dtype: DType, size: int) -> str:
+        return f"__shared__ {self.type_name(dtype)} {name}[{size}];"
+
+    def barrier(self) -> str:
+        return "__syncthreads();"
 
     def float_literal(self, value: float, dtype: DType) -> str:
         if dtype == dtypes.float16:

@@ -15,7 +15,13 @@ What this teaches:
   dimensions, the outer ones stay loops;
 - the launch configuration is part of the kernel: the renderer writes it into the source's
   first line (`// launch: global (8, 4, 1) local (8, 4, 1)`), so the source alone says how to
-  run it (and DEBUG=4 shows it). `launch_of(source)` reads it back.
+  run it (and DEBUG=4 shows it). `launch_of(source)` reads it back;
+- a kernel that uses its threads' ids within a group (`SPECIAL`: a group reduction, a local
+  tile) says its own group shape (`LinearProgram.local_size`), and its output loops are loops
+  over *groups* (kind 'w'): `for (gidx0 = get_group_id(0); gidx0 < 5; gidx0 +=
+  get_num_groups(0))`. The innermost three become group dimensions 0, 1, 2, with
+  min(size, MAX_GROUPS) groups each (`plan_local_launch`; the PYTHON emulator runs the same launch).
+  Its threads share memory (`DEFINE_LOCAL`) and wait for each other at barriers (`BARRIER`).
 
 Builds on: render/__init__.py. Used by: render/opencl.py, render/cuda.py, render/wgsl.py.
 
@@ -95,6 +101,35 @@ def launch_of(source: str) -> Launch:
     return Launch((numbers[0], numbers[1], numbers[2]), (numbers[3], numbers[4], numbers[5]), {})
 
 
+def group_loops(program: LinearProgram) -> list[UOp]:
+    """The loops over work-groups ('w') that become group dimensions, innermost first (the
+    innermost three; outer ones stay plain loops over every group)."""
+    loops = sorted((u for u in program.uops if u.op is Ops.RANGE and u.arg[0] == "w"),
+                   key=lambda u: u.arg[1])
+    return loops[-3:][::-1]
+
+
+def uses_local_ids(program: LinearProgram) -> bool:
+    """Does the program use its threads' ids within a group (so it sets its own group shape)?"""
+    return any(u.op is Ops.SPECIAL for u in program.uops)
+
+
+def plan_local_launch(program: LinearProgram) -> tuple[Launch, dict[UOp, int]]:
+    """The launch of a program with local thread ids: its own group shape, min(size,
+    MAX_GROUPS) groups along the dimension of each 'w' loop; and each loop's dimension."""
+    local = program.local_size
+    if local[0] * local[1] * local[2] > MAX_THREADS_PER_GROUP or \
+            any(size > limit for size, limit in zip(local, MAX_GROUP_SHAPE)):
+        raise ValueError(f"a work-group of {local} threads is more than every GPU allows "
+                         f"({MAX_THREADS_PER_GROUP} threads, at most {MAX_GROUP_SHAPE})")
+    loops = group_loops(program)
+    groups = [1, 1, 1]
+    for dim, loop in enumerate(loops):
+        groups[dim] = min(loop.arg[2], MAX_GROUPS)
+    global_size = (groups[0] * local[0], groups[1] * local[1], groups[2] * local[2])
+    return Launch(global_size, local, {}), {loop: dim for dim, loop in enumerate(loops)}
+
+
 def output_loops(program: LinearProgram) -> list[UOp]:
     """The output ('g') loops of a program, outermost first."""
     return sorted((u for u in program.uops if u.op is Ops.RANGE and u.arg[0] == "g"),
@@ -108,6 +143,8 @@ class GPUKernelWriter(KernelWriter):
 
     launch: Launch = field(default_factory=lambda: plan_launch(()))
     loop_dimension: dict[str, int] = field(default_factory=dict)
+    group_dimension: dict[str, int] = field(default_factory=dict)  # 'w' loops, by name
+    module_lines: list[str] = field(default_factory=list)  # declared outside the kernel (WGSL)
 
 
 def gpu_writer(writer: KernelWriter) -> GPUKernelWriter:
@@ -131,7 +168,19 @@ class GPURenderer(CStyleRenderer):
     def thread_count(self, launch: Launch, dimension: int) -> str:
         raise NotImplementedError
 
+    def group_id(self, dimension: int) -> str:
+        """This work-group's index along `dimension`."""
+        raise NotImplementedError
+
+    def group_count(self, launch: Launch, dimension: int) -> str:
+        """The number of work-groups along `dimension`."""
+        raise NotImplementedError
+
     def new_writer(self, program: LinearProgram) -> GPUKernelWriter:
+        if uses_local_ids(program):
+            launch, dimension_of = plan_local_launch(program)
+            names = {f"gidx{loop.arg[1]}": dim for loop, dim in dimension_of.items()}
+            return GPUKernelWriter(self, program, launch=launch, group_dimension=names)
         loops = output_loops(program)
         launch = plan_launch(tuple(loop.arg[2] for loop in loops))
         loop_dimension = {f"gidx{loop.arg[1]}": launch.dimension_of[position]
@@ -140,9 +189,19 @@ class GPURenderer(CStyleRenderer):
         return GPUKernelWriter(self, program, launch=launch, loop_dimension=loop_dimension)
 
     def loop(self, writer: KernelWriter, name: str, size: int) -> str:
-        state = gpu_writer(writer)
-        dimension = state.loop_dimension.get(name)
-        if dimension is None:  # a reduction, or an output axis beyond the third: a plain loop
+        start, step = self.loop_start_and_step(writer, name)
+        if start is None:  # a reduction, or an output axis beyond the third: a plain loop
             return super().loop(writer, name, size)
-        start, step = self.thread_id(dimension), self.thread_count(state.launch, dimension)
         return f"for (int {name} = {start}; {name} < {size}; {name} += {step}) {{"
+
+    def loop_start_and_step(self, writer: KernelWriter, name: str) -> tuple[str | None, str]:
+        """Where a loop starts and how far it steps: grid-stride over the threads (output
+        loops), over the groups ('w' loops), or (None, "1") for a plain loop."""
+        state = gpu_writer(writer)
+        if name in state.group_dimension:
+            dimension = state.group_dimension[name]
+            return self.group_id(dimension), self.group_count(state.launch, dimension)
+        if name in state.loop_dimension:
+            dimension = state.loop_dimension[name]
+            return self.thread_id(dimension), self.thread_count(state.launch, dimension)
+        return None, "1"

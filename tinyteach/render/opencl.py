@@ -49,6 +49,8 @@ def dtypes_used(program: LinearProgram) -> set[DType]:
 
 class OpenCLRenderer(GPURenderer):
     device = "OPENCL"
+    supports_group_reduce = True  # shared memory and barriers (render/gpu.py)
+    supports_local_tile = True  # matmul tiles staged in shared memory (lower.py)
     type_names = {**GPURenderer.type_names, dtypes.int8: "char", dtypes.uint8: "uchar",
                   dtypes.uint16: "ushort", dtypes.uint32: "uint", dtypes.int64: "long",
                   dtypes.uint64: "ulong"}
@@ -58,6 +60,21 @@ class OpenCLRenderer(GPURenderer):
 
     def thread_count(self, launch: Launch, dimension: int) -> str:
         return f"get_global_size({dimension})"
+
+    def group_id(self, dimension: int) -> str:
+        return f"get_group_id({dimension})"
+
+    def group_count(self, launch: Launch, dimension: int) -> str:
+        return f"get_num_groups({dimension})"
+
+    def local_id(self, dimension: int) -> str:
+        return f"get_local_id({dimension})"
+
+    def define_local(self, writer: KernelWriter, name: str, dtype: DType, size: int) -> str:
+        return f"__local {self.type_name(dtype)} {name}[{size}];"
+
+    def barrier(self) -> str:
+        return "barrier(CLK_LOCAL_MEM_FENCE);"
 
     def int_literal(self, value: int, dtype: DType) -> str:
         suffix = {dtypes.int64: "l", dtypes.uint64: "ul", dtypes.uint32: "u"}.get(dtype, "")

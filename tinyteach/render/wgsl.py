@@ -229,6 +229,8 @@ def helpers_used(body: list[str]) -> list[str]:
 
 class WGSLRenderer(GPURenderer):
     device = "WEBGPU"
+    supports_group_reduce = True  # shared memory and barriers (render/gpu.py)
+    supports_local_tile = True  # matmul tiles staged in shared memory (lower.py)
     type_names = VALUE_TYPES
     code_for_op = {**GPURenderer.code_for_op, Ops.NEG: wgsl_negate, Ops.CAST: wgsl_cast,
                    Ops.ADD: wgsl_add, Ops.MUL: wgsl_mul, Ops.MOD: wgsl_remainder,
@@ -278,12 +280,35 @@ class WGSLRenderer(GPURenderer):
     def thread_count(self, launch: Launch, dimension: int) -> str:
         return f"i32(groups.{AXES[dimension]}) * {launch.local_size[dimension]}"
 
+    def group_id(self, dimension: int) -> str:
+        return f"i32(wid.{AXES[dimension]})"
+
+    def group_count(self, launch: Launch, dimension: int) -> str:
+        return f"i32(groups.{AXES[dimension]})"
+
+    def local_id(self, dimension: int) -> str:
+        return f"i32(lid.{AXES[dimension]})"
+
+    def define_local(self, writer: KernelWriter, name: str, dtype: DType, size: int) -> None:
+        """Shared memory is a module-level variable in WGSL (a bool one holds u32s, as a
+        buffer does, so from_storage and to_storage read and write both alike)."""
+        gpu_writer(writer).module_lines.append(
+            f"var<workgroup> {name}: array<{STORAGE_TYPES[dtype]}, {size}>;")
+
+    def barrier(self) -> str:
+        # WGSL wants it in uniform control flow: the loops around it run alike for every
+        # thread of a group (over groups, or from 0 to a constant), and no `if` encloses it
+        return "workgroupBarrier();"
+
+    def guarded_load(self, name: str, dtype: DType, valid: str, value: str) -> str:
+        """select() evaluates both sides: an `if`, so an invalid index is never read."""
+        zero = self.render_const(0, dtype)
+        return f"var {name}: {self.type_name(dtype)} = {zero}; if ({valid}) {{ {name} = {value}; }}"
+
     def loop(self, writer: KernelWriter, name: str, size: int) -> str:
-        state = gpu_writer(writer)
-        dimension = state.loop_dimension.get(name)
-        if dimension is None:
+        start, step = self.loop_start_and_step(writer, name)
+        if start is None:
             return f"for (var {name}: i32 = 0; {name} < {size}; {name}++) {{"
-        start, step = self.thread_id(dimension), self.thread_count(state.launch, dimension)
         return f"for (var {name}: i32 = {start}; {name} < {size}; {name} += {step}) {{"
 
     def declare(self, name: str, dtype: DType, value: str) -> str:
@@ -367,12 +392,16 @@ class WGSLRenderer(GPURenderer):
 
     def render_kernel(self, writer: KernelWriter, name: str, params: list[str],
                       body: list[str]) -> str:
-        launch = gpu_writer(writer).launch
+        state = gpu_writer(writer)
+        launch = state.launch
         helpers = helpers_used(body)
         x, y, z = launch.local_size
         builtins = ("@builtin(global_invocation_id) gid: vec3<u32>, "
                     "@builtin(num_workgroups) groups: vec3<u32>")
-        lines = [launch_comment(launch), *params, *helpers,
+        if state.group_dimension or state.module_lines:  # a kernel with work-group ids
+            builtins += (", @builtin(local_invocation_id) lid: vec3<u32>, "
+                         "@builtin(workgroup_id) wid: vec3<u32>")
+        lines = [launch_comment(launch), *params, *state.module_lines, *helpers,
                  f"@compute @workgroup_size({x}, {y}, {z})", f"fn {name}({builtins}) {{",
                  *body, "}"]
         return "\n".join(lines) + "\n"

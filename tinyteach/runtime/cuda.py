@@ -33,6 +33,7 @@ import numpy as np
 from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler, DeviceUnavailable
 from tinyteach.helpers import programs_of
 from tinyteach.lower import lower
+from tinyteach.opt import options_for_renderer
 from tinyteach.render.cuda import CUDARenderer
 from tinyteach.render.gpu import Launch, launch_of
 from tinyteach.uop import UOp
@@ -139,7 +140,8 @@ class CUDACompiler(Compiler):
 
 def compile_for_cuda(name: str, ast: UOp, compiler: CUDACompiler | None = None) -> PTXKernel:
     """Lower, render and compile one kernel for CUDA without a GPU (what the tests check)."""
-    source = CUDARenderer().render(name, lower(ast))
+    renderer = CUDARenderer()
+    source = renderer.render(name, lower(ast, options_for_renderer(ast, renderer)))
     return (compiler or CUDACompiler()).compile(source)
 
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from tinyteach.device import Backend, Buffer, Compiler, HostAllocator
 from tinyteach.lower import LinearProgram
-from tinyteach.render.gpu import MAX_GROUPS, output_loops, plan_launch
+from tinyteach.render.gpu import output_loops, plan_launch, plan_local_launch
 from tinyteach.runtime.numpy import NUMPY_OPS
 from tinyteach.uop import ALU, Ops, UOp, load_parts, store_parts
 
@@ -107,13 +107,8 @@ def plan_group_launch(program: LinearProgram) -> GroupLaunch:
     if any(u.op is Ops.RANGE and u.arg[0] == "g" for u in program.uops):
         raise EmulatorError("a kernel with local thread ids has its outputs in 'w' loops "
                             "(one work-group per output), not 'g' loops")
-    group_loops = sorted((u for u in program.uops if u.op is Ops.RANGE and u.arg[0] == "w"),
-                         key=lambda u: u.arg[1])[-3:][::-1]  # innermost first
-    groups = [1, 1, 1]
-    for dim, loop in enumerate(group_loops):
-        groups[dim] = min(loop.arg[2], MAX_GROUPS)
-    return GroupLaunch((groups[0], groups[1], groups[2]), program.local_size,
-                       group_loops={loop: dim for dim, loop in enumerate(group_loops)})
+    launch, dimension_of = plan_local_launch(program)
+    return GroupLaunch(launch.groups, launch.local_size, group_loops=dimension_of)
 
 
 # ---- what a run records ----
@@ -512,11 +507,13 @@ def emulate(program: LinearProgram, arrays: list[np.ndarray], name: str = "kerne
 
 class PythonRenderer:
     """The PYTHON device's "source" is the linear program itself, printed; the compiler gets
-    the program back. It supports group reductions (shared memory and barriers)."""
+    the program back. It supports group reductions and local tiles (shared memory and
+    barriers)."""
 
     device = "PYTHON"
     vector_width = 0
     supports_group_reduce = True
+    supports_local_tile = True
 
     def __init__(self) -> None:
         self.programs: dict[str, LinearProgram] = {}
