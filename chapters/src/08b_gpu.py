@@ -212,11 +212,100 @@ for broken, error in [(off_by_one, OutOfBoundsError), (in_the_loop, BarrierDiver
         raise AssertionError(f"{error.__name__} was not raised")
 
 # %% [markdown] id="gpu-27"
+# ## The same program in OpenCL, CUDA and WGSL
+#
+# The GPU renderers write the group reduction's program in their own words: shared memory is
+# OpenCL's `__local`, CUDA's `__shared__` and WGSL's module-level `var<workgroup>`; the thread
+# id is `get_local_id(0)`, `threadIdx.x`, `lid.x`; the loop over groups starts at the group's
+# id (`get_group_id(0)`, `blockIdx.x`, `wid.x`) and steps by the number of groups; a barrier
+# is `barrier(CLK_LOCAL_MEM_FENCE)`, `__syncthreads()`, `workgroupBarrier()`. The launch line
+# asks for exactly the program's group of 16 threads, one group per row. The OpenCL kernel:
+
+# %% id="gpu-28"
+from tinyteach.render.cuda import CUDARenderer
+from tinyteach.render.gpu import launch_of
+from tinyteach.render.opencl import OpenCLRenderer
+from tinyteach.render.wgsl import WGSLRenderer
+
+sources = {type(r).__name__: r.render(item.name, grouped)
+           for r in (OpenCLRenderer(), CUDARenderer(), WGSLRenderer())}
+for words, source in zip([("__local float local0[16]", "barrier(CLK_LOCAL_MEM_FENCE)"),
+                          ("__shared__ float local0[16]", "__syncthreads()"),
+                          ("var<workgroup> local0: array<f32, 16>", "workgroupBarrier()")],
+                         sources.values()):
+    assert all(word in source for word in words)
+    assert launch_of(source).local_size == (16, 1, 1) and launch_of(source).groups == (4, 1, 1)
+print(sources["OpenCLRenderer"])
+
+# %% [markdown] id="gpu-29"
+# ## Matmul with local tiles
+#
+# In a matmul `C = A @ B` with one thread per output, every thread reads a whole row of `A` and
+# a whole column of `B` from global memory: each element of `A` is read once per column of `C`.
+# A **local tile** (`KernelOptions(local_tile=T)`) gives each T×T block of `C` a work-group of
+# T×T threads, thread `(lidx1, lidx0)` computing row `lidx1`, column `lidx0` of the block. The
+# reduction goes in steps of T: in each step every thread copies **one** element of `A` and one
+# of `B` into two T×T tiles in shared memory, the group waits at a barrier, and each thread
+# adds its row of the `A` tile times its column of the `B` tile. A barrier at the top of each
+# step keeps the next copies from overwriting a tile that slower threads still read. Sizes
+# that are not multiples of T are padded with zeros, and the threads past the edge store
+# nothing. A 20×17 times 17×18 matmul in 8×8 tiles:
+
+# %% id="gpu-30"
+a = rng.normal(size=(20, 17)).astype(np.float32)
+b = rng.normal(size=(17, 18)).astype(np.float32)
+matmul = create_schedule([(Tensor(a, device="PYTHON") @ Tensor(b, device="PYTHON")).uop],
+                         "PYTHON")[0][-1]
+
+
+def run_matmul(options):
+    """The matmul lowered with `options`, emulated with a record; checked against numpy."""
+    program = lower(matmul.ast, options)
+    output = np.zeros(20 * 18, np.float32)
+    trace = emulate(program, [output, a.reshape(-1).copy(), b.reshape(-1).copy()],
+                    matmul.name, record=True)
+    np.testing.assert_allclose(output.reshape(20, 18), a @ b, rtol=1e-4, atol=1e-5)
+    return program, trace
+
+
+tiled, tile_trace = run_matmul(KernelOptions(local_tile=8))
+print(tiled.applied_opts)
+print(launch_summary(tile_trace).text)
+
+# %% [markdown] id="gpu-31"
+# Shared memory per barrier phase: in each of the 3 steps, 64 threads write one element of
+# each tile, then, after the barrier, read 8 of each (the emulator's race check passed: no
+# thread read a tile element in the phase it was written):
+
+# %% id="gpu-32"
+shared_traffic(tile_trace)
+
+# %% [markdown] id="gpu-33"
+# What the tiles save is global memory traffic. Counted from the two records, the one thread
+# per output version reads every element of `A` 18 times and of `B` 20 times; the tiled one
+# reads each 3 times (once per block of 8 columns of `C`, or 8 rows), and never loads the
+# zeros of the padding:
+
+# %% id="gpu-34"
+plain, plain_trace = run_matmul(KernelOptions())
+
+
+def global_reads(trace):
+    return sum(len(e.addresses) for e in trace.accesses("read") if not e.is_shared)
+
+
+reads = {"one thread per output": global_reads(plain_trace),
+         "local tiles": global_reads(tile_trace)}
+assert reads["one thread per output"] == 2 * 20 * 18 * 17
+assert reads["local tiles"] == 3 * 20 * 17 + 3 * 17 * 18
+print(reads)
+
+# %% [markdown] id="gpu-35"
 # ## Where this goes next
 #
-# The optimizer chooses the group reduction by itself for a long reduction with few outputs,
-# on devices whose renderer says it can write shared memory and barriers
-# (`supports_group_reduce`: so far the emulator), never under `NOOPT=1`, and lists it with
-# `DEBUG=3` like the CPU's upcasts. The GPU renderers are next: the same program becomes
-# OpenCL's `__local` and `barrier(CLK_LOCAL_MEM_FENCE)`, CUDA's `__shared__` and
-# `__syncthreads()`, WGSL's `var<workgroup>` and `workgroupBarrier()`.
+# The optimizer chooses both by itself on devices whose renderer says it can
+# (`supports_group_reduce`, `supports_local_tile`: the emulator, OpenCL, CUDA and WGSL): a group
+# reduction for a long reduction with few outputs, a local tile for a matmul whose tile is
+# filled along both output axes and the reduction; never under `NOOPT=1`, and listed by
+# `DEBUG=3` like the CPU's upcasts. Next are tensor cores: a small matrix-multiply-accumulate
+# on fragments, the same tiles computed by one instruction.
