@@ -273,3 +273,29 @@ def test_cuda_gpu_kernels_compile_to_ptx(options):
     assert f".entry {item.name}(" in kernel.ptx
     assert ".shared" in kernel.ptx and "bar.sync" in kernel.ptx
     assert kernel.launch.local_size == launch_of(source).local_size
+
+
+# ---- the fuzzer with every GPU option the heuristic has ----
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fuzzed_graphs_with_gpu_options_match_numpy(device, monkeypatch):
+    """The differential fuzzer's graphs are small: with the thresholds lowered, most of their
+    reductions become group reductions (a fixed-seed slice; its graphs have no matmuls, which
+    the local-tile tests above cover)."""
+    from fuzz_graphs import fuzz
+    monkeypatch.setattr(opt, "GROUP_MIN_REDUCE", 2)
+    monkeypatch.setattr(opt, "GROUP_THREADS", 4)
+    monkeypatch.setattr(opt, "_chosen", {})
+    monkeypatch.setattr(search_module, "heuristic_options",
+                        lambda backend, ast: options_for_renderer(ast, backend.renderer))
+    clear_caches()
+    chosen: list[KernelOptions] = []
+    choose = opt._choose
+
+    def counting(*args):
+        chosen.append(choose(*args))
+        return chosen[-1]
+    monkeypatch.setattr(opt, "_choose", counting)
+    report = fuzz(25, [device], seed=77)
+    assert report.ok(), "\n\n".join(report.failures[:3])
+    assert sum(1 for options in chosen if options.group) >= 5

@@ -29,6 +29,11 @@ Everything else a renderer knows about one kernel while it renders it (each valu
 loop depth, a GPU kernel's launch) lives in the `KernelWriter` of that render, never on the
 renderer, which all kernels of a device share: two kernels can be rendered at once.
 
+GPU kernels add a few words a GPU language gives (render/gpu.py): `define_local` (shared memory),
+`local_id` (SPECIAL), `barrier`, and loops over work-groups; every language writes a guarded
+load so that an invalid index is never read (`guarded_load`) and a gated store as an `if`
+(`gated_store`). A LOAD's and a STORE's parts come from uop.load_parts / store_parts.
+
 Builds on: uop.py, lower.py (LinearProgram). Used by: the compiled runtimes (runtime/cpu.py, ...).
 
 >>> from tinyteach.dtype import dtypes
