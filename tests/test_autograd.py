@@ -355,8 +355,13 @@ def test_detach_stops_gradients(device):
     assert not frozen.requires_grad
     (frozen * x).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), 3 * x.numpy())
-    with pytest.raises(RuntimeError, match="requires_grad"):
-        frozen.sum().backward()
+    np.testing.assert_allclose(frozen.grad.numpy(), x.numpy())  # a float tensor in the graph
+    before = x.grad.numpy()
+    frozen.sum().backward()  # adds 1 to frozen.grad, and stops at the detach
+    np.testing.assert_allclose(x.grad.numpy(), before)
+    np.testing.assert_allclose(frozen.grad.numpy(), x.numpy() + 1)
+    with pytest.raises(RuntimeError, match="nothing in this graph can have a gradient"):
+        Tensor(uniform(3), device=device, requires_grad=False).sum().backward()
 
 
 def test_backward_after_the_loss_was_realized(device):

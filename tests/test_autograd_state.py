@@ -114,16 +114,53 @@ def test_requires_grad_of_results_follows_tinygrad():
     assert false.requires_grad_(True) is false and false.requires_grad is True
 
 
-def test_backward_fills_grad_on_true_leaves_only(device):
+def test_backward_fills_grad_on_every_float_tensor_it_reaches(device):
+    """tinygrad's rule: None (the default) gets a .grad too, and so does an intermediate
+    result; against torch with requires_grad=True on the same leaves (and retain_grad)."""
     a, b = uniform(3), uniform(3)
     w = Tensor(a, device=device, requires_grad=True)
-    x = Tensor(b, device=device)                     # None: no .grad from backward
-    h = w * x                                        # computed from a leaf: no .grad either
+    x = Tensor(b, device=device)                     # None: gets a .grad if reached
+    h = w * x                                        # an intermediate result: a .grad too
     (h * h).sum().backward()
-    tw, tx = torch.tensor(a, requires_grad=True), torch.tensor(b)
-    ((tw * tx) ** 2).sum().backward()
+    tw, tx = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+    th = tw * tx
+    th.retain_grad()
+    (th ** 2).sum().backward()
+    for mine, theirs in ((w, tw), (x, tx), (h, th)):
+        np.testing.assert_allclose(mine.grad.numpy(), theirs.grad.numpy(), rtol=1e-12)
+
+
+def test_backward_fills_a_plain_randn_through_a_mask(device):
+    """The issue's example: `(t * (t < 0)).sum().backward()` for a plain Tensor.randn(4)."""
+    Tensor.manual_seed(0)
+    t = Tensor.randn(4, device=device)
+    (t * (t < 0)).sum().backward()
+    tt = torch.tensor(t.numpy(), requires_grad=True)
+    (tt * (tt < 0)).sum().backward()
+    np.testing.assert_array_equal(t.grad.numpy(), tt.grad.numpy())
+
+
+def test_backward_accumulates_and_skips_false_ints_and_constants(device):
+    a, b = uniform(3), uniform(3)
+    w = Tensor(a, device=device)
+    frozen = Tensor(b, device=device, requires_grad=False)
+    zeros = Tensor.zeros(3, device=device)           # a constant: never a .grad
+    steps = Tensor.arange(3, device=device)          # integers: never a .grad
+    for _ in range(2):
+        (w * frozen + zeros + steps).sum().backward()
+    tw = torch.tensor(a, requires_grad=True)
+    for _ in range(2):
+        (tw * torch.tensor(b)).sum().backward()     # torch adds into .grad the same way
     np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-12)
-    assert x.grad is None and h.grad is None
+    assert frozen.grad is None and zeros.grad is None and steps.grad is None
+
+
+def test_no_grad_stops_a_default_tensor_too(device):
+    x = Tensor(uniform(3), device=device)
+    with Tensor.test():
+        y = x * 2
+    (y * x).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), y.numpy())  # only through the second factor
 
 
 def test_an_optimizer_turns_none_into_true_and_leaves_false_alone(device):

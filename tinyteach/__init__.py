@@ -29,9 +29,11 @@ and runs it. Set DEBUG=1..5 (or `with Context(DEBUG=4):`) to watch every stage.
 
 Layering: a module imports only from modules *below* it in this order (a test checks it):
 helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime, realize,
-gradient, tensor, indexing (opt sits with lower; pack and search, which compile and run
-kernels, with realize; tensor_create, tensor_movement, tensor_math and tensor_nn, the parts
-Tensor inherits, with tensor), then jit, nn and exercises on top.
+gradient, the tensor layer, then jit, nn and exercises on top (opt sits with lower; pack and
+search, which compile and run kernels, with realize). The tensor layer is tensor_core (the
+core: graph, realize, primitive ops, autograd), the parts on it in order (tensor_create,
+tensor_movement, tensor_math, tensor_nn) and indexing, with tensor.py on top assembling them
+into Tensor.
 """
 from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
 from tinyteach.device import Device

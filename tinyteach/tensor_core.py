@@ -7,10 +7,12 @@ What this teaches:
 - the core has the primitive ops only: the six movement ops, one elementwise op per operator
   (after broadcasting and dtype promotion, which happen here, once, so every op below sees
   operands of equal shape and dtype), one reduction, and the entry to autograd;
-- `requires_grad` has three states, as in tinygrad: True (backward fills `.grad`), None (the
-  default: no `.grad`, but an optimizer that is handed the tensor makes it True) and False
-  (never trained: BatchNorm's running statistics). What autograd remembers across tensors is
-  one object, `AUTOGRAD` (`AutogradState`); chapter 2 has the gradient rules.
+- `requires_grad` has three states, as in tinygrad: None (the default: the tensor gets a
+  `.grad` if a backward reaches it), True (the same, and results computed from it keep their
+  graph through realize) and False (a stop: never a `.grad`, as BatchNorm's running statistics
+  and the datasets). `backward()` fills `.grad` on every live float tensor of its graph that is
+  not a constant. What autograd remembers across tensors is one object, `AUTOGRAD`
+  (`AutogradState`); chapter 2 has the gradient rules.
 
 The rest of chapter 1 stands on this class. Each part is a mixin that uses only what is below
 it: CoreTensor <- TensorCreation (tensor_create.py, part 4) <- TensorMovement (part 5) <-
@@ -82,10 +84,13 @@ class AutogradState:
     Each tensor carries two fields of its own: `requires_grad` (True, None or False) and
     `_lazy`, the graph its buffer was computed from once it is realized (None for a leaf and
     for host data). The invariant that ties them to the fields here:
+    - `tensors` holds every live tensor (registered when it is made, gone when it dies):
+      `backward()` fills `.grad` on each one whose graph (`uop`, or `_lazy` once realized) its
+      gradient reaches, that is floating point, not a constant and not requires_grad=False,
+      adding to a `.grad` already there (tinygrad's rule: intermediate results get one too);
     - `leaves` holds exactly the live tensors whose requires_grad was set to True: each is a
-      buffer of its own (setting True on a lazy tensor computes it first), and they are the
-      tensors `backward()` fills `.grad` on. A tensor computed from a leaf has requires_grad
-      True too, but is not a leaf and gets no `.grad` (as in PyTorch);
+      buffer of its own (setting True on a lazy tensor computes it first). A tensor computed
+      from a leaf has requires_grad True too, but is not a leaf;
     - `graph_behind` maps the buffer of every realized non-leaf tensor with requires_grad True
       to its lazy graph, so that a graph built on that buffer still reaches the leaves:
       gradient.graph_before_realize puts the graph back before differentiating;
@@ -94,6 +99,7 @@ class AutogradState:
       `loss.backward(); opt.step(); loss.item()` reports the loss before the step.
     Every map holds its keys or values weakly: autograd keeps nothing alive on its own."""
 
+    tensors: weakref.WeakValueDictionary[int, CoreTensor] = field(default_factory=_by_id)
     leaves: weakref.WeakValueDictionary[int, CoreTensor] = field(default_factory=_by_id)
     losses: weakref.WeakValueDictionary[int, CoreTensor] = field(default_factory=_by_id)
     graph_behind: weakref.WeakKeyDictionary[UOp, UOp] = field(
@@ -147,6 +153,7 @@ class CoreTensor:
         self.grad: Self | None = None
         self._lazy: UOp | None = None  # the graph before realize, kept for backward()
         self.requires_grad = requires_grad
+        AUTOGRAD.tensors[id(self)] = self  # (weakly) so that backward() can find it
 
     @property
     def requires_grad(self) -> bool | None:
@@ -223,10 +230,10 @@ class CoreTensor:
         """Compute this tensor (and `others`): `t.realize()` or `Tensor.realize(a, b, c)`.
         Three steps: pick the tensors that still need computing, run their graphs in one
         schedule (realize.py), and point each tensor at its buffer."""
-        pending = _still_lazy([self, *others])
+        pending = _still_lazy(list({id(t): t for t in (self, *others)}.values()))
         if pending:
             results = realize_uops([t.uop for t in pending], self.device)
-            for tensor, result in zip(pending, results):
+            for tensor, result in zip(pending, _distinct(pending, results)):
                 tensor._point_at(result)
         return self
 
@@ -291,7 +298,8 @@ class CoreTensor:
     # ---- building results ----
 
     def _apply(self, uop: UOp, *sources: CoreTensor) -> Self:
-        if type(self).no_grad and any(s.requires_grad for s in sources):
+        if type(self).no_grad and any(s.requires_grad is not False for s in sources) and \
+                dtypes.is_float(uop.dtype):
             uop = UOp(Ops.DETACH, uop.dtype, (uop,))  # made under no_grad: gradients stop here
         result = type(self)(uop, self.device)
         result._inherit_grad(*sources)
@@ -617,17 +625,20 @@ class CoreTensor:
         return results
 
     def backward(self, gradient: CoreTensor | None = None) -> Self:
-        """Add this tensor's gradient to `.grad` of every leaf (requires_grad=True) below it."""
+        """Add this tensor's gradient to `.grad` of every live tensor below it that can have
+        one: floating point, not a constant, requires_grad not False (tinygrad's rule; the
+        loss itself gets a `.grad` of ones). Gradients stop at detach(), no_grad, comparisons
+        and tensors with requires_grad=False."""
         if gradient is None and self.shape != ():
             raise ValueError(f"backward() needs a scalar (shape ()) tensor, this one has shape "
                              f"{self.shape}; pass gradient= for a non-scalar output")
         root = graph_before_realize(self._lazy or self.uop, AUTOGRAD.graph_behind)
         in_graph = reachable_by_gradient(root)
-        targets = [t for t in list(AUTOGRAD.leaves.values())
-                   if t.uop in in_graph or (t._lazy is not None and t._lazy in in_graph)]
+        targets = [t for t in list(AUTOGRAD.tensors.values()) if _gets_gradient(t, in_graph)]
         if not targets:
-            raise RuntimeError("backward(): no tensor with requires_grad=True in this graph "
-                               "(gradients stop at detach(), no_grad and comparisons)")
+            raise RuntimeError("backward(): nothing in this graph can have a gradient (it needs "
+                               "a float tensor that is not a constant and not "
+                               "requires_grad=False)")
         for target, grad in zip(targets, self.gradient(*targets, gradient=gradient)):
             target.grad = grad if target.grad is None else target.grad + grad
         AUTOGRAD.losses[id(self)] = self
@@ -684,6 +695,39 @@ class CoreTensor:
 
 
 # ---- helpers used above ----
+
+_MOVEMENT = (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP)
+
+
+def _gets_gradient(tensor: CoreTensor, in_graph: set[UOp]) -> bool:
+    """Whether backward() fills `tensor.grad`: its graph is reached, it is a float tensor,
+    not a constant (`zeros`, `full`: a CONST seen through movement ops), and not False."""
+    if tensor.requires_grad is False or not dtypes.is_float(tensor.dtype):
+        return False
+    if tensor.uop not in in_graph and (tensor._lazy is None or tensor._lazy not in in_graph):
+        return False
+    node = tensor.uop
+    while node.op in _MOVEMENT:
+        node = node.src[0]
+    return node.op is not Ops.CONST
+
+
+def _distinct(tensors: list[CoreTensor], results: list[UOp]) -> list[UOp]:
+    """Each tensor's buffer, with a copy for every tensor after the first whose graph is the
+    same node as an earlier one's. UOps are hash-consed, so `zeros(4).contiguous()` made twice
+    is one node, which the schedule computes once into one buffer; two tensors must not share
+    it, or an assign to one would change the other. (One kernel per extra copy: each copy of
+    the same buffer is the same node again, so they are realized one at a time.)"""
+    first_of: dict[UOp, UOp] = {}
+    distinct = []
+    for tensor, result in zip(tensors, results):
+        if tensor.uop in first_of:
+            copy = UOp(Ops.CONTIGUOUS, result.dtype, (first_of[tensor.uop],))
+            result = realize_uops([copy], tensor.device)[0]
+        else:
+            first_of[tensor.uop] = result
+        distinct.append(result)
+    return distinct
 
 def _still_lazy(tensors: list[CoreTensor]) -> list[CoreTensor]:
     """The tensors to compute (those not yet a buffer), and with them every unrealized loss

@@ -8,7 +8,11 @@ What this teaches:
 - random numbers are a hash of (counter, seed): integer xor, multiply and shift, computed by the
   kernels themselves, so a seed gives the same numbers on every device. Uniform floats keep the
   top 24 bits of the hash; normal ones come from two uniforms (Box-Muller); a random
-  permutation is the rank of each of n random keys (randperm).
+  permutation is the rank of each of n random keys (randperm);
+- the seed and the counter live in a small buffer on each device, as in tinygrad, and every
+  draw is two kernels: copy the state into a buffer of the draw's own, then add the draw's size
+  to the counter in place (an assign). A TinyJit replay runs those kernels again, so each
+  replay draws new numbers.
 
 Each part of chapter 1 is a mixin that stands on the ones below it: this one uses only the
 core (tensor_core.py), and tensor.py assembles the parts into Tensor, so `Tensor.zeros(2, 3)`
@@ -56,9 +60,10 @@ def _shape_from(args: tuple[Any, ...]) -> tuple[int, ...]:
 class TensorCreation(CoreTensor):
     """full, zeros, ones, empty, arange, linspace, eye and random numbers (part 4)."""
 
-    # the random number generator's state, shared by every tensor
+    # the random number generator's state: the seed, and on each device a uint32 buffer
+    # [hash of the seed, counter] (the counter wraps after 2^32 numbers)
     _seed: ClassVar[int] = 0
-    _rng_counter: ClassVar[int] = 0
+    _rng_states: ClassVar[dict[str, CoreTensor]] = {}
 
     # ---- constants and ranges ----
 
@@ -182,18 +187,42 @@ class TensorCreation(CoreTensor):
     @classmethod
     def manual_seed(cls, seed: int = 0) -> None:
         """Make random numbers reproducible: the same seed gives the same numbers on every
-        device, because they come from integer arithmetic that every device does exactly."""
-        TensorCreation._seed, TensorCreation._rng_counter = int(seed), 0
+        device, because they come from integer arithmetic that every device does exactly.
+        The state buffers are rewritten in place, so a TinyJit captured before starts over
+        too."""
+        TensorCreation._seed = int(seed)
+        for device, state in TensorCreation._rng_states.items():
+            state.assign(cls._first_state(device)).realize()
+
+    @classmethod
+    def _first_state(cls, device: str) -> Self:
+        # 0x6A09E667 (from sqrt(2)) moves seed 0 off the hash's fixed point hash(0) == 0
+        seed_key = _hash32_int(TensorCreation._seed ^ 0x6A09E667)
+        return cls([seed_key, 0], device, dtype=dtypes.uint32, requires_grad=False)
+
+    @classmethod
+    def _draw_state(cls, count: int, device: str) -> Self:
+        """[seed key, first counter] for a draw of `count` numbers, in a buffer of its own, and
+        the device's counter advanced by `count`: both computed now, by kernels (so a TinyJit
+        records and replays them), and never overwritten later, however lazily the random
+        numbers themselves are computed."""
+        state = TensorCreation._rng_states.get(device)
+        if state is None:
+            state = TensorCreation._rng_states[device] = cls._first_state(device)
+        mine = state.contiguous().realize()
+        step = cls([0, count & 0xFFFFFFFF], device, dtype=dtypes.uint32, requires_grad=False)
+        state.assign(state + step).realize()
+        return mine  # type: ignore[return-value]
 
     @classmethod
     def _random_bits(cls, count: int, device: str | None) -> Self:
         """`count` pseudo-random uint32s: hash(counter, seed), lowbias32 by Chris Wellons."""
-        start = TensorCreation._rng_counter
-        TensorCreation._rng_counter += count
-        counter = cls._arange_int(count, Device.canonicalize(device)).cast(dtypes.uint32)
-        # 0x6A09E667 (from sqrt(2)) moves seed 0 off the hash's fixed point hash(0) == 0
-        key = _hash32_int(_hash32_int(TensorCreation._seed ^ 0x6A09E667) ^ (start & 0xFFFFFFFF))
-        return _hash32((counter ^ key) * 0x9E3779B9 + (start >> 32))
+        name = Device.canonicalize(device)
+        state = cls._draw_state(count, name)
+        counter = cls._arange_int(count, name).cast(dtypes.uint32)
+        seed_key, start = state._row(0), state._row(1)
+        key = _hash32(seed_key ^ start)
+        return _hash32((counter ^ key) * 0x9E3779B9)
 
     @classmethod
     def rand(cls, *shape: Any, device: str | None = None, dtype: DType | str | None = None,

@@ -83,6 +83,29 @@ class TensorNN(TensorMath):
             out = self.dot(weight, dtype=dtype)
         return out if bias is None else out + bias
 
+    def newton_schulz(self, steps: int, params: Sequence[float], eps: float = 1.0e-7) -> Self:
+        """Push every singular value of this matrix towards 1, keeping its singular vectors
+        (tinygrad's; Muon's orthogonalization). Divide by the Frobenius norm, then `steps`
+        times apply the odd polynomial with coefficients `params` = (a, b, c, ...):
+        A = G @ G.T; G <- a*G + b*A@G + c*A@A@G + ... A tall matrix is transposed first, so
+        A is the smaller Gram matrix; leading axes are a batch."""
+        if self.ndim < 2:
+            raise ValueError(f"newton_schulz needs a matrix (2 or more axes), got shape "
+                             f"{self.shape}")
+        if not params:
+            raise ValueError("newton_schulz needs at least one coefficient in params")
+        if self.shape[-2] > self.shape[-1]:
+            return self.transpose(-2, -1).newton_schulz(steps, params, eps).transpose(-2, -1)
+        x = self / (self.square().sum(axis=(-2, -1), keepdim=True).sqrt() + eps)
+        for _ in range(steps):
+            gram = x @ x.transpose(-2, -1)
+            term, total = x, x * params[0]
+            for coefficient in params[1:]:
+                term = gram @ term
+                total = total + term * coefficient
+            x = total
+        return x
+
     # ---- convolution and pooling: sliding windows (tensor_math.pool), then one reduce ----
 
     def conv2d(self, weight: Self, bias: Self | None = None, groups: int = 1,
@@ -302,6 +325,38 @@ class TensorNN(TensorMath):
             return self.zeros_like()
         keep = type(self).rand(*self.shape, device=self.device) >= p
         return keep.where(self, 0) * (1 / (1 - p))
+
+    def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Self:
+        """Draw category indices from the weights in the last axis (one row, or one per row of
+        a 2-d tensor), as int32 (tinygrad's signature, PyTorch's checks). With replacement:
+        a uniform u picks the first category whose running share of the total exceeds it.
+        Without: each category gets the key -log(u)/w (an exponential race, the first to
+        finish wins), and the num_samples smallest keys are the draws."""
+        if not 1 <= self.ndim <= 2:
+            raise RuntimeError("prob_dist must be 1 or 2 dim")
+        if not isinstance(num_samples, int) or num_samples <= 0:
+            raise RuntimeError("cannot sample n_sample <= 0 samples")
+        if not replacement and num_samples > self.shape[-1]:
+            raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without "
+                               "replacement")
+        weight = (self.unsqueeze(0) if self.ndim == 1 else self).float()
+        if bool((weight < 0).any().item()) or not bool(weight.isfinite().all().item()):
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        if bool((weight.sum(1) <= 0).any().item()):
+            raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+        rows, categories = weight.shape
+        if replacement:
+            cumulative = weight.cumsum(1)
+            cdf = cumulative / cumulative.shrink([None, (categories - 1, categories)])
+            uniform = type(self).rand(num_samples, rows, 1, device=self.device)
+            picked = (uniform.expand(num_samples, rows, categories) >= cdf).cast(dtypes.int32)
+            indices = picked.sum(2).minimum(categories - 1).permute(1, 0)
+        else:
+            uniform = type(self).rand(rows, categories, device=self.device)
+            keys = -(1 - uniform).log() / weight  # a zero weight never finishes: +inf
+            indices = keys.topk(num_samples, dim=1, largest=False)[1]
+        indices = indices.cast(dtypes.int32)
+        return indices.squeeze(0) if self.ndim == 1 else indices
 
     # ---- losses ----
 

@@ -16,7 +16,11 @@ What this teaches:
 - `digits_mnist()` is the same digits in MNIST's format — uint8 (N, 1, 28, 28) images in 0..255
   (each 8x8 pixel a 3x3 block, centred with a 2-pixel border as MNIST centres its digits) and
   uint8 labels — so tinygrad's programs that call `mnist()` run offline unchanged but for the
-  import; `fetch_digits_mnist()` does the same for the older `extra.datasets.fetch_mnist()`.
+  import; `fetch_digits_mnist()` does the same for the older `extra.datasets.fetch_mnist()`;
+- every loader returns tensors with requires_grad=False. backward() fills `.grad` on every
+  float tensor its graph reaches (tinygrad's rule), and a batch `X_train[idx]` reaches
+  X_train: without JIT, each step would add a lazy gradient graph to X_train.grad, holding
+  every step's buffers alive. False stops the gradient there.
 
 Builds on: tensor.py. Used by: the training examples and chapter 11's notebook.
 
@@ -101,10 +105,13 @@ def mnist(directory: str | os.PathLike[str] | None = None, base_url: str | None 
     url = base_url or os.environ.get("TINYTEACH_MNIST_URL", MNIST_URL)
     arrays = [parse_idx(_mnist_file(folder, name, url), name) for name in MNIST_FILES]
     train_images, train_labels, test_images, test_labels = arrays
-    return (Tensor(train_images.reshape(-1, 1, 28, 28), device=device),
-            Tensor(train_labels, device=device),
-            Tensor(test_images.reshape(-1, 1, 28, 28), device=device),
-            Tensor(test_labels, device=device))
+    return (_data(train_images.reshape(-1, 1, 28, 28), device), _data(train_labels, device),
+            _data(test_images.reshape(-1, 1, 28, 28), device), _data(test_labels, device))
+
+
+def _data(array: np.ndarray, device: str | None) -> Tensor:
+    """A dataset tensor: requires_grad=False, so no backward piles a .grad onto it."""
+    return Tensor(array, device=device, requires_grad=False)
 
 
 def _mnist_file(folder: Path, name: str, base_url: str) -> bytes:
@@ -157,8 +164,8 @@ def digits(device: str | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     order = digits_order(len(labels))
     images, labels = images[order], labels[order]
     split = len(labels) - DIGITS_TEST_SIZE
-    return (Tensor(images[:split], device=device), Tensor(labels[:split], device=device),
-            Tensor(images[split:], device=device), Tensor(labels[split:], device=device))
+    return (_data(images[:split], device), _data(labels[:split], device),
+            _data(images[split:], device), _data(labels[split:], device))
 
 
 # ---- the digits in MNIST's format, for tinygrad's programs ----
@@ -186,7 +193,7 @@ def digits_mnist(device: str | None = None) -> tuple[Tensor, Tensor, Tensor, Ten
     """What `mnist()` returns — X_train (1500, 1, 28, 28) uint8, Y_train (1500,) uint8, X_test,
     Y_test (297) — made from scikit-learn's digits, with no network. tinygrad's programs run
     on it with `from tinyteach.nn.datasets import digits_mnist as mnist`."""
-    return tuple(Tensor(array, device=device)  # type: ignore[return-value]
+    return tuple(_data(array, device)  # type: ignore[return-value]
                  for array in digits_as_mnist_arrays())
 
 
@@ -198,6 +205,6 @@ def fetch_digits_mnist(tensors: bool = False) -> tuple[np.ndarray | Tensor, ...]
     flat_train = X_train.reshape(-1, 28 * 28).astype(np.float32)
     flat_test = X_test.reshape(-1, 28 * 28).astype(np.float32)
     if tensors:
-        return (Tensor(flat_train).reshape(-1, 1, 28, 28), Tensor(Y_train),
-                Tensor(flat_test).reshape(-1, 1, 28, 28), Tensor(Y_test))
+        return (_data(flat_train, None).reshape(-1, 1, 28, 28), _data(Y_train, None),
+                _data(flat_test, None).reshape(-1, 1, 28, 28), _data(Y_test, None))
     return flat_train, Y_train, flat_test, Y_test
