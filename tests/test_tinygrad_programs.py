@@ -73,9 +73,6 @@ def capped_range(limit: int) -> Any:
 
 # ---- what tinyteach does not do yet (strict: these start passing when it does) ----
 
-@pytest.mark.xfail(strict=True, raises=JitError,
-                   reason="TinyJit refuses random numbers inside a jitted function; tinygrad "
-                          "keeps its RNG counter in a buffer, so each replay draws new numbers")
 def test_tinyjit_replays_random_numbers_as_tinygrad() -> None:
     @TinyJit
     def draw() -> Tensor:
