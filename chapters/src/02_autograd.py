@@ -31,8 +31,9 @@ import viz  # drawings: viz.graph, viz.schedule, viz.kernel, viz.rewrites
 # %% [markdown] id="autograd-03"
 # ## A first gradient
 #
-# Mark the tensors you want gradients for with `requires_grad=True`, compute a scalar, call
-# `backward()`, read `.grad`. For `y = Σ xᵢ²` the gradient is `2x`:
+# Compute a scalar, call `backward()`, read `.grad`: as in tinygrad, every float tensor the
+# gradient reaches gets one (`requires_grad=True`, as PyTorch needs it, is allowed but not
+# needed). For `y = Σ xᵢ²` the gradient is `2x`:
 
 # %% id="autograd-04"
 x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
@@ -139,7 +140,7 @@ mine
 
 # %% [markdown] id="autograd-15"
 # The real `compute_gradient` adds two things: it only follows paths that lead to a tensor
-# with `requires_grad` (so no work is wasted on constants), and it moves gradients back
+# it was asked about (so no work is wasted on constants), and it moves gradients back
 # across devices for `COPY`.
 #
 # ## Checking gradients against finite differences
@@ -241,23 +242,24 @@ assert np.array_equal(x.grad.numpy(), x.numpy())   # x, not 2x
 x.grad.numpy()
 
 # %% [markdown] id="autograd-23"
-# When no tensor on the graph needs a gradient, `backward()` says so rather than returning
-# zeros:
+# When nothing on the graph can have a gradient (here every tensor is `requires_grad=False`),
+# `backward()` says so rather than returning zeros:
 
 # %% id="autograd-24"
 try:
-    (x.detach() * 3).sum().backward()
+    (Tensor([1.0, 2.0], requires_grad=False) * 3).sum().backward()
 except RuntimeError as error:
     print("RuntimeError:", error)
 
 # %% [markdown] id="autograd-34"
 # ## Who gets a gradient: three states of `requires_grad`
 #
-# As in tinygrad, `requires_grad` is `True`, `None` or `False`. `True` marks a *leaf*:
-# `backward()` adds to its `.grad`. `None`, the default, gets no `.grad`, but an optimizer
-# that is handed the tensor turns it into `True` (so `nn` layers need not mark their
-# weights). `False` is never trained (BatchNorm's running statistics). A result is `True` if a
-# source is, `False` if every source is, else `None`. `Tensor.gradient(*targets)` differentiates
+# As in tinygrad, `requires_grad` is `True`, `None` or `False`. `None`, the default, means
+# "gets a gradient if a backward reaches it": `backward()` adds to `.grad` of every live float
+# tensor on its graph that is not a constant, intermediate results and the loss included.
+# `True` does the same and marks a *leaf* (an optimizer turns `None` into `True`), `False` is
+# a stop: never a `.grad` (BatchNorm's running statistics, the datasets). A result is `True` if
+# a source is, `False` if every source is, else `None`. `Tensor.gradient(*targets)` differentiates
 # with respect to any tensors, of any state, and returns the gradients without touching
 # `.grad` (PyTorch's `torch.autograd.grad`); a target the gradient does not reach gets zeros.
 
@@ -274,12 +276,14 @@ assert np.array_equal(dstats.numpy(), np.zeros(3))
 print("gradient() left .grad alone:", w.grad, data.grad)
 
 loss.backward()
-print("backward() filled the leaf only:", w.grad.tolist(), data.grad)
+assert np.array_equal(w.grad.numpy(), data.numpy()) and np.array_equal(data.grad.numpy(), w.numpy())
+assert stats.grad is None and loss.grad.item() == 1.0     # the loss itself gets ones
+print("backward() filled w and data:", w.grad.tolist(), data.grad.tolist())
 
 # %% [markdown] id="autograd-36"
 # What autograd remembers between calls is one object, `AUTOGRAD` (an `AutogradState` in
 # [`tensor_core.py`](../tinyteach/tensor_core.py)), whose docstring states how its maps and
-# each tensor's own fields stay consistent: the leaves `backward()` fills, the lazy graph
+# each tensor's own fields stay consistent: the live tensors `backward()` may fill, the lazy graph
 # behind each realized tensor on a path to a leaf (so gradients still pass through a tensor
 # realized half-way), and the losses that must be computed before an optimizer's step
 # overwrites what they read. The gradient rules themselves are one table,
