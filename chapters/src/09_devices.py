@@ -552,8 +552,11 @@ if opencl_here():
 # The **source**: lowering (chapter 7) and the OpenCL renderer (chapter 8) give an OpenCL C
 # kernel. Its first line is a comment that records how many
 # threads to launch: a *global size* (threads in all) and a *local size* (threads per
-# work-group). Each thread `gidx0` computes four rows of the output (chapter 7's upcast), and
-# its loop steps by the global size, so that any number of threads would cover all the rows:
+# work-group). OpenCL can share a reduction across a work-group, so the optimizer gives each of
+# the 16 rows a group of 16 threads (chapter 8b's group reduction): thread `lidx0` sums every
+# 16th product, the 16 partial sums meet in `__local` memory and are added in halves between
+# barriers, and thread 0 stores the row. The group loop `gidx0` steps by the number of groups,
+# so that any number of groups would cover all the rows:
 
 # %% id="dev-65"
 if opencl_here():
