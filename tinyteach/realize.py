@@ -9,6 +9,13 @@ What this teaches:
 - programs are cached by kernel AST: the second time the same computation runs, nothing is
   lowered or compiled again (the cache holds at most `RUNNER_CACHE_SIZE` programs, and
   `clear_caches()` empties it);
+- eager dispatch: a fresh graph of the same *structure* (ops, args, dtypes, shapes, devices,
+  with its input buffers as numbered holes) is scheduled the same way, so the whole plan (the
+  items, their programs, which buffer goes where) is cached by that structure (`plan_key`).
+  A hit skips scheduling and lowering: it allocates the plan's new buffers and launches. The
+  key holds no object identity and no buffer, so a hit never depends on the garbage collector
+  or on stale memory; the cache is an LRU of `PLAN_CACHE_SIZE` plans (PLAN_CACHE=0 turns it
+  off, `clear_caches()` empties it);
 - everything the engine does can be watched: DEBUG=1 prints each launch, 2 adds timings, 3 the
   AST and the fusion reasons, 4 the generated source; `GlobalCounters` counts kernels, ops,
   bytes and time; `record_launches()` hands each launch to Python code (viz, the JIT).
@@ -24,13 +31,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinyteach import search
+from tinyteach import pack, schedule, search
 from tinyteach.device import Backend, Buffer, Device
-from tinyteach.helpers import DEBUG, GlobalCounters, LRUCache, format_bytes
+from tinyteach.dtype import DType
+from tinyteach.helpers import DEBUG, ContextVar, GlobalCounters, LRUCache, format_bytes
 from tinyteach.lower import LinearProgram, lower
 from tinyteach.pack import pack_operands
 from tinyteach.schedule import Schedule, ScheduleItem, estimate_ops, schedule_graph
-from tinyteach.uop import Ops, UOp, pretty
+from tinyteach.uop import Ops, UOp, _arg_key, pretty
 
 
 @dataclass
@@ -205,15 +213,159 @@ def build_schedule(roots: list[UOp], default_device: str) -> Schedule:
     return dataclasses.replace(schedule, items=pack_operands(schedule.items))
 
 
+# ---- the plan cache (eager dispatch) ----
+
+PLAN_CACHE = ContextVar("PLAN_CACHE", 1)  # 0: schedule every graph afresh
+PLAN_CACHE_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    """One launch of a cached plan: the item it came from (its buffers dropped) and the
+    slots of the realize's buffer list it runs on, output first."""
+
+    item: ScheduleItem
+    runner: Runner | None
+    slots: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What realizing a graph of one structure does: holes 0..n-1 are its input buffers,
+    `fresh` the new buffers to allocate (slots n, n+1, ...), `steps` the launches in order,
+    `results` for each root (slot, alias?) or None when the root stays as it is, and
+    `assigned` the slots an assign writes into."""
+
+    fresh: tuple[tuple[str, int, DType], ...]
+    steps: tuple[PlanStep, ...]
+    results: tuple[tuple[int, bool] | None, ...]
+    assigned: tuple[int, ...]
+
+
+plan_cache: LRUCache[tuple[Any, ...], Plan] = LRUCache("realize.plans", PLAN_CACHE_SIZE)
+
+
+def _rules() -> tuple[Any, ...]:
+    """Everything besides the graph a schedule depends on: every setting, the scheduler's and
+    the packer's limits (a test may change them) and the programs' cache size."""
+    return (tuple(var.value for var in ContextVar.registry.values()),
+            schedule.MAX_KERNEL_DEPTH, schedule.MAX_VIEWS_PER_NODE,
+            schedule.BROADCAST_RECOMPUTE_LIMIT, pack.PACK_MIN_ELEMENTS, pack.PACK_MIN_ROW_BYTES)
+
+
+def plan_key(roots: list[UOp], default_device: str) -> tuple[tuple[Any, ...], list[Buffer]]:
+    """The graph's structure, and its input buffers in hole order. Each node becomes
+    (op, dtype, arg, source positions); a BUFFER's arg becomes its hole number with the
+    buffer's device, size, dtype and whether assign() overwrote it. Two graphs with the same
+    key are scheduled alike (the scheduler looks at nothing else)."""
+    order = roots[0].toposort if len(roots) == 1 else schedule.toposort_of(roots)
+    position: dict[UOp, int] = {}
+    holes: dict[int, int] = {}
+    buffers: list[Buffer] = []
+    parts: list[Any] = []
+    for node in order:
+        position[node] = len(parts)
+        if node.op is Ops.BUFFER:
+            buffer: Buffer = node.arg
+            hole = holes.setdefault(id(buffer), len(buffers))
+            if hole == len(buffers):
+                buffers.append(buffer)
+            arg: Any = ("hole", hole, buffer.device, buffer.size, buffer.dtype,
+                        buffer.overwritten)
+        else:
+            arg = _arg_key(node.arg)
+        parts.append((node.op, node.dtype, arg, tuple(position[s] for s in node.src)))
+    key = (tuple(parts), tuple(position[r] for r in roots), default_device, _rules())
+    return key, buffers
+
+
+def make_plan(schedule_: Schedule, roots: list[UOp], holes: list[Buffer]) -> Plan:
+    """The plan of a schedule just built: each buffer by slot (holes first, then new ones)."""
+    slot_of = {id(buffer): k for k, buffer in enumerate(holes)}
+    fresh: list[tuple[str, int, DType]] = []
+
+    def slot(buffer: Buffer) -> int:
+        if id(buffer) not in slot_of:
+            slot_of[id(buffer)] = len(holes) + len(fresh)
+            fresh.append((buffer.device, buffer.size, buffer.dtype))
+        return slot_of[id(buffer)]
+    steps = []
+    for item in schedule_.items:
+        template = dataclasses.replace(item, buffers=[], old_contents_read=[], node=None,
+                                       input_nodes=[])
+        runner = None if item.kind == "copy" else get_runner(item)
+        steps.append(PlanStep(template, runner, tuple(slot(b) for b in item.buffers),
+                              sum(b.nbytes for b in item.buffers)))
+    assigned = tuple(slot(item.output) for item in schedule_.items
+                     if item.node is not None and item.node.op is Ops.ASSIGN)
+    results = []
+    for root in roots:
+        result = schedule_.becomes.get(root)
+        if result is None:
+            results.append(None)
+            continue
+        base = result
+        while base.op is not Ops.BUFFER:
+            base = base.src[0]
+        is_alias = root.op is Ops.ASSIGN
+        buffer = schedule.assign_target(root) if is_alias else base.arg
+        results.append((slot(buffer), is_alias))
+    return Plan(tuple(fresh), tuple(steps), tuple(results), assigned)
+
+
+def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer]) -> list[UOp]:
+    """Launch a cached plan on this graph's buffers: the lean path of an eager realize."""
+    buffers = holes + [Buffer(device, size, dtype) for device, size, dtype in plan.fresh]
+    watched = DEBUG >= 1 or bool(_launch_logs)
+    for step in plan.steps:
+        args = [buffers[k] for k in step.slots]
+        if watched:
+            run_item(dataclasses.replace(step.item, buffers=args))
+            continue
+        for buffer in args:
+            _ = buffer.storage  # allocate now, so allocation is not counted as kernel time
+        start = time.perf_counter()
+        if step.runner is None:
+            args[0].copyin(args[1].numpy())
+        else:
+            step.runner.program(*args)
+        seconds = time.perf_counter() - start
+        GlobalCounters.kernel_count += 1
+        GlobalCounters.global_ops += step.runner.ops_estimate if step.runner else 0
+        GlobalCounters.global_mem += step.nbytes
+        GlobalCounters.time_sum_s += seconds
+    for k in plan.assigned:
+        buffers[k].overwritten = True  # older graphs must not read it as if unchanged
+    results = []
+    for root, result in zip(roots, plan.results):
+        if result is None:
+            results.append(root)
+            continue
+        k, is_alias = result
+        buffer = buffers[k].alias() if is_alias else buffers[k]
+        results.append(schedule._buffer_node(buffer, root))
+    return results
+
+
 def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
     """Compute `roots`; returns, for each, a BUFFER-backed node holding its value.
 
-    Nothing is remembered between calls: a graph built again is computed again (a cache keyed
-    by graph would have to guess when memory that assign() or a JIT replay rewrote is stale,
-    and whether a value is still cached would depend on the garbage collector)."""
-    schedule = build_schedule(roots, default_device)
-    run_schedule(schedule.items)
-    for item in schedule.items:
-        if item.node is not None and item.node.op is Ops.ASSIGN:
-            item.output.overwritten = True  # older graphs must not read it as if unchanged
-    return [schedule.becomes.get(node, node) for node in roots]
+    Values are never remembered between calls: a graph built again is computed again. What
+    is remembered is the *plan*, by the graph's structure (see `plan_key`): a graph shaped
+    like one seen before runs the same kernels on its own buffers, without scheduling."""
+    if not PLAN_CACHE:
+        schedule_ = build_schedule(roots, default_device)
+        run_schedule(schedule_.items)
+        for item in schedule_.items:
+            if item.node is not None and item.node.op is Ops.ASSIGN:
+                item.output.overwritten = True  # older graphs must not read it as if unchanged
+        return [schedule_.becomes.get(node, node) for node in roots]
+    key, holes = plan_key(roots, default_device)
+    if key in plan_cache:
+        return run_plan(plan_cache[key], roots, holes)
+    schedule_ = build_schedule(roots, default_device)
+    precompile(schedule_.items)
+    plan = make_plan(schedule_, roots, holes)
+    plan_cache[key] = plan
+    return run_plan(plan, roots, holes)
