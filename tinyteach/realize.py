@@ -299,7 +299,7 @@ def make_plan(schedule_: Schedule, roots: list[UOp], holes: list[Buffer]) -> Pla
                               sum(b.nbytes for b in item.buffers)))
     assigned = tuple(slot(item.output) for item in schedule_.items
                      if item.node is not None and item.node.op is Ops.ASSIGN)
-    results = []
+    results: list[tuple[int, bool] | None] = []
     for root in roots:
         result = schedule_.becomes.get(root)
         if result is None:
