@@ -1,13 +1,12 @@
 # ruff: noqa: E402, E501, E701, I001, UP006, UP035, B007  (tinygrad's code, kept as written)
 # tinygrad's examples/beautiful_mnist.py with only the imports changed (see the lines marked
 # "tinyteach:"): tinyteach for tinygrad, the offline digits in MNIST's format for MNIST, and
-# colored/trange from examples/console.py (tinyteach.helpers does not have them yet).
+# tinyteach.helpers for tinygrad.helpers.
 # Run: python examples/beautiful_mnist.py   (TARGET_EVAL_ACC_PCT=90 to check the accuracy)
 # model based off https://towardsdatascience.com/going-beyond-99-mnist-handwritten-digits-recognition-cfff96337392
 from typing import List, Callable
 from tinyteach import Tensor, TinyJit, nn, GlobalCounters  # tinyteach: was tinygrad
-from tinyteach.helpers import getenv  # tinyteach: was tinygrad.helpers (+ colored, trange)
-from console import colored, trange  # tinyteach: tinyteach.helpers lacks these two
+from tinyteach.helpers import getenv, colored, trange  # tinyteach: was tinygrad.helpers
 from tinyteach.nn.datasets import digits_mnist as mnist  # tinyteach: offline digits
 
 class Model:

@@ -1,11 +1,10 @@
 # ruff: noqa: E402, E501, E701, I001, UP006, UP035, B007  (tinygrad's code, kept as written)
 # The code of tinygrad's docs/quickstart.md, block after block, with only the imports changed
 # (the lines marked "tinyteach:"): tinyteach for tinygrad, the offline digits in MNIST's
-# format for extra.datasets' MNIST, and Timing from examples/console.py (tinyteach.helpers
-# does not have it yet). The prose between the blocks is left out.
+# format for extra.datasets' MNIST, and tinyteach.helpers for tinygrad.helpers. The prose between the blocks is left out.
 # Run: python examples/quickstart.py   (it trains for 1000 steps and writes model.safetensors)
 import numpy as np
-from console import Timing  # tinyteach: was tinygrad.helpers
+from tinyteach.helpers import Timing  # tinyteach: was tinygrad.helpers
 
 from tinyteach import Tensor  # tinyteach: was tinygrad
 

@@ -31,7 +31,6 @@ import pytest
 
 import tinyteach
 from tinyteach import Tensor, TinyJit, nn
-from tinyteach.jit import JitError
 from tinyteach.nn.datasets import digits_mnist, fetch_digits_mnist
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -43,8 +42,8 @@ pytest.importorskip("sklearn")
 
 @pytest.fixture(autouse=True)
 def examples_importable(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The programs import examples/console.py as a sibling module, as when run as scripts;
-    they set Tensor.training themselves, so it is restored afterwards."""
+    """The programs may import sibling modules, as when run as scripts; they set
+    Tensor.training themselves, so it is restored afterwards."""
     monkeypatch.syspath_prepend(str(EXAMPLES))
     training = Tensor.training
     yield
@@ -147,16 +146,16 @@ def test_beautiful_mnist_model_trains() -> None:
 @FULL_RUNS
 def test_beautiful_mnist_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The program itself, as `python examples/beautiful_mnist.py`, for 3 of its 70 steps."""
-    import console
+    from tinyteach import helpers
     descriptions: list[str] = []
 
-    class three_steps(console.trange):  # noqa: N801
+    class three_steps(helpers.trange):  # noqa: N801
         def __init__(self, count: int, desc: str = ""):
             super().__init__(3, desc)
 
         def set_description(self, description: str) -> None:
             descriptions.append(description)
-    monkeypatch.setattr(console, "trange", three_steps)
+    monkeypatch.setattr(helpers, "trange", three_steps)
     without_tinyjit(monkeypatch)
     Tensor.manual_seed(0)
     runpy.run_path(str(EXAMPLES / "beautiful_mnist.py"), run_name="__main__")

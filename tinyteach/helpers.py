@@ -14,9 +14,12 @@ import functools
 import hashlib
 import operator
 import os
+import sys
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar
 
 T = TypeVar("T")
@@ -230,3 +233,57 @@ def dedup(values: Iterable[T]) -> list[T]:
 
 def flatten(nested: Iterable[Iterable[T]]) -> list[T]:
     return [item for inner in nested for item in inner]
+
+
+# ---- console helpers tinygrad's programs import from tinygrad.helpers ----
+
+COLORS = ["black", "red", "green", "yellow", "blue", "magenta", "cyan", "white"]
+
+
+def colored(text: str, color: str | None = None, background: bool = False) -> str:
+    """`text` in an ANSI colour (tinygrad.helpers.colored); no colour when color is None."""
+    if color is None:
+        return text
+    code = 10 * background + 60 * color.upper().startswith("BRIGHT") + 30
+    return f"\u001b[{code + COLORS.index(color.lower().removeprefix('bright_'))}m{text}\u001b[0m"
+
+
+class trange:  # noqa: N801  (tinygrad's and tqdm's name)
+    """`for i in (t := trange(n)): ... t.set_description(text)`: one status line, rewritten
+    in place with the step count and the last description."""
+
+    def __init__(self, count: int, desc: str = ""):
+        self.count, self.description, self.start = count, desc, time.perf_counter()
+
+    def __iter__(self) -> Iterator[int]:
+        for index in range(self.count):
+            yield index
+            self._show(index + 1)
+        sys.stderr.write("\n")
+
+    def set_description(self, description: str) -> None:
+        self.description = description
+
+    def _show(self, done: int) -> None:
+        elapsed = time.perf_counter() - self.start
+        sys.stderr.write(f"\r{self.description} {done}/{self.count} [{elapsed:.1f}s]")
+        sys.stderr.flush()
+
+
+class Timing:
+    """`with Timing("Time: "):` prints "Time: 12.34 ms" when the block ends."""
+
+    def __init__(self, prefix: str = "", on_exit: Callable[[int], str] | None = None,
+                 enabled: bool = True):
+        self.prefix, self.on_exit, self.enabled = prefix, on_exit, enabled
+
+    def __enter__(self) -> Timing:
+        self.start = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        elapsed = time.perf_counter_ns() - self.start
+        if self.enabled:
+            extra = self.on_exit(elapsed) if self.on_exit else ""
+            print(f"{self.prefix}{elapsed * 1e-6:6.2f} ms{extra}")
