@@ -109,10 +109,15 @@ def get_runner(item: ScheduleItem) -> Runner:
 
 def forget_runners(device: str) -> None:
     """Drop the programs compiled for one device, so a re-registered backend (exercise 12)
-    compiles everything again with its new code."""
+    compiles everything again with its new code. The cached plans that launch on it go too:
+    each holds its runners."""
     for key in runner_cache:
         if key[0] == device:
             del runner_cache[key]
+    for plan_id in plan_cache:
+        plan = plan_cache.entries[plan_id]
+        if plan_id[2] == device or any(step.item.device == device for step in plan.steps):
+            del plan_cache[plan_id]
 
 
 def _print_item(item: ScheduleItem) -> None:
