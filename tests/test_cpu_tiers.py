@@ -203,7 +203,17 @@ def function_name(source: str) -> str:
     return source.split("void ", 1)[1].split("(", 1)[0]
 
 
-def test_compile_many_starts_fast_then_swaps_in_the_optimized_build(cache: Path) -> None:
+def test_compile_many_starts_fast_then_swaps_in_the_optimized_build(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # hold the background build until the fast tier has been checked: on an idle machine the
+    # optimized build can finish before the programs below are even made
+    release = threading.Event()
+    optimize = cpu.ClangStyleCompiler._optimize
+
+    def held(self: cpu.ClangStyleCompiler, queued: list) -> None:
+        release.wait(timeout=120)
+        optimize(self, queued)
+    monkeypatch.setattr(cpu.ClangStyleCompiler, "_optimize", held)
     sources = unique_kernels(3)
     binaries = compiler().compile_many(sources)
     assert all(isinstance(b, cpu.TieredBinary) for b in binaries[:3])
@@ -213,6 +223,7 @@ def test_compile_many_starts_fast_then_swaps_in_the_optimized_build(cache: Path)
     fast_results = [run_kernel(p) for p in programs]
     assert fast_results[:3] == [[(n + 2.0) * x for x in (1, 2, 3, 4)] for n in range(3)]
     assert fast_results[3][0] == 10.0
+    release.set()
     cpu.wait_for_optimized_builds(timeout=120)
     assert all(p.tier == "optimized" for p in programs)
     assert [run_kernel(p) for p in programs] == fast_results

@@ -6,7 +6,8 @@ module (or small package) that opens with what it teaches, and one notebook in c
 | #  | chapter                                              | module(s)                         |
 |----|------------------------------------------------------|-----------------------------------|
 | 0  | A tour: the whole stack from the top                 | (chapters/00_tour.ipynb)          |
-| 1  | Tensors: a PyTorch-like API from 28 primitive ops    | tensor.py, dtype.py, indexing.py, |
+| 1  | Tensors: a PyTorch-like API from 28 primitive ops    | tensor_core.py, tensor.py,        |
+|    |                                                      | dtype.py, indexing.py,            |
 |    |                                                      | tensor_create.py,                 |
 |    |                                                      | tensor_movement.py,               |
 |    |                                                      | tensor_math.py, tensor_nn.py      |
@@ -18,9 +19,12 @@ module (or small package) that opens with what it teaches, and one notebook in c
 | 7  | Lowering: loops, indices, optimizations              | lower.py, opt.py, pack.py,        |
 |    |                                                      | search.py                         |
 | 8  | Code generation: C, OpenCL, CUDA, WGSL               | render/                           |
+| 8b | GPU kernels: work-groups, shared memory, emulator    | lower.py, opt.py,                 |
+|    |                                                      | runtime/python.py, viz/threads.py |
 | 9  | Devices and runtimes                                 | device.py, realize.py, runtime/   |
 | 10 | The JIT and graph execution                          | jit.py                            |
 | 11 | Deep learning: nn, optim, state, datasets            | nn/                               |
+| 11b| Attention and a small GPT                            | nn/transformer.py                 |
 | 12 | Exercise: build a backend, with an autograder        | exercises/                        |
 
 The data flow of `(a + b).relu().sum()`: tensor.py builds a lazy UOp graph -> schedule.py cuts

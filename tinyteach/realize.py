@@ -322,12 +322,8 @@ def make_plan(schedule_: Schedule, roots: list[UOp], holes: list[Buffer]) -> Pla
 def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer]) -> list[UOp]:
     """Launch a cached plan on this graph's buffers: the lean path of an eager realize."""
     buffers = holes + [Buffer(device, size, dtype) for device, size, dtype in plan.fresh]
-    watched = DEBUG >= 1 or bool(_launch_logs)
     for step in plan.steps:
         args = [buffers[k] for k in step.slots]
-        if watched:
-            run_item(dataclasses.replace(step.item, buffers=args))
-            continue
         for buffer in args:
             _ = buffer.storage  # allocate now, so allocation is not counted as kernel time
         start = time.perf_counter()
@@ -359,7 +355,9 @@ def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
     Values are never remembered between calls: a graph built again is computed again. What
     is remembered is the *plan*, by the graph's structure (see `plan_key`): a graph shaped
     like one seen before runs the same kernels on its own buffers, without scheduling."""
-    if not PLAN_CACHE:
+    if not PLAN_CACHE or DEBUG >= 1 or _launch_logs:
+        # the whole path when it is watched: DEBUG prints each step, and a recording (the
+        # JIT's capture, viz) keeps every item as the scheduler made it
         schedule_ = build_schedule(roots, default_device)
         run_schedule(schedule_.items)
         for item in schedule_.items:

@@ -76,9 +76,18 @@ def buffer_shapes(item: ScheduleItem) -> dict[int, tuple[int, ...]]:
 
 
 def reads_own_output(item: ScheduleItem) -> bool:
-    """An in-place assign reads the buffer it writes."""
+    """An in-place assign reads the buffer it writes: its kernel uses global 0 (the output)
+    as a value somewhere, not only as the place a STORE writes."""
+    if item.kind != "kernel":
+        return False
     output = memory_of(item.output)
-    return item.kind == "kernel" and any(memory_of(b) == output for b in item.old_contents_read)
+    if any(memory_of(b) == output for b in item.old_contents_read):
+        return True
+    for node in item.ast.toposort:
+        sources = node.src[1:] if node.op is Ops.STORE else node.src
+        if any(s.op is Ops.DEFINE_GLOBAL and s.arg[0] == 0 for s in sources):
+            return True
+    return False
 
 
 def memory_of(buffer: Buffer) -> int:

@@ -311,9 +311,10 @@ except JitError as error:
     print(error)  # 1.0 is a constant inside the captured kernel's source
 
 # %% [markdown] id="jit-28"
-# **Try it — random numbers.** What does the JIT say about a function that calls `Tensor.rand`? Try
-# `TinyJit(lambda x: (x + Tensor.rand(2)).realize())`, call it twice, and read the message.
-# Where should the random numbers come from instead?
+# **Try it — random numbers.** A replay runs the captured kernels and nothing else, so how can a
+# function that calls `Tensor.rand` draw new numbers on every call? Try
+# `TinyJit(lambda x: (x + Tensor.rand(2)).realize())`, call it three times, and compare the
+# results. Then look for the kernels that advance the random state in `noisy.captured.launches`.
 
 # %% id="jit-29"
 # your code here
@@ -323,11 +324,13 @@ except JitError as error:
 
 # %% id="jit-31" jupyter={"source_hidden": true} tags=["solution"]
 noisy = TinyJit(lambda x: (x + Tensor.rand(2)).realize())
-noisy(Tensor([0.0, 0.0]))
-try:
-    noisy(Tensor([0.0, 0.0]))
-except JitError as error:
-    print(error)  # draw them outside and pass them in as an argument
+draws = [noisy(Tensor([0.0, 0.0])).numpy() for _ in range(3)]   # the 2nd call captures
+assert not np.array_equal(draws[1], draws[2])   # the replay drew new numbers
+assert all(((0 <= d) & (d < 1)).all() for d in draws)
+# the random state (a seed and a counter) lives in a buffer on the device: one captured kernel
+# copies it for the draw, another advances the counter in place, and a replay runs both again
+print(len(noisy.captured.launches), "captured launches:",
+      [launch.item.name for launch in noisy.captured.launches])
 
 # %% [markdown] id="jit-32"
 # **Try it — how many kernels in a step?.** Capture `sgd_step` above again (`.reset()`, then two calls) and count its launches. Which of
