@@ -225,3 +225,19 @@ def test_chain_reading_each_step_through_two_views(device: str) -> None:
     items, _ = create_schedule([x.uop], device)
     assert any("different views" in item.boundary_reason for item in items)
     np.testing.assert_allclose(x.numpy(), ref, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", ["OPENCL", "WEBGPU", "CPU"])
+def test_a_chain_of_1000_adds_fits_every_compiler(device: str) -> None:
+    """One kernel of 1,000 chained adds: the renderer names an inline expression once it nests
+    MAX_INLINE_DEPTH deep, because clang (which OpenCL drivers use) refuses parentheses nested
+    past 256. Skips where the device is missing."""
+    from tinyteach.device import Device
+
+    reason = Device.why_unavailable(device)
+    if reason:
+        pytest.skip(f"{device}: {reason}")
+    x = Tensor(np.arange(16, dtype=np.float32), device=device)  # integers: exact in any order
+    for _ in range(1000):
+        x = x + 1
+    np.testing.assert_array_equal(x.numpy(), np.arange(16, dtype=np.float32) + 1000)

@@ -57,6 +57,10 @@ from tinyteach.uop import ALU, Ops, UOp, load_parts, store_parts
 
 # values written inline where they are used, when they are used once
 INLINE_OPS = set(ALU) | {Ops.CONST}
+# an inline expression nests at most this deep, then gets a name: C compilers limit how deeply
+# parentheses nest (clang, which OpenCL drivers use, stops at 256), and x+1 chained 1,000 times
+# would nest 1,000 deep
+MAX_INLINE_DEPTH = 64
 
 CodeForOp = Callable[["CStyleRenderer", list[str], list[DType], DType], str]
 """One entry of `code_for_op`: (renderer, operands, operand_dtypes, dtype) -> expression."""
@@ -411,6 +415,7 @@ class KernelWriter:
     depth: int = 1
     counters: Counter[str] = field(default_factory=Counter)
     uses: Counter[UOp] = field(default_factory=Counter)
+    inline_depth: dict[UOp, int] = field(default_factory=dict)  # nesting of inline values
 
     def __post_init__(self) -> None:
         self.uses = Counter(s for u in self.program.uops for s in u.src)
@@ -521,8 +526,10 @@ def _render_barrier(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
 
 def _render_alu(writer: KernelWriter, u: UOp, operands: list[str]) -> str | None:
     expression = writer.renderer.alu(u, operands)
-    if writer.uses[u] <= 1 and u.dtype.count == 1:  # (vectors get a name: lanes index it)
+    depth = 1 + max((writer.inline_depth.get(s, 0) for s in u.src), default=0)
+    if writer.uses[u] <= 1 and u.dtype.count == 1 and depth < MAX_INLINE_DEPTH:
         writer.names[u] = expression  # used once: written inline where it is used
+        writer.inline_depth[u] = depth  # (vectors get a name: lanes index them)
         return None
     writer.names[u] = writer.new_name("alu")
     return writer.renderer.declare(writer.names[u], u.dtype, expression)
