@@ -400,14 +400,22 @@ def _run_special(run: _Run, pc: int, u: UOp) -> None:
     run.values[u] = run.lanes.local_id[:, u.arg[1]].astype(np.int32)
 
 
+def _access(run: _Run, pc: int, kind: str, buffer: UOp, index: UOp,
+            condition: UOp | None) -> tuple[np.ndarray, np.ndarray]:
+    """The lanes a LOAD or STORE touches (active, and its guard or gate true) and their
+    addresses, checked against the buffer's bounds."""
+    taking = run.active.copy()
+    if condition is not None:
+        taking &= run.values[condition].astype(bool)
+    lanes = np.flatnonzero(taking)
+    addresses = run.values[index][lanes].astype(np.int64)
+    run.check_bounds(pc, kind, buffer, lanes, addresses)
+    return lanes, addresses
+
+
 def _run_load(run: _Run, pc: int, u: UOp) -> None:
     parts = load_parts(u)
-    taking = run.active.copy()
-    if parts.valid is not None:
-        taking &= run.values[parts.valid].astype(bool)
-    lanes = np.flatnonzero(taking)
-    addresses = run.values[parts.index][lanes].astype(np.int64)
-    run.check_bounds(pc, "read", parts.buffer, lanes, addresses)
+    lanes, addresses = _access(run, pc, "read", parts.buffer, parts.index, parts.valid)
     memory, _ = run.memory_of(parts.buffer)
     result = np.zeros(run.lanes.count, dtype=u.dtype.np)
     if parts.buffer.op is Ops.DEFINE_LOCAL:
@@ -421,12 +429,7 @@ def _run_load(run: _Run, pc: int, u: UOp) -> None:
 
 def _run_store(run: _Run, pc: int, u: UOp) -> None:
     parts = store_parts(u)
-    taking = run.active.copy()
-    if parts.gate is not None:
-        taking &= run.values[parts.gate].astype(bool)
-    lanes = np.flatnonzero(taking)
-    addresses = run.values[parts.index][lanes].astype(np.int64)
-    run.check_bounds(pc, "write", parts.buffer, lanes, addresses)
+    lanes, addresses = _access(run, pc, "write", parts.buffer, parts.index, parts.gate)
     memory, _ = run.memory_of(parts.buffer)
     values = run.values[parts.value][lanes]
     if parts.buffer.op is Ops.DEFINE_LOCAL:
