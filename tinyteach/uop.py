@@ -10,9 +10,10 @@ What this teaches:
   subgraphs are shared for free (common-subexpression elimination by construction);
 - every node knows its shape (derived from its sources and arg), and the integer nodes of index
   arithmetic know their smallest and largest value (`vmin`, `vmax`), which the simplifier uses.
-- GPU kernels add three nodes (the GPU chapter): `DEFINE_LOCAL` (a work-group's shared memory),
-  `SPECIAL` (a thread's index within its group) and `BARRIER` (the group waits until every
-  thread is there); `load_parts` and `store_parts` name the sources of a LOAD and a STORE;
+- GPU kernels add four nodes (the GPU chapter): `DEFINE_LOCAL` (a work-group's shared memory),
+  `SPECIAL` (a thread's index within its group), `BARRIER` (the group waits until every
+  thread is there) and `WMMA` (a tensor core: a warp's small matrix multiply, wmma.py);
+  `load_parts` and `store_parts` name the sources of a LOAD and a STORE;
 - a graph may be 100,000 ops deep, and Python allows only ~1,000 nested calls: every walk over
   a graph keeps its own stack of nodes (`toposort_of`, `fill_sources_first`), never recursion.
 
@@ -100,6 +101,11 @@ class Ops(enum.Enum):
     BARRIER = enum.auto()     # every thread of the group waits here; src: the shared-memory
                               # accesses before it. A LOAD or STORE after it lists it as its
                               # last source
+    WMMA = enum.auto()        # a tensor core: the threads of a warp multiply small matrices
+                              # held in pieces (fragments) across them (wmma.py). src: this
+                              # thread's elements of A, then of B; the value is one element of
+                              # its part of A @ B (arg: wmma.WMMAArg: shape, dtypes, layout,
+                              # which element). WMMAs with the same sources are one instruction
 
 
 UNARY = (Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.CAST)
@@ -403,7 +409,7 @@ SHAPE_RULES = {
 }
 SHAPE_RULES[Ops.DEFINE_LOCAL] = lambda node: (node.arg[1],)
 for _op in (Ops.RANGE, Ops.LOAD, Ops.STORE, Ops.SINK, Ops.DEFINE_ACC, Ops.ACCUMULATE, Ops.REDUCE,
-            Ops.END_RANGE, Ops.SPECIAL, Ops.BARRIER):
+            Ops.END_RANGE, Ops.SPECIAL, Ops.BARRIER, Ops.WMMA):
     SHAPE_RULES[_op] = lambda node: ()  # inside a lowered kernel every value is a scalar
 
 

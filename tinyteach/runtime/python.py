@@ -17,7 +17,12 @@ What this teaches:
   an access outside a buffer (`OutOfBoundsError`), a barrier that some threads of a group do not
   reach (`BarrierDivergenceError`), and two threads of a group that touch the same shared
   element between two barriers, one of them writing (`SharedMemoryRaceError`);
-- with `record_threads()` it keeps every thread's reads and writes (viz/threads.py draws them).
+- with `record_threads()` it keeps every thread's reads and writes (viz/threads.py draws them);
+- a tensor core (`WMMA`, wmma.py) is a warp's instruction: the emulator gathers every lane's
+  fragment elements into the matrices A and B by the instruction's layout, multiplies them in
+  float32 and hands each lane its elements of D. All 32 threads must take part
+  (`WarpDivergenceError` otherwise, as `mma.sync.aligned` demands); the record keeps the
+  layout it used (`FragmentEvent`), which viz/threads.py draws.
 
 The values are the NUMPY device's (the same reference functions compute every op), so this
 device gives NUMPY's numbers, up to the order of float sums.
@@ -47,6 +52,7 @@ from tinyteach.lower import LinearProgram
 from tinyteach.render.gpu import output_loops, plan_launch, plan_local_launch
 from tinyteach.runtime.numpy import NUMPY_OPS
 from tinyteach.uop import ALU, Ops, UOp, load_parts, store_parts
+from tinyteach.wmma import WMMAArg, wmma_reference
 
 MAX_LANES = 1 << 14  # threads emulated side by side (several work-groups when they are small)
 
@@ -65,6 +71,10 @@ class BarrierDivergenceError(EmulatorError):
 
 class SharedMemoryRaceError(EmulatorError):
     """Two threads of a group touch one shared element between two barriers, one writing."""
+
+
+class WarpDivergenceError(EmulatorError):
+    """Some threads of a warp run a tensor-core instruction and others do not."""
 
 
 # ---- the launch: how many groups, how many threads each ----
@@ -131,6 +141,22 @@ class AccessEvent:
         return self.buffer.startswith("local")
 
 
+@dataclass(frozen=True)
+class FragmentEvent:
+    """A tensor-core step of the program (recorded once per launch): which element of A, B
+    and D each lane of the warp held. `a_cells[lane, i]` is the (row, k) of lane's i-th A
+    element, `b_cells[lane, i]` its (k, column) of B, `c_cells[lane]` the (row, column) of D
+    that this step's `element` is."""
+
+    step: int
+    instruction: str         # "m16n8k16"
+    shape: tuple[int, int, int]  # (m, n, k)
+    element: int
+    a_cells: np.ndarray      # (lanes, A elements, 2)
+    b_cells: np.ndarray      # (lanes, B elements, 2)
+    c_cells: np.ndarray      # (lanes, 2)
+
+
 @dataclass
 class Trace:
     """Everything one launch did, for viz/threads.py: the launch, the buffers' sizes, every
@@ -142,6 +168,7 @@ class Trace:
     shared_bytes: int
     events: list[AccessEvent] = field(default_factory=list)
     barriers: int = 0
+    fragments: list[FragmentEvent] = field(default_factory=list)
 
     def accesses(self, kind: str | None = None, buffer: str | None = None) -> list[AccessEvent]:
         return [e for e in self.events if (kind is None or e.kind == kind)
@@ -222,6 +249,7 @@ class _Run:
         self.phase = 0
         self.shared: dict[UOp, np.ndarray] = {}
         self.writers: dict[UOp, tuple[np.ndarray, np.ndarray]] = {}
+        self.products: dict[tuple, tuple[list[np.ndarray], np.ndarray]] = {}  # WMMA, per step
         self.readers: dict[UOp, tuple[np.ndarray, np.ndarray]] = {}
         for define in program.locals:
             # fresh shared memory holds garbage on a GPU: NaN (or a large int) makes a read
@@ -462,6 +490,39 @@ def _run_barrier(run: _Run, pc: int, u: UOp) -> None:
         run.trace.barriers = max(run.trace.barriers, run.phase)
 
 
+def _run_wmma(run: _Run, pc: int, u: UOp) -> None:
+    """A warp's tensor-core instruction (wmma.py): each group is one warp; its lanes' sources
+    are their fragments of A and B; this node's value is each lane's element `arg.element` of
+    D = A @ B. The WMMA nodes of one instruction share one product."""
+    arg: WMMAArg = u.arg
+    core, groups = arg.core, run.lanes.groups_in_batch
+    if run.launch.threads_per_group != core.threads:
+        raise EmulatorError(f"a WMMA ({core.name}) runs on a warp of {core.threads} threads; "
+                            f"this work-group has {run.launch.threads_per_group}")
+    per_group = run.active.reshape(groups, core.threads)
+    split = per_group.any(axis=1) & ~per_group.all(axis=1)
+    if split.any():
+        group = int(np.argmax(split))
+        lane = group * core.threads + int(np.argmax(~per_group[group]))
+        raise WarpDivergenceError(
+            f"warp divergence at step %{pc}: {_thread_name(run.lanes, lane)} does not run the "
+            f"tensor-core instruction ({core.name}) that the rest of its warp runs")
+    sources = [run.values[s] for s in u.src]
+    key = (u.src, arg.instruction)
+    cached = run.products.get(key)
+    if cached is None or any(a is not b for a, b in zip(cached[0], sources)):
+        a = np.stack(sources[:core.a_elements], axis=-1).reshape(groups, core.threads, -1)
+        b = np.stack(sources[core.a_elements:], axis=-1).reshape(groups, core.threads, -1)
+        cached = (sources, wmma_reference(core, a, b))
+        run.products[key] = cached
+    run.values[u] = cached[1][:, :, arg.element].reshape(-1).astype(u.dtype.np)
+    if run.trace is not None and all(event.step != pc for event in run.trace.fragments):
+        a_table, b_table, c_table = core.tables
+        run.trace.fragments.append(FragmentEvent(pc, core.name, (core.m, core.n, core.k),
+                                                 arg.element, a_table, b_table,
+                                                 c_table[:, arg.element]))
+
+
 def _run_define_acc(run: _Run, pc: int, u: UOp) -> None:
     run.values[u] = np.full(run.lanes.count, u.src[0].arg, dtype=u.dtype.np)
 
@@ -480,7 +541,7 @@ _HANDLERS = {
     Ops.DEFINE_GLOBAL: _run_define, Ops.DEFINE_LOCAL: _run_define, Ops.CONST: _run_const,
     Ops.SPECIAL: _run_special, Ops.LOAD: _run_load, Ops.STORE: _run_store,
     Ops.BARRIER: _run_barrier, Ops.DEFINE_ACC: _run_define_acc,
-    Ops.ACCUMULATE: _run_accumulate, Ops.REDUCE: _run_reduce,
+    Ops.ACCUMULATE: _run_accumulate, Ops.REDUCE: _run_reduce, Ops.WMMA: _run_wmma,
 }
 
 
@@ -511,12 +572,13 @@ def emulate(program: LinearProgram, arrays: list[np.ndarray], name: str = "kerne
 class PythonRenderer:
     """The PYTHON device's "source" is the linear program itself, printed; the compiler gets
     the program back. It supports group reductions and local tiles (shared memory and
-    barriers)."""
+    barriers), and tensor cores (their semantics, wmma.py)."""
 
     device = "PYTHON"
     vector_width = 0
     supports_group_reduce = True
     supports_local_tile = True
+    supports_tensor_core = True
 
     def __init__(self) -> None:
         self.programs: dict[str, LinearProgram] = {}
