@@ -349,6 +349,19 @@ def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer]) -> list[UOp]:
     return results
 
 
+def schedule_uops(roots: list[UOp], default_device: str) -> tuple[list[ScheduleItem],
+                                                                    list[UOp]]:
+    """tinygrad's `schedule()`: the items that compute `roots`, not run, and for each root the
+    BUFFER-backed node that will hold its value once `run_schedule(items)` has run them. The
+    buffers an assign writes into count as overwritten from now on (graphs built before read
+    the old contents, which the items read before they write)."""
+    schedule_ = build_schedule(roots, default_device)
+    for item in schedule_.items:
+        if item.node is not None and item.node.op is Ops.ASSIGN:
+            item.output.overwritten = True
+    return schedule_.items, [schedule_.becomes.get(node, node) for node in roots]
+
+
 def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
     """Compute `roots`; returns, for each, a BUFFER-backed node holding its value.
 
