@@ -686,9 +686,17 @@ def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgra
     for node in nodes:
         if node.op is Ops.REDUCE:
             linearizer.reductions.setdefault(node.src[1:], []).append(node)
-    for node in [*defines, *shared, *global_loops, *thread_ids]:
-        linearizer.uops.append(node)
-        linearizer.placed.add(node)
+    row_loops = _loops_of_row_reductions(nodes, global_loops, linearizer.range_memo)
+    if row_loops is not None and not thread_ids:
+        global_loops = _rows_first(global_loops, row_loops)
+        for node in [*defines, *shared]:
+            linearizer.uops.append(node)
+            linearizer.placed.add(node)
+        _place_loop_by_loop(linearizer, lowered, global_loops)
+    else:
+        for node in [*defines, *shared, *global_loops, *thread_ids]:
+            linearizer.uops.append(node)
+            linearizer.placed.add(node)
     for store in lowered.src:
         linearizer.place(store)
     for loop in reversed(global_loops):
@@ -696,6 +704,45 @@ def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgra
     sizes = tuple(loop.arg[2] for loop in global_loops)
     return LinearProgram(linearizer.uops, sizes, linearizer.accumulators, options,
                          linearizer.simd_loops)
+
+
+# ---- a reduction computed once per row (schedule.fuses_along_rows) ----
+
+def _loops_of_row_reductions(nodes: list[UOp], global_loops: list[UOp],
+                             memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp] | None:
+    """The output loops that the kernel's row reductions depend on, where some reduction
+    depends on fewer output loops than the kernel has (softmax's max depends on the row, not
+    on the column); None when every reduction depends on every output loop (the usual
+    kernel), so nothing changes for it."""
+    loops = frozenset(global_loops)
+    per_row = [ranges_of(node, memo) & loops for node in nodes if node.op is Ops.REDUCE]
+    per_row = [depends for depends in per_row if depends != loops]
+    if not per_row:
+        return None
+    return frozenset().union(*per_row)
+
+
+def _rows_first(global_loops: list[UOp], row_loops: frozenset[UOp]) -> list[UOp]:
+    """The loops over rows outside the loops within a row (a loop order that put a column loop
+    outside would compute every row's reductions once per column)."""
+    return [loop for loop in global_loops if loop in row_loops] + \
+        [loop for loop in global_loops if loop not in row_loops]
+
+
+def _place_loop_by_loop(linearizer: _Linearizer, lowered: UOp, global_loops: list[UOp]) -> None:
+    """Open the output loops one at a time; before each, place everything that depends only on
+    the loops already open: each row's reductions, and what is computed from their results
+    (1/sum, rsqrt(var + eps)), run once per row instead of once per output element."""
+    nodes = [n for n in lowered.toposort if n.op not in (Ops.STORE, Ops.SINK, Ops.RANGE)]
+    opened: set[UOp] = set()
+    for loop in global_loops:
+        for node in nodes:
+            if node not in linearizer.placed and \
+                    ranges_of(node, linearizer.range_memo) <= opened:
+                linearizer.place(node)
+        linearizer.uops.append(loop)
+        linearizer.placed.add(loop)
+        opened.add(loop)
 
 
 def _scalar_options(ast: UOp, vectored: KernelOptions) -> KernelOptions:
