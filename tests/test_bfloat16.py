@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from tinyteach import Tensor, dtypes
+from tinyteach import Device, Tensor, dtypes
 from tinyteach.dtype import from_bfloat16_bits, least_upper_dtype, to_bfloat16_bits
 
-DEVICES = ["NUMPY", "CPU"]
+# the devices that compute bfloat16 (OPENCL where it is installed); WEBGPU and PYTHON refuse it
+DEVICES = ["NUMPY", "CPU"] + [name for name in ["OPENCL"] if Device.is_available(name)]
 # ties (1 + 2^-8 rounds down to even, 1 + 3 * 2^-8 up), -0.0, inf, NaN, overflow to inf,
 # a subnormal, and ordinary values
 SPECIAL = np.array([1.0, 1.00390625, 1.01171875, -0.0, np.inf, -np.inf, np.nan, 3.4e38, 1e-40,
@@ -59,7 +60,8 @@ def test_elementwise_ops_bit_for_bit(device: str) -> None:
     same(a < b, ta < tb)
     same(b.where(a, b) if False else (a < b).where(a, b), torch.where(ta < tb, ta, tb))
     same(b.int(), tb.int())
-    same(b.half(), tb.half())
+    if device != "OPENCL":  # (this OpenCL device has no half floats)
+        same(b.half(), tb.half())
     same(a.float(), ta.float())
     same(b + 1, tb + 1)
     same(b * 0.1, tb * 0.1)
@@ -113,3 +115,41 @@ def test_the_generated_c_holds_words_and_converts() -> None:
     source = get_runner(item).source or ""
     assert "uint16_t* restrict data0" in source
     assert "tt_f32_to_bf16" in source and "static inline" in source
+
+
+def test_copies_between_devices_keep_the_words() -> None:
+    a = Tensor(SPECIAL, device="NUMPY").bfloat16()
+    on_cpu = a.to("CPU")
+    assert on_cpu.dtype == dtypes.bfloat16
+    same(on_cpu * 2, torch.tensor(SPECIAL).bfloat16() * 2)
+    np.testing.assert_array_equal(on_cpu.to("NUMPY").numpy(), a.numpy())
+
+
+def test_a_bfloat16_buffer_from_words() -> None:
+    words = to_bfloat16_bits(Y)
+    np.testing.assert_array_equal(Tensor(words).numpy(), torch.tensor(Y).bfloat16().float())
+    np.testing.assert_array_equal(Tensor(words).dtype, dtypes.bfloat16)
+
+
+def test_the_generated_opencl_holds_words_and_converts() -> None:
+    from tinyteach.lower import lower
+    from tinyteach.render.opencl import OpenCLRenderer
+    (item,) = (Tensor(Y, device="CPU").bfloat16() * 2).schedule()
+    source = OpenCLRenderer().render(item.name, lower(item.ast))
+    assert "__global ushort* restrict data0" in source
+    assert "as_float((uint)h << 16)" in source and "tt_f32_to_bf16(" in source
+
+
+def test_webgpu_refuses_bfloat16_naming_the_device_and_dtype() -> None:
+    if not Device.is_available("WEBGPU"):
+        pytest.skip("WEBGPU is not installed")
+    from tinyteach.render.wgsl import UnsupportedDType
+    with pytest.raises(UnsupportedDType, match="WEBGPU cannot .* bfloat16"):
+        (Tensor(Y, device="WEBGPU").bfloat16() * 3).numpy()
+
+
+def test_the_python_emulator_refuses_bfloat16() -> None:
+    with pytest.raises(TypeError, match="PYTHON cannot compute bfloat16"):
+        Tensor(Y, device="PYTHON").bfloat16()
+    with pytest.raises(TypeError, match="PYTHON cannot compute bfloat16"):
+        Tensor(Y, device="CPU").bfloat16().to("PYTHON")

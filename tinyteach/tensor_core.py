@@ -137,6 +137,12 @@ class _ClassSwitch(contextlib.ContextDecorator):
         setattr(self.owner, self.name, self.previous)
 
 
+# devices that cannot compute bfloat16, with the reason (the others convert its 16-bit words
+# to float32 and back: runtime/numpy.py, render/c.py; WEBGPU's renderer refuses it itself)
+NO_BFLOAT16 = {"PYTHON": "the emulator holds each lane as a numpy value of the dtype's host "
+                         "format, which for bfloat16 is its 16-bit word, and has no conversion"}
+
+
 class CoreTensor:
     """A lazily computed n-dimensional array on a device, with reverse-mode autograd: the
     primitive ops. The parts of chapter 1 build the rest of the API on it (module docstring)."""
@@ -157,6 +163,9 @@ class CoreTensor:
             self.uop = UOp.const(wanted or dtypes.from_py(data), data)
         else:
             self.uop = _uop_from_data(data, wanted, self.device)
+        if self.uop.dtype is dtypes.bfloat16 and self.device in NO_BFLOAT16:
+            raise TypeError(f"{self.device} cannot compute bfloat16: "
+                            f"{NO_BFLOAT16[self.device]}")
         self.grad: Self | None = None
         self._lazy: UOp | None = None  # the graph before realize, kept for backward()
         self.requires_grad = requires_grad
