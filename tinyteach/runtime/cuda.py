@@ -429,10 +429,14 @@ def import_pycuda() -> Any:
 
 
 def import_cuda_bindings() -> Any:
+    """`cuda.bindings.driver` (cuda-bindings 12.6 and later), or `cuda.cuda`, its older name."""
     try:
         from cuda.bindings import driver
     except ImportError:
-        return None
+        try:
+            from cuda import cuda as driver
+        except ImportError:
+            return None
     return driver
 
 
