@@ -2,10 +2,11 @@
 option drawn at random among the ones valid for it, run on the GPU devices, compared with numpy.
 
 A case is a matmul (optionally batched) of random shapes — sizes of 1, odd sizes, sizes that are
-no multiple of any tile — in float32 or float16, with either operand stored transposed, and an
-epilogue (none, + bias, relu). For every kernel of a case, the option is drawn among those valid
-for that kernel on that device's renderer: none, a group reduction (4 or 16 threads, tree or
-serial), a local tile (4, 8 or 16), or tensor cores (half inputs, where the renderer has them).
+no multiple of any tile — in float32, float16 or bfloat16, with either operand stored
+transposed, and an epilogue (none, + bias, relu). For every kernel of a case, the option is
+drawn among those valid for that kernel on that device's renderer: none, a group reduction (4
+or 16 threads, tree or serial), a local tile (4, 8 or 16), or tensor cores (half or bfloat16
+inputs, where the renderer has them).
 
 - OPENCL (pocl), WEBGPU (lavapipe) and PYTHON (the emulator) run it (float16 only where the
   device has it); the result must match numpy's float64 matmul of the same (half) values;
@@ -36,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tinyteach import Tensor, clear_caches  # noqa: E402
 from tinyteach import search as search_module  # noqa: E402
 from tinyteach.device import Device  # noqa: E402
-from tinyteach.dtype import dtypes  # noqa: E402
+from tinyteach.dtype import dtypes, from_bfloat16_bits, to_bfloat16_bits  # noqa: E402
 from tinyteach.lower import lower  # noqa: E402
 from tinyteach.opt import KernelOptions, can_group_reduce, local_tile_plan  # noqa: E402
 from tinyteach.realize import record_launches  # noqa: E402
@@ -47,6 +48,7 @@ from tinyteach.wmma import why_no_tensor_core  # noqa: E402
 RUN_DEVICES = ("OPENCL", "WEBGPU", "PYTHON")
 SIZES = (1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 19, 24, 31, 32, 33, 40)
 EPILOGUES = ("none", "bias", "relu")
+DTYPES = ("float32", "float32", "float16", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class Case:
 
 def random_case(rng: np.random.Generator) -> Case:
     return Case(int(rng.choice([0, 0, 0, 2, 3])), *(int(rng.choice(SIZES)) for _ in range(3)),
-                str(rng.choice(["float32", "float16"])), bool(rng.random() < 0.3),
+                str(rng.choice(DTYPES)), bool(rng.random() < 0.3),
                 bool(rng.random() < 0.3), str(rng.choice(EPILOGUES)), int(rng.integers(1 << 30)))
 
 
@@ -84,7 +86,17 @@ def case_arrays(case: Case) -> list[np.ndarray]:
     a_shape = (*batch, case.k, case.m) if case.transpose_a else (*batch, case.m, case.k)
     b_shape = (*batch, case.n, case.k) if case.transpose_b else (*batch, case.k, case.n)
     shapes = [a_shape, b_shape] + ([(case.n,)] if case.epilogue == "bias" else [])
-    return [rng.normal(size=shape).astype(case.dtype) for shape in shapes]
+    arrays = [rng.normal(size=shape).astype(np.float32) for shape in shapes]
+    if case.dtype == "bfloat16":  # numpy has none: float32 arrays of bfloat16 values
+        return [from_bfloat16_bits(to_bfloat16_bits(a)) for a in arrays]
+    return [a.astype(case.dtype) for a in arrays]
+
+
+def case_tensors(case: Case, arrays: list[np.ndarray], device: str) -> list[Tensor]:
+    """The inputs on `device` in the case's dtype (bfloat16 made there from its values)."""
+    if case.dtype != "bfloat16":
+        return [Tensor(a, device=device) for a in arrays]
+    return [Tensor(a, device=device).cast(dtypes.bfloat16).realize() for a in arrays]
 
 
 def _t(x, transposed: bool):
@@ -114,10 +126,13 @@ def reference(case: Case, arrays: list[np.ndarray]) -> np.ndarray:
 
 def tolerance(case: Case) -> tuple[float, float]:
     """(rtol, atol): float32 sums are close; half kernels without tensor cores sum in half
-    (tinyteach keeps the dtype, as tinygrad does for a half sum), a rounding of ~2^-11 per add,
-    and the result is rounded to half once more. A wrong layout or index is off by O(1)."""
+    (tinyteach's half matmul keeps its sum in half; tinygrad would sum in float32), a rounding
+    of ~2^-11 per add, and the result is rounded to half once more. A wrong layout or index is
+    off by O(1)."""
     if case.dtype == "float32":
         return 1e-4, 1e-4 * max(case.k, 1) ** 0.5
+    if case.dtype == "bfloat16":  # products rounded to bfloat16 (2^-8), float32 sums
+        return 2e-2, 1e-2 * max(case.k, 1) ** 0.5
     return 5e-3, 4e-3 * max(case.k, 1)
 
 
@@ -185,13 +200,17 @@ def option_kind(options: KernelOptions) -> str:
 
 
 def device_has(device: str, dtype: str) -> bool:
+    """Can `device` hold `dtype`? (pocl has no float16; only OPENCL of the three holds
+    bfloat16: WGSL has no 16-bit words, the emulator refuses bfloat16 tensors.)"""
+    if dtype == "bfloat16" and device in ("PYTHON", "WEBGPU"):
+        return False
     return getattr(dtypes, dtype) not in getattr(Device[device], "unsupported_dtypes", {})
 
 
 def run_on(case: Case, device: str, rng: np.random.Generator, report: Report) -> None:
     arrays = case_arrays(case)
     with drawn_options(rng), record_launches() as launches:
-        got = build(case, [Tensor(a, device=device) for a in arrays]).numpy()
+        got = build(case, case_tensors(case, arrays, device)).numpy()
     chosen = [launch.runner.linear.options for launch in launches
               if launch.runner is not None and hasattr(launch.runner, "linear")]
     report.options.update(f"{device} {option_kind(o)}" for o in chosen)
@@ -211,7 +230,7 @@ def compile_for_cuda(case: Case, compiler: object, rng: np.random.Generator,
     """Every kernel of the case with a drawn CUDA option, rendered and compiled (no GPU)."""
     from tinyteach.render.cuda import CUDARenderer
     renderer = CUDARenderer()
-    tensors = [Tensor(a, device="NUMPY") for a in case_arrays(case)]
+    tensors = case_tensors(case, case_arrays(case), "NUMPY")
     items, _ = create_schedule([build(case, tensors).uop], "PYTHON")  # the same kernels
     for item in (i for i in items if i.kind == "kernel"):
         options = draw(rng, item.ast, renderer)

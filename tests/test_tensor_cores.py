@@ -8,11 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tinyteach.wmma as wmma
 from tinyteach import Context, Tensor, clear_caches
 from tinyteach import search as search_module
 from tinyteach.device import DeviceUnavailable
-from tinyteach.dtype import DType, dtypes
+from tinyteach.dtype import dtypes, from_bfloat16_bits, to_bfloat16_bits
 from tinyteach.lower import lower
 from tinyteach.opt import KernelOptions, choose_options, options_for_renderer
 from tinyteach.realize import record_launches
@@ -29,7 +28,7 @@ from tinyteach.runtime.python import (
     record_threads,
 )
 from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops, UOp
+from tinyteach.uop import Ops
 from tinyteach.wmma import M16N8K16, why_no_tensor_core, wmma_reference
 
 
@@ -253,33 +252,35 @@ def test_cuda_tensor_core_kernels_compile_for_sm80_and_sm90(name):
         assert kernel.launch.local_size == (32, 1, 1)
 
 
-def with_dtype(root: UOp, old: DType, new: DType) -> UOp:
-    """The same graph with every node of dtype `old` made `new` (a bfloat16 kernel from a half
-    one, for a renderer test)."""
-    done: dict[UOp, UOp] = {}
-    for node in root.toposort:
-        sources = tuple(done[s] for s in node.src)
-        dtype = new if node.dtype == old else node.dtype
-        done[node] = UOp(node.op, dtype, sources, node.arg)
-    return done[root]
+def bfloat16_matmul(m: int, k: int, n: int, seed: int = 0):
+    """A bfloat16 matmul's kernel (it sums in float32: REDUCE_AXIS(CAST(MUL))) and its inputs
+    as float32 arrays of bfloat16 values."""
+    rng = np.random.default_rng(seed)
+    a = from_bfloat16_bits(to_bfloat16_bits(rng.normal(size=(m, k)).astype(np.float32)))
+    b = from_bfloat16_bits(to_bfloat16_bits(rng.normal(size=(k, n)).astype(np.float32)))
+    x = Tensor(a, device="NUMPY").cast(dtypes.bfloat16).realize()
+    y = Tensor(b, device="NUMPY").cast(dtypes.bfloat16).realize()
+    return last_kernel(x @ y), a, b
 
 
-def test_cuda_bfloat16_tensor_cores_compile(monkeypatch):
-    bfloat16 = getattr(dtypes, "bfloat16", None)
-    if bfloat16 is None:  # until dtype.py has it: a stand-in, constants kept as Python floats
-        import tinyteach.uop as uop_module
-        bfloat16 = DType(10, 2, "bfloat16", "float")
-        truncate = uop_module.truncate_to
-        monkeypatch.setattr(uop_module, "truncate_to", lambda dtype, value: float(value)
-                            if dtype == bfloat16 else truncate(dtype, value))
-        monkeypatch.setattr(wmma, "FRAGMENT_DTYPES", (*wmma.FRAGMENT_DTYPES, bfloat16))
-    item = last_kernel(Tensor(halves(20, 33)) @ Tensor(halves(33, 12)))
-    ast = with_dtype(item.ast, dtypes.float16, bfloat16)
-    source = CUDARenderer().render(item.name, lower(ast, KernelOptions(tensor_core=True)))
+def test_cuda_bfloat16_tensor_cores_compile():
+    item, _, _ = bfloat16_matmul(20, 33, 12)
+    assert options_for_renderer(item.ast, CUDARenderer()) == KernelOptions(tensor_core=True)
+    source = CUDARenderer().render(item.name, lower(item.ast, KernelOptions(tensor_core=True)))
     assert "#include <cuda_bf16.h>" in source and "__nv_bfloat16 wmma0_a[8]" in source
     kernel = cuda_compiler("sm_80").compile(source)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in kernel.ptx
     assert kernel.cubin is not None
+
+
+def test_bfloat16_tensor_cores_on_the_emulator_match_numpy():
+    item, a, b = bfloat16_matmul(20, 33, 12, seed=2)
+    out = np.zeros(20 * 12, dtypes.bfloat16.np)
+    words = [to_bfloat16_bits(a).reshape(-1), to_bfloat16_bits(b).reshape(-1)]
+    emulate(lower(item.ast, KernelOptions(tensor_core=True)), [out, *words])
+    expected = a.astype(np.float64) @ b.astype(np.float64)  # then rounded once to bfloat16
+    np.testing.assert_allclose(from_bfloat16_bits(out).reshape(20, 12), expected,
+                               rtol=2 ** -8, atol=1e-6)
 
 
 # ---- viz: the fragments from the record ----

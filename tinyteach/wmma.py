@@ -42,7 +42,7 @@ from functools import cached_property
 
 import numpy as np
 
-from tinyteach.dtype import DType, dtypes
+from tinyteach.dtype import DType, dtypes, from_bfloat16_bits
 from tinyteach.opt import TilePlan, kernel_value, local_tile_plan
 from tinyteach.uop import MOVEMENT, Ops, UOp
 from tinyteach.view import Index, Valid, index_const
@@ -120,12 +120,16 @@ class WMMAArg:
         return replace(self, element=0)
 
 
-def wmma_reference(core: TensorCore, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def wmma_reference(core: TensorCore, a: np.ndarray, b: np.ndarray,
+                   dtype_in: DType = dtypes.float16) -> np.ndarray:
     """What one WMMA computes, from the fragments: `a[w, lane, i]` and `b[w, lane, i]` for
     warps w; returns `d[w, lane, j]`. The layout puts each lane's elements into the matrices,
-    which are multiplied in float32 (products of halves are exact in float32)."""
+    which are multiplied in float32 (products of halves or bfloat16s are exact in float32).
+    bfloat16 fragments come as their 16-bit words (dtype.py's host format)."""
     a_table, b_table, c_table = core.tables
     warps = a.shape[0]
+    if dtype_in.name == "bfloat16":
+        a, b = from_bfloat16_bits(a), from_bfloat16_bits(b)
     a_matrix = np.zeros((warps, core.m, core.k), dtype=np.float32)
     b_matrix = np.zeros((warps, core.k, core.n), dtype=np.float32)
     a_matrix[:, a_table[..., 0], a_table[..., 1]] = a.astype(np.float32)
@@ -157,9 +161,26 @@ def fragment_dtype(operand: UOp) -> DType | None:
     return None
 
 
+def product_plan(ast: UOp) -> TilePlan | None:
+    """opt.local_tile_plan, also where a widening cast sits between the sum and the product (a
+    bfloat16 matmul sums in float32: REDUCE_AXIS(CAST(MUL)); tinygrad's TC matches it too).
+    The plan is then made on the kernel with the cast left out: its X, Y and axes are the
+    kernel's own, and the sum is float32 either way (`TensorCoreLowering.reduce`)."""
+    tile = local_tile_plan(ast)
+    if tile is not None:
+        return tile
+    reduces = [n for n in kernel_value(ast).toposort if n.op is Ops.REDUCE_AXIS]
+    if len(reduces) != 1:
+        return None
+    source = reduces[0].src[0]
+    widening = source.op is Ops.CAST and source.src[0].op is Ops.MUL and \
+        dtypes.is_float(source.dtype) and source.dtype.itemsize >= source.src[0].dtype.itemsize
+    return local_tile_plan(ast.substitute({source: source.src[0]})) if widening else None
+
+
 def why_no_tensor_core(ast: UOp) -> str | None:
     """None when `tensor_core_plan` has a plan for this kernel, else the reason in words."""
-    tile = local_tile_plan(ast)
+    tile = product_plan(ast)
     if tile is None:
         return ("a tensor core needs a matmul-like kernel: one sum over one axis of a product "
                 "X * Y, X constant along the output's last axis, Y along the one before")
@@ -178,7 +199,7 @@ def tensor_core_plan(ast: UOp) -> TensorCorePlan | None:
     Any sizes: the edges of the tiles are padded with zeros."""
     if why_no_tensor_core(ast) is not None:
         return None
-    tile = local_tile_plan(ast)
+    tile = product_plan(ast)
     assert tile is not None
     dtype_in = fragment_dtype(tile.x)
     assert dtype_in is not None

@@ -25,7 +25,8 @@ What this teaches:
   layout it used (`FragmentEvent`), which viz/threads.py draws.
 
 The values are the NUMPY device's (the same reference functions compute every op), so this
-device gives NUMPY's numbers, up to the order of float sums.
+device gives NUMPY's numbers, up to the order of float sums. bfloat16 lanes hold the dtype's
+host format, 16-bit words; an op on them computes in float32 and rounds back, as NUMPY does.
 
 Conceptually the emulator runs one work-group at a time. Groups that fit in MAX_LANES lanes are
 run side by side as more lanes (their barriers, shared memory and checks stay their own): the
@@ -48,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from tinyteach.device import Backend, Buffer, Compiler, HostAllocator
+from tinyteach.dtype import DType, dtypes, from_bfloat16_bits, to_bfloat16_bits
 from tinyteach.lower import LinearProgram
 from tinyteach.render.gpu import output_loops, plan_launch, plan_local_launch
 from tinyteach.runtime.numpy import NUMPY_OPS
@@ -285,9 +287,7 @@ class _Run:
             handler(self, pc, u)
         elif u.op in ALU:
             sources = [self.values[s] for s in u.src]
-            self.values[u] = np.broadcast_to(
-                np.asarray(NUMPY_OPS[u.op](u, *sources), dtype=u.dtype.np),
-                (self.lanes.count,))
+            self.values[u] = np.broadcast_to(_alu(u, sources), (self.lanes.count,))
         else:
             raise NotImplementedError(f"the PYTHON device cannot run {u.op.name}")
         return pc + 1
@@ -403,6 +403,27 @@ def _update_range(low_high: tuple[np.ndarray, np.ndarray], slots: np.ndarray,
     np.maximum.at(high, slots, lanes)
 
 
+def _alu(u: UOp, sources: list[np.ndarray]) -> np.ndarray:
+    """One ALU op for every lane, with NUMPY's function. bfloat16 lanes hold 16-bit words (the
+    host format): an op on them computes on their float32 values and rounds back to words, as
+    the NUMPY device does (WHERE moves words as they are)."""
+    bfloat16 = dtypes.bfloat16
+    if u.op is Ops.WHERE or bfloat16 not in (u.dtype, *(s.dtype for s in u.src)):
+        return np.asarray(NUMPY_OPS[u.op](u, *sources), dtype=u.dtype.np)
+    wide = [from_bfloat16_bits(value) if s.dtype == bfloat16 else value
+            for value, s in zip(sources, u.src)]
+    as_float = u.replace(dtype=dtypes.float32) if u.dtype == bfloat16 else u
+    result = np.asarray(NUMPY_OPS[u.op](as_float, *wide))
+    return to_bfloat16_bits(result) if u.dtype == bfloat16 else result.astype(u.dtype.np)
+
+
+def _constant(value: float | int | bool, dtype: DType, count: int) -> np.ndarray:
+    """`count` lanes of a constant (a bfloat16 one as its word)."""
+    if dtype == dtypes.bfloat16:
+        return to_bfloat16_bits(np.full(count, value, dtype=np.float32))
+    return np.full(count, value, dtype=dtype.np)
+
+
 def _matching_ends(uops: list[UOp]) -> dict[int, int]:
     """The position of each RANGE's END_RANGE."""
     ends, open_loops = {}, []
@@ -421,7 +442,7 @@ def _run_define(run: _Run, pc: int, u: UOp) -> None:
 
 
 def _run_const(run: _Run, pc: int, u: UOp) -> None:
-    run.values[u] = np.full(run.lanes.count, u.arg, dtype=u.dtype.np)
+    run.values[u] = _constant(u.arg, u.dtype, run.lanes.count)
 
 
 def _run_special(run: _Run, pc: int, u: UOp) -> None:
@@ -513,7 +534,7 @@ def _run_wmma(run: _Run, pc: int, u: UOp) -> None:
     if cached is None or any(a is not b for a, b in zip(cached[0], sources)):
         a = np.stack(sources[:core.a_elements], axis=-1).reshape(groups, core.threads, -1)
         b = np.stack(sources[core.a_elements:], axis=-1).reshape(groups, core.threads, -1)
-        cached = (sources, wmma_reference(core, a, b))
+        cached = (sources, wmma_reference(core, a, b, arg.dtype_in))
         run.products[key] = cached
     run.values[u] = cached[1][:, :, arg.element].reshape(-1).astype(u.dtype.np)
     if run.trace is not None and all(event.step != pc for event in run.trace.fragments):
@@ -524,12 +545,12 @@ def _run_wmma(run: _Run, pc: int, u: UOp) -> None:
 
 
 def _run_define_acc(run: _Run, pc: int, u: UOp) -> None:
-    run.values[u] = np.full(run.lanes.count, u.src[0].arg, dtype=u.dtype.np)
+    run.values[u] = _constant(u.src[0].arg, u.dtype, run.lanes.count)
 
 
 def _run_accumulate(run: _Run, pc: int, u: UOp) -> None:
     acc, value = u.src
-    combined = NUMPY_OPS[u.arg](u, run.values[acc], run.values[value])
+    combined = _alu(UOp(u.arg, u.dtype, u.src), [run.values[acc], run.values[value]])
     run.values[acc] = np.where(run.active, combined, run.values[acc]).astype(u.dtype.np)
 
 
