@@ -453,7 +453,13 @@ class CoreTensor:
                      float_result: bool = False) -> tuple[Self, Self]:
         x, y = self, other
         if not isinstance(y, CoreTensor):
-            y = type(self)(y, self.device, dtype=scalar_dtype(self.dtype, y), requires_grad=False)
+            dtype = scalar_dtype(self.dtype, y)
+            if dtype == self.dtype and (not float_result or dtypes.is_float(dtype)):
+                # `x + 1`, the common case: the constant is made at x's shape and dtype at
+                # once, one Tensor instead of three (building them is most of an eager realize)
+                constant = self._const(y)
+                return (constant, self) if reverse else (self, constant)
+            y = type(self)(y, self.device, dtype=dtype, requires_grad=False)
         elif y.device != x.device:
             raise RuntimeError(f"tensors are on different devices: {x.device} and {y.device}; "
                                f"move one with .to()")
@@ -463,7 +469,10 @@ class CoreTensor:
         if float_result:
             dtype = least_upper_float(dtype)
         shape = broadcast_shape(x.shape, y.shape)
-        return x.cast(dtype).expand(shape), y.cast(dtype).expand(shape)
+        x, y = x.cast(dtype), y.cast(dtype)
+        # a tensor of the right shape already is used as it is (expand would wrap it anew)
+        return (x if x.shape == shape else x.expand(shape),
+                y if y.shape == shape else y.expand(shape))
 
     def _binary(self, op: Ops, other: Any, reverse: bool = False) -> Self:
         x, y = self._broadcasted(other, reverse)

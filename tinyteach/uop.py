@@ -32,15 +32,18 @@ import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from tinyteach.dtype import DType, dtypes, truncate_to
-from tinyteach.helpers import prod
+from tinyteach.helpers import cached_property, prod
 
 
 class Ops(enum.Enum):
     """Every kind of node, at every stage. The backend contract is `PRIMITIVE_OPS` below."""
+
+    # each op is one object, so it hashes by identity: Enum's own __hash__ is a Python call,
+    # and every node built or looked up hashes its op
+    __hash__ = object.__hash__
 
     # load / const / copy: where values come from
     BUFFER = enum.auto()      # a realized buffer on a device (arg: the Buffer)
@@ -130,18 +133,35 @@ def _arg_key(arg: Any) -> Any:
 
 
 class UOpMetaClass(type):
-    """Hash-consing: `UOp(...)` returns the existing node when an identical one is alive."""
+    """Hash-consing: `UOp(...)` returns the existing node when an identical one is alive.
 
-    cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+    The table maps each key to a weak reference (it keeps no node alive); a node's reference
+    removes its entry when the node dies. (This is what weakref.WeakValueDictionary does, but
+    its lookup is a Python function call, and every node built is looked up first.)"""
+
+    cache: dict[tuple, weakref.KeyedRef] = {}
 
     def __call__(cls, op: Ops, dtype: DType, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
         key = (op, dtype, src, _arg_key(arg))
-        existing = UOpMetaClass.cache.get(key)
-        if existing is not None:
-            return existing
+        reference = UOpMetaClass.cache.get(key)
+        if reference is not None:
+            existing = reference()
+            if existing is not None:
+                return existing
         node = super().__call__(op, dtype, src, arg)
-        UOpMetaClass.cache[key] = node
+        UOpMetaClass.cache[key] = weakref.KeyedRef(node, _forget_node, key)
         return node
+
+
+# each constant's value as its dtype stores it (truncate_to rounds through numpy: slow next to
+# the lookup of an existing node, and the same few constants, 0 and 1, come back all the time)
+_TRUNCATED: dict[tuple[DType, Any], Any] = {}
+
+
+def _forget_node(reference: weakref.KeyedRef) -> None:
+    """A node died: drop its entry, unless a new node with the same key has taken it."""
+    if UOpMetaClass.cache.get(reference.key) is reference:
+        UOpMetaClass.cache.pop(reference.key, None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,7 +180,13 @@ class UOp(metaclass=UOpMetaClass):
 
     @staticmethod
     def const(dtype: DType, value: Any) -> UOp:
-        return UOp(Ops.CONST, dtype, (), truncate_to(dtype, value))
+        key = (dtype, _arg_key(value))
+        stored = _TRUNCATED.get(key)
+        if stored is None:
+            if len(_TRUNCATED) > 4096:  # a bound: a loop over many values makes many
+                _TRUNCATED.clear()
+            stored = _TRUNCATED[key] = truncate_to(dtype, value)
+        return UOp(Ops.CONST, dtype, (), stored)
 
     def const_like(self, value: Any) -> UOp:
         """A constant with this node's dtype and shape (broadcast from a scalar)."""
@@ -298,6 +324,12 @@ class UOp(metaclass=UOpMetaClass):
         # cycle, freed only by Python's cycle collector, and the buffers of dead tensors would
         # linger until it runs. (It holds every ancestor: a pass that wants the order of many
         # nodes of one graph calls `toposort_of` once, not `.toposort` on each of them.)
+        if all(not s.src or "_ancestors" in s.__dict__ for s in self.src):
+            # each source's order is known, or it has no sources (as for `x + 1` on an eager
+            # loop's fresh input): their union in source order, first appearance kept, is the
+            # order the walk gives
+            merged = dict.fromkeys(node for s in self.src for node in (*s._ancestors, s))
+            return tuple(merged)
         return tuple(toposort_of([self])[:-1])
 
     @property
