@@ -259,3 +259,15 @@ def test_a_regressed_placement_would_be_counted():
     finally:
         lower_module._loops_of_row_reductions = original
     assert loads_executed(regressed) > 16 * loads_executed(program)
+
+
+# ---- drawn by viz ----
+
+def test_viz_schedule_draws_one_kernel_and_its_row_fusions():
+    pytest.importorskip("graphviz")
+    import viz
+    x = Tensor(inputs((3, 5), special=False), device="CPU").realize()
+    figure = viz.schedule(x.softmax(1))
+    assert "schedule: 1 kernel" in figure.text
+    assert "the max over each row (axes (1,)) is computed in the same kernel" in figure.text
+    assert "the sum over each row (axes (1,)) is computed in the same kernel" in figure.text
