@@ -41,6 +41,15 @@ def test_a_tensor_and_a_python_scalar_match_numpy(device: str, dtype: type, scal
         np.testing.assert_allclose(got, reference, rtol=1e-3 if result is np.float16 else 0)
 
 
+def test_a_tensor_and_an_array_or_a_list_still_broadcast() -> None:
+    x = Tensor(np.ones((2, 3), dtype=np.float32))
+    np.testing.assert_array_equal((x + np.array([1.0, 2.0, 3.0])).numpy(),
+                                  np.ones((2, 3)) + np.array([1.0, 2.0, 3.0]))
+    np.testing.assert_array_equal((x * [2.0, 3.0, 4.0]).numpy(),
+                                  np.ones((2, 3)) * np.array([2.0, 3.0, 4.0]))
+    np.testing.assert_array_equal((x + np.float32(0.5)).numpy(), np.full((2, 3), 1.5))
+
+
 def test_the_scalar_fast_path_keeps_gradients_as_before() -> None:
     x = Tensor([1.0, -2.0, 3.0], requires_grad=True)
     loss = ((x * 3.0 + 1.0) * (2.0 - x)).sum()

@@ -454,7 +454,8 @@ class CoreTensor:
         x, y = self, other
         if not isinstance(y, CoreTensor):
             dtype = scalar_dtype(self.dtype, y)
-            if dtype == self.dtype and (not float_result or dtypes.is_float(dtype)):
+            if isinstance(y, (bool, int, float)) and dtype == self.dtype and \
+                    (not float_result or dtypes.is_float(dtype)):
                 # `x + 1`, the common case: the constant is made at x's shape and dtype at
                 # once, one Tensor instead of three (building them is most of an eager realize)
                 constant = self._const(y)
