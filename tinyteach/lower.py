@@ -651,10 +651,20 @@ class _Linearizer:
         return acc
 
 
+SIMD_MIN_LOOP = 16  # shorter loops are not split into vector lanes (see below)
+
+
 def _sums_over_contiguous_memory(group: list[UOp], loop: UOp) -> bool:
     """Can the innermost loop's float sums be split into vector lanes? Only when every load in
     it walks memory one element at a time (or stays put), without padding guards. Reordering a
-    float sum changes rounding, as it does in tinygrad; never for max, never for ints."""
+    float sum changes rounding, as it does in tinygrad; never for max, never for ints.
+
+    And only when the loop is long (SIMD_MIN_LOOP): each time it ends, every accumulator's
+    lanes are added up. A convolution's 3-tap loop over kernel columns, split into 8 lanes,
+    spent more on those sums than on its multiply-adds: its 16 accumulators were summed
+    across lanes after every 3 steps (the CNN's conv kernels ran 4-6x slower with it)."""
+    if loop.arg[2] < SIMD_MIN_LOOP:
+        return False
     if not all(r.arg is Ops.ADD and r.dtype.kind == "float" and r.dtype.count == 1
                for r in group):
         return False
