@@ -723,8 +723,9 @@ def _loops_of_row_reductions(nodes: list[UOp], global_loops: list[UOp],
     """The output loops that the kernel's row reductions depend on, where some reduction
     depends on fewer output loops than the kernel has (softmax's max depends on the row, not
     on the column); None when every reduction depends on every output loop (the usual
-    kernel), so nothing changes for it."""
-    loops = frozenset(global_loops)
+    kernel), so nothing changes for it. (A loop of one iteration does not count: the index
+    simplifier may drop it from a reduction that still runs once per output.)"""
+    loops = frozenset(loop for loop in global_loops if loop.arg[2] > 1)
     per_row = [ranges_of(node, memo) & loops for node in nodes if node.op is Ops.REDUCE]
     per_row = [depends for depends in per_row if depends != loops]
     if not per_row:
