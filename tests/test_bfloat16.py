@@ -3,6 +3,8 @@ and rounded back to nearest-even, as PyTorch does: checked bit for bit against t
 on NUMPY and CPU, forward and backward, with NaN, infinities, -0.0 and ties."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -153,3 +155,20 @@ def test_the_python_emulator_refuses_bfloat16() -> None:
         Tensor(Y, device="PYTHON").bfloat16()
     with pytest.raises(TypeError, match="PYTHON cannot compute bfloat16"):
         Tensor(Y, device="CPU").bfloat16().to("PYTHON")
+
+
+def test_safetensors_and_torch_checkpoints_keep_bfloat16(tmp_path: Path) -> None:
+    from tinyteach.nn.state import safe_load, safe_save, torch_load
+    values = torch.tensor(SPECIAL).bfloat16()
+    safe_save({"w": Tensor(SPECIAL).bfloat16()}, tmp_path / "w.safetensors")
+    loaded = safe_load(tmp_path / "w.safetensors")["w"]
+    assert loaded.dtype == dtypes.bfloat16
+    same(loaded, values)
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    theirs = safetensors_torch.load_file(str(tmp_path / "w.safetensors"))["w"]
+    assert theirs.dtype == torch.bfloat16
+    np.testing.assert_array_equal(theirs.float().numpy(), loaded.numpy())
+    torch.save({"w": values}, tmp_path / "w.pt")
+    from_torch = torch_load(tmp_path / "w.pt")["w"]
+    assert from_torch.dtype == dtypes.bfloat16
+    same(from_torch, values)
