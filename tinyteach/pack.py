@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import NOOPT, ContextVar, LRUCache, prod, remember
+from tinyteach.lower import lower_ast, vectorize
 from tinyteach.opt import SHORT_REDUCE, buffer_reads, choose_options, kernel_value, step_along
 from tinyteach.rewrite import graph_rewrite, symbolic
 from tinyteach.schedule import ScheduleItem
@@ -143,8 +144,10 @@ def _channel_plan(ast: UOp, width: int) -> ChannelPlan | None:
     them, as the vector matmul tile does (opt._vector_tile). The output is computed with the
     channel axis last as well, then copied back into its own order (a convolution's output is
     channels-first). Only for long sums: the copies are paid once per kernel."""
-    if choose_options(ast, width).vector_width:
-        return None  # a vector tile already
+    options = choose_options(ast, width)
+    if options.vector_width and vectorize(lower_ast(ast, options)) is not None:
+        return None  # a vector tile already (and not one that falls back to scalars: a padded
+        #              image's guard that differs from lane to lane, as in a transposed conv)
     value = kernel_value(ast)
     found = _product_reduction(value)
     if found is None:
