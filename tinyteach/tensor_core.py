@@ -58,7 +58,7 @@ from tinyteach.gradient import (
 from tinyteach.helpers import Context, prod
 from tinyteach.realize import realize_uops, schedule_uops
 from tinyteach.schedule import ScheduleItem, device_of, is_contiguous_buffer
-from tinyteach.uop import Ops, UOp, base_buffer
+from tinyteach.uop import Ops, UOp, base_buffer, toposort_of
 
 Scalar = int | float | bool
 ShapeArg = int | Sequence[int]
@@ -831,21 +831,36 @@ def _still_lazy(tensors: list[CoreTensor]) -> list[CoreTensor]:
 
 
 def _assigned_buffers(tensors: list[CoreTensor]) -> set[int]:
-    """The ids of the Buffers that the graphs of `tensors` assign to."""
-    targets: set[int] = set()
-    for tensor in tensors:
-        for node in tensor.uop.toposort:
-            if node.op is Ops.ASSIGN and (base := base_buffer(node.src[0])) is not None:
-                targets.add(id(base.arg))
-    return targets
+    """The ids of the Buffers that the graphs of `tensors` assign to. (One walk over all the
+    graphs together: an optimizer step's assigns share the whole backward graph.)"""
+    roots = [tensor.uop for tensor in tensors]
+    if not roots:
+        return set()
+    order = roots[0].toposort if len(roots) == 1 else toposort_of(roots)
+    return {id(base.arg) for node in order
+            if node.op is Ops.ASSIGN and (base := base_buffer(node.src[0])) is not None}
 
 
 def _reads_old_contents(graph: UOp, targets: set[int]) -> bool:
     """Whether `graph` reads one of the `targets` buffers, and could still be computed: a graph
     that reads a buffer an earlier assign overwrote cannot (the scheduler says so when it is
     realized), and must not stop this realize."""
-    buffers = [node.arg for node in graph.toposort if node.op is Ops.BUFFER]
+    buffers = _buffers_read(graph)
     return any(id(b) in targets for b in buffers) and not any(b.overwritten for b in buffers)
+
+
+# the buffers each live tensor's graph reads, found once per graph: a training step realizes
+# several times (each realize that assigns asks every live lazy tensor), and a gradient's graph
+# is the whole backward pass. Weak keys: the entry goes with the graph.
+_BUFFERS_READ: weakref.WeakKeyDictionary[UOp, tuple[Buffer, ...]] = weakref.WeakKeyDictionary()
+
+
+def _buffers_read(graph: UOp) -> tuple[Buffer, ...]:
+    found = _BUFFERS_READ.get(graph)
+    if found is None:
+        found = tuple(node.arg for node in graph.toposort if node.op is Ops.BUFFER)
+        _BUFFERS_READ[graph] = found
+    return found
 
 
 def _shape_from_maybe_negative(args: tuple[Any, ...]) -> tuple[int, ...]:
