@@ -163,3 +163,20 @@ def test_short_loops_are_not_split_into_vector_lanes():
     long_sum = _kernels([Tensor(np.ones((8, 64), np.float32)).sum(1)])[0]
     source = renderer.render(long_sum.name, lower(long_sum.ast, vector_width=8))
     assert "omp simd" in source
+
+
+def test_beam_search_keeps_channel_tiled_convolutions_correct(tmp_path, monkeypatch):
+    """BEAM times other options for the channel-tiled kernel (its candidates are checked against
+    the heuristic's output); the convolution still matches PyTorch."""
+    from tinyteach import clear_caches, search
+    monkeypatch.setattr(search, "beam_cache_dir", lambda: tmp_path / "beam")
+    clear_caches()
+    case = (2, 8, 16, 10, 10, 3, 1, 0, 1, 1)
+    x, w, b = _arrays(case)
+    upstream = np.ones((2, 16, 8, 8), np.float32)
+    expected = _torch_conv(case, x, w, b, upstream)
+    with Context(BEAM=1, CPU_TIERED=0):
+        tx, tw = Tensor(x), Tensor(w)
+        got = tx.conv2d(tw, Tensor(b)).numpy()
+    clear_caches()
+    np.testing.assert_allclose(got, expected[0], rtol=1e-4, atol=1e-4)
