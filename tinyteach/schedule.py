@@ -7,6 +7,10 @@ What this teaches:
   other (an elementwise node used by two kernels is simply recomputed in both — it is cheap);
 - a reduction must be stored in its own buffer when its result is broadcast back over the axes it
   reduced (softmax's max), feeds another reduction, or is needed by more than one kernel;
+- ... except a chain of reductions over the same short rows (`fuses_along_rows`: rows of at most
+  MAX_FUSED_ROW_BYTES, the innermost axes, a device whose output loops are loops): softmax and
+  layernorm become one kernel that computes each row's reductions once, before the row's
+  outputs (lower.py places them), reading the row again from cache. FUSE_ROWS=0 turns it off;
 - `assign` writes into a buffer that already exists, so every kernel reading its old value runs
   first; when assigns read each other's old values (SGD over both `x` and `W` of `x @ W`), no
   order works, and one old value is copied into a fresh buffer before anything is overwritten;
