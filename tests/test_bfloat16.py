@@ -84,13 +84,28 @@ def test_reductions_and_matmul_in_float32(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_composed_ops_within_a_few_steps(device: str) -> None:
-    b, tb = Tensor(Y, device=device).bfloat16(), torch.tensor(Y).bfloat16()
-    for ours, theirs in [(b.exp(), tb.exp()), (b.sigmoid(), tb.sigmoid()),
-                         (b / 3, tb / 3), (b.softmax(0), tb.softmax(0))]:
-        assert ours.dtype == dtypes.bfloat16
-        # (each primitive of the composition is rounded to bfloat16, as in tinygrad)
-        np.testing.assert_allclose(ours.numpy(), torch_values(theirs), rtol=2 ** -5, atol=1e-6)
+def test_composed_functions_round_once_as_torch(device: str) -> None:
+    """exp, sigmoid, division, softmax, ...: computed in float32 and rounded once (PyTorch's),
+    so nearly every result is PyTorch's bit for bit and none is more than one bfloat16 step
+    away (float32's exp and PyTorch's may differ in their last bit)."""
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(400) * 3).astype(np.float32)
+    y = (rng.standard_normal(400) + 0.1).astype(np.float32)
+    a, b = Tensor(x, device=device).bfloat16(), Tensor(y, device=device).bfloat16()
+    ta, tb = torch.tensor(x).bfloat16(), torch.tensor(y).bfloat16()
+    F = torch.nn.functional
+    cases = [("exp", a.exp(), ta.exp()), ("log", b.abs().log(), tb.abs().log()),
+             ("sigmoid", a.sigmoid(), ta.sigmoid()), ("tanh", a.tanh(), ta.tanh()),
+             ("silu", a.silu(), F.silu(ta)), ("div", a / b, ta / tb), ("rdiv", 2 / b, 2 / tb),
+             ("pow", b.abs() ** 1.5, tb.abs() ** 1.5),
+             ("softmax", a.reshape(4, 100).softmax(-1), ta.reshape(4, 100).softmax(-1)),
+             ("log_softmax", a.reshape(4, 100).log_softmax(-1),
+              ta.reshape(4, 100).log_softmax(-1))]
+    for name, ours, theirs in cases:
+        assert ours.dtype == dtypes.bfloat16, name
+        got, want = ours.numpy(), torch_values(theirs)
+        assert (got == want).mean() > 0.9, name
+        np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-30, err_msg=name)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -34,7 +34,7 @@ from typing import Any, Self, TypeVar
 from tinyteach.dtype import DType, dtypes, least_upper_dtype
 from tinyteach.helpers import TRAINING
 from tinyteach.tensor_core import padding_pairs, pool
-from tinyteach.tensor_math import TensorMath
+from tinyteach.tensor_math import TensorMath, in_float32_for_bfloat16
 
 N = TypeVar("N", bound="TensorNN")  # the helper functions return what they were given
 
@@ -758,17 +758,16 @@ def _resample_axis(x: N, out: int, mode: str, align_corners: bool) -> N:
 
 SVD_SWEEPS = 30  # at most this many Jacobi sweeps over all column pairs
 SVD_TOLERANCE = 1e-7  # done when every pair of columns has |cos(angle)| below this
-TN = TypeVar("TN", bound="TensorNN")
 
 
-def _part(x: TN, axis: int, start: int, end: int) -> TN:
+def _part(x: N, axis: int, start: int, end: int) -> N:
     """x[..., start:end, ...] along one axis (a shrink: indexing is a part above this one)."""
     bounds: list[tuple[int, int] | None] = [None] * x.ndim
     bounds[axis] = (start, end)
     return x.shrink(bounds)
 
 
-def _off_diagonal(u: TN) -> float:
+def _off_diagonal(u: N) -> float:
     """The largest |cosine| between two distinct columns of u (0: all orthogonal)."""
     gram = u.transpose(-2, -1) @ u
     lengths = gram.diagonal(dim1=-2, dim2=-1).maximum(1e-30).sqrt()
@@ -778,7 +777,7 @@ def _off_diagonal(u: TN) -> float:
     return float((cosine.abs() * off).max().item())
 
 
-def _jacobi_rotation(u: TN, unit_p: TN, unit_q: TN) -> TN:
+def _jacobi_rotation(u: N, unit_p: N, unit_q: N) -> N:
     """The n x n rotation (batched) that makes columns p and q of u orthogonal (`unit_p`,
     `unit_q`: one-hot vectors of p and q): with a, b the columns' squared lengths and g their
     dot product, zeta = (b - a) / 2g, t = sign(zeta) / (|zeta| + sqrt(1 + zeta^2)),
@@ -959,3 +958,8 @@ def _conv_padding(padding: int | Sequence[int], dims: int) -> list[tuple[int, in
     raise ValueError(f"padding {padding} does not fit {dims} spatial axes")
 
 
+
+
+# bfloat16 softmax and log_softmax in float32, rounded once (see tensor_math.bfloat16_composed)
+for _name in ("softmax", "log_softmax"):
+    setattr(TensorNN, _name, in_float32_for_bfloat16(getattr(TensorNN, _name)))
