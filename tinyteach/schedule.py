@@ -8,7 +8,8 @@ What this teaches:
 - a reduction must be stored in its own buffer when its result is broadcast back over the axes it
   reduced (softmax's max), feeds another reduction, or is needed by more than one kernel;
 - ... except a chain of reductions over the same short rows (`fuses_along_rows`: rows of at most
-  MAX_FUSED_ROW_BYTES, the innermost axes, a device whose output loops are loops): softmax and
+  MAX_FUSED_ROW_BYTES, the innermost axes, a device whose output loops are loops or a GPU whose
+  work-group holds the row, `fuses_rows_on`): softmax and
   layernorm become one kernel that computes each row's reductions once, before the row's
   outputs (lower.py places them), reading the row again from cache. FUSE_ROWS=0 turns it off;
 - `assign` writes into a buffer that already exists, so every kernel reading its old value runs
@@ -37,7 +38,8 @@ from dataclasses import dataclass, field
 
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import dtypes
-from tinyteach.helpers import ContextVar, prod
+from tinyteach.helpers import NOOPT, ContextVar, prod
+from tinyteach.opt import MAX_GROUP_ROW
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, base_buffer, toposort_of
 
 # movement ops through which a reduction's result can still be read inside the same kernel:
@@ -339,15 +341,34 @@ def fuses_along_rows(reduce: UOp, users: dict[UOp, list[UOp]], realized: dict[UO
                      above: frozenset[Ops], device: str) -> bool:
     """May a reduction that is broadcast back over its rows, or feeds another reduction over
     the same rows, be computed in the kernel that reads it? Yes when FUSE_ROWS is on, its
-    row is at most MAX_FUSED_ROW_BYTES, the rows are the innermost axes, the device loops over
-    outputs, and everything between it and its kernel's output stays on the same rows
+    row is at most MAX_FUSED_ROW_BYTES, the rows are the innermost axes, the device can compute
+    a row's reductions once per row (`fuses_rows_on`: its output loops are loops, or a GPU
+    work-group per row), and everything between it and its kernel's output stays on the same rows
     (`_stays_on_rows`): then lower.py computes it once per row, before that row's outputs."""
     if not FUSE_ROWS or not above <= ROW_FUSION_OPS:
         return False
     source_shape, axes = reduce.src[0].shape, reduce.arg[1]
     if row_bytes(reduce) > MAX_FUSED_ROW_BYTES or not rows_are_innermost(source_shape, axes):
         return False
-    return not output_loops_are_threads(device) and _stays_on_rows(reduce, users, realized)
+    return fuses_rows_on(device, reduce) and _stays_on_rows(reduce, users, realized)
+
+
+def fuses_rows_on(device: str, reduce: UOp | None = None) -> bool:
+    """Can the device compute a row's reductions once per row in the kernel of its outputs?
+    A device whose output loops are loops can. A GPU whose renderer has work-groups with
+    shared memory (`supports_group_reduce`) can when the row fits one work-group: one long
+    reduced axis (the last), at most opt.MAX_GROUP_ROW elements (64 threads x 32 columns
+    each); the kernel then takes one work-group per row (lower.row_output_index). Not under
+    NOOPT (no work-groups: every thread would redo its row's reductions)."""
+    if not output_loops_are_threads(device):
+        return True
+    if NOOPT or not getattr(Device[device].renderer, "supports_group_reduce", False):
+        return False
+    if reduce is None:
+        return True
+    shape, axes = reduce.src[0].shape, reduce.arg[1]
+    long_axes = [axis for axis in axes if shape[axis] > 1]
+    return long_axes in ([], [axes[-1]]) and shape[axes[-1]] <= MAX_GROUP_ROW
 
 
 def is_row_result(node: UOp, realized: dict[UOp, str], device: str) -> bool:
@@ -355,7 +376,7 @@ def is_row_result(node: UOp, realized: dict[UOp, str], device: str) -> bool:
     sum * (1/n)? Broadcast back over the row, it is not recomputed per element: where its
     reduction fuses, lower.py computes it once per row; where that is stored, it is a little
     elementwise work on the stored result."""
-    if not FUSE_ROWS or node.op not in ALU or output_loops_are_threads(device):
+    if not FUSE_ROWS or node.op not in ALU or not fuses_rows_on(device):
         return False
     stack, seen = [node], 0
     while stack and seen < MAX_ROW_WALK:
