@@ -284,3 +284,9 @@ def test_other_kernels_open_every_output_loop_first():
     output_loops = [k for k, u in enumerate(uops) if u.op is Ops.RANGE and u.arg[0] == "g"]
     first_accumulator = next(k for k, u in enumerate(uops) if u.op is Ops.DEFINE_ACC)
     assert len(output_loops) == 2 and max(output_loops) < first_accumulator
+
+
+def test_the_schedulers_gpu_row_limit_is_the_optimizers():
+    """schedule.py cannot import opt.py (a layer above it), so it keeps its own copy."""
+    from tinyteach import opt
+    assert schedule_module.MAX_GROUP_ROW == opt.MAX_GROUP_ROW

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import NOOPT, ContextVar, prod
-from tinyteach.opt import MAX_GROUP_ROW
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, base_buffer, toposort_of
 
 # movement ops through which a reduction's result can still be read inside the same kernel:
@@ -304,6 +303,10 @@ FUSE_ROWS = ContextVar("FUSE_ROWS", 1)
 # (8,192 float32) is still in the core's L1/L2 cache the next time. A longer row would come
 # from memory every time, as from three kernels, and leaves fewer rows to split across cores
 MAX_FUSED_ROW_BYTES = 32 * 1024
+# the longest row a GPU work-group takes whole (64 threads x 32 columns each): opt.MAX_GROUP_ROW,
+# which must agree (tests/test_fuse_rows.py checks; schedule.py may not import opt.py, a layer
+# above it)
+MAX_GROUP_ROW = 2048
 # the most nodes `fuses_along_rows` visits above one reduction before it gives up (and stores
 # it): the check stays linear in the size of the graph
 MAX_ROW_WALK = 256
