@@ -19,7 +19,13 @@ from tinyteach import GlobalCounters, Tensor
 from tinyteach.device import Device, DeviceUnavailable
 from tinyteach.helpers import Context
 from tinyteach.lower import LinearProgram, lower
-from tinyteach.opt import MAX_GROUP_ROW, ROW_GROUP_THREADS, options_for_renderer, row_kernel_axis
+from tinyteach.opt import (
+    MAX_GROUP_ROW,
+    ROW_GROUP_THREADS,
+    KernelOptions,
+    options_for_renderer,
+    row_kernel_axis,
+)
 from tinyteach.render.opencl import OpenCLRenderer
 from tinyteach.runtime.python import SharedMemoryRaceError, emulate, record_threads
 from tinyteach.schedule import ScheduleItem, create_schedule
@@ -234,3 +240,22 @@ def test_cuda_row_kernels_compile_for_sm90():
             assert source.count("__syncthreads()") == barriers
             kernel = compiler.compile(source)
             assert kernel.ptx and "bar.sync" in kernel.ptx
+
+
+# ---- other options a search may try on a row kernel ----
+
+@pytest.mark.parametrize("options", [dict(group=16, group_combine="serial"), dict(group=4),
+                                     dict(group=256), dict(group=128, group_combine="serial"),
+                                     dict()])
+@pytest.mark.parametrize("name", list(OPS))
+def test_a_row_kernel_is_right_with_every_group_option(name, options):
+    """search.py's neighbours of the heuristic's choice: other group sizes, the serial combine
+    (thread 0 then shares the result through shared memory), and no group at all (one thread
+    per output, each redoing its row's reductions: slow, still right)."""
+    values = inputs((3, 70), special=True)
+    x = Tensor(values, device="PYTHON").realize()
+    (item,) = schedule_of(OPS[name][0](x))
+    output = np.zeros(item.buffers[0].size, np.float32)
+    emulate(lower(item.ast, KernelOptions(**options)), [output, item.buffers[1].numpy()])
+    expected = OPS[name][1](torch.tensor(values)).numpy().reshape(-1)
+    np.testing.assert_allclose(output, expected, rtol=1e-4, atol=1e-5)

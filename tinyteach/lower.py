@@ -240,6 +240,8 @@ class _Lowerer:
                                                      (shared, lidx, partial)),))
         if self.group_combine == "serial":
             result = self._serial_combine(shared, barrier, reduce_op)
+            if self.rows:  # every thread of a row's group needs the result: thread 0 shares it
+                result = self._share_from_first(shared, result)
             self.group_results.append(result)
             return result
         half = threads // 2
@@ -264,6 +266,14 @@ class _Lowerer:
         value = UOp(Ops.LOAD, shared.dtype, (shared, loop, first, barrier))
         return UOp(Ops.REDUCE, shared.dtype, (value, loop), reduce_op)
 
+
+    def _share_from_first(self, shared: UOp, result: UOp) -> UOp:
+        """Thread 0 writes its serial result into element 0 (it alone read the partials since
+        the last barrier); after a barrier every thread reads it."""
+        first = local_thread_id(self.group).lt(1)
+        published = UOp(Ops.STORE, shared.dtype, (shared, index_const(0), result, first))
+        return UOp(Ops.LOAD, shared.dtype, (shared, index_const(0),
+                                            UOp(Ops.BARRIER, dtypes.bool, (published,))))
 
     # ---- a matmul-like reduction from tiles in shared memory ----
 
