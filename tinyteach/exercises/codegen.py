@@ -38,7 +38,7 @@ from typing import Any
 from tinyteach.device import Backend, Compiler, Device, HostAllocator
 from tinyteach.dtype import dtypes
 from tinyteach.exercises.interpreter import forget_device
-from tinyteach.render import CodeForOp
+from tinyteach.render import CodeForOp, CStyleRenderer
 from tinyteach.render.c import CRenderer
 from tinyteach.runtime.cpu import ClangStyleCompiler, CPUProgram, find_c_compiler
 from tinyteach.uop import ALU, Ops
@@ -59,15 +59,16 @@ class StudentRenderer(CRenderer):
     def code(self, op: Ops) -> CodeFunction:
         """The student's entry for `op`, after a check that it takes the four arguments every
         entry gets (a clear message instead of a TypeError from deep inside the walk)."""
-        code = super().code(op)
+        entry = CStyleRenderer.code(self, op)  # the student's own function, as written
         try:
-            inspect.signature(code).bind(self, [], [], dtypes.float32)
+            inspect.signature(entry).bind(self, [], [], dtypes.float32)
         except TypeError:
+            takes = inspect.signature(entry)
             raise TypeError(f"code_for_op[Ops.{op.name}] must take (renderer, operands, "
-                            f"operand_dtypes, dtype); it takes {inspect.signature(code)}") from None
+                            f"operand_dtypes, dtype); it takes {takes}") from None
         except ValueError:  # no signature to read (a builtin): let the call decide
             pass
-        return code
+        return super().code(op)  # (CRenderer's wraps it for bfloat16 operands)
 
 
 def cpu_compiler() -> ClangStyleCompiler:
