@@ -915,12 +915,34 @@ def pool(x: CT, kernel: Sequence[int], stride: Sequence[int] | None = None,
     stride = stride or (1,) * k
     dilation = dilation or (1,) * k
     leading = x.ndim - k
+    if all(size <= step for size, step in zip(kernel, stride)) and all(d == 1 for d in dilation):
+        return _tiled_windows(x, kernel, stride)
     for position, (size, step, spread) in enumerate(zip(kernel, stride, dilation)):
         axis = leading + 2 * position  # earlier axes have become (kernel, out) pairs
         x = _windows_1d(x, axis, size, step, spread)
     outs = [leading + 2 * i + 1 for i in range(k)]
     kernels = [leading + 2 * i for i in range(k)]
     return x.permute(list(range(leading)) + outs + kernels)
+
+
+def _tiled_windows(x: CT, kernel: Sequence[int], stride: Sequence[int]) -> CT:
+    """pool's windows when they do not overlap (kernel <= stride, no dilation): each axis
+    is cut into `out` tiles of `stride` elements (a reshape) and each tile shrunk to its
+    first `kernel`. No element is copied, so the gradient is a reshape back, not a sum over
+    the copies that _windows_1d makes."""
+    k, leading = len(kernel), x.ndim - len(kernel)
+    outs = [(n - size) // step + 1 for n, size, step in
+            zip(x.shape[leading:], kernel, stride)]
+    if any(size > n for n, size in zip(x.shape[leading:], kernel)):
+        raise ValueError(f"window {tuple(kernel)} does not fit in sizes {x.shape[leading:]}")
+    used = [o * step for o, step in zip(outs, stride)]
+    lead: list[tuple[int, int] | None] = [None] * leading
+    x = x.shrink(lead + [(0, min(u, n)) for u, n in zip(used, x.shape[leading:])])
+    x = x.pad([(0, 0)] * leading + [(0, u - n) for u, n in zip(used, x.shape[leading:])])
+    x = x.reshape(*x.shape[:leading], *[d for o, step in zip(outs, stride) for d in (o, step)])
+    x = x.shrink(lead + [b for o, size in zip(outs, kernel) for b in ((0, o), (0, size))])
+    order = [leading + 2 * i for i in range(k)] + [leading + 2 * i + 1 for i in range(k)]
+    return x.permute(list(range(leading)) + order)
 
 
 def _windows_1d(x: CT, axis: int, kernel: int, stride: int, dilation: int) -> CT:
