@@ -45,9 +45,10 @@ from tinyteach.dtype import dtypes
 from tinyteach.helpers import DEBUG, Context, GlobalCounters, clear_caches, getenv
 from tinyteach.jit import TinyJit
 from tinyteach.tensor import Tensor
+from tinyteach.uop import UOp, Variable
 
 __all__ = ["Tensor", "TinyJit", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters", "nn",
-           "getenv", "clear_caches"]
+           "getenv", "clear_caches", "Variable", "UOp"]
 
 
 def load_ipython_extension(ipython: object) -> None:

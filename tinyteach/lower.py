@@ -67,7 +67,7 @@ from tinyteach.opt import (
     local_tile_plan,
 )
 from tinyteach.rewrite import graph_rewrite, sum_terms, symbolic
-from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
+from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, sint, variables_of
 from tinyteach.view import (
     Index,
     Valid,
@@ -79,7 +79,7 @@ from tinyteach.view import (
 )
 
 
-def make_range(kind: str, number: int, size: int) -> UOp:
+def make_range(kind: str, number: int, size: sint) -> UOp:
     """A loop counter: `kind` is 'g' for an output axis, 'r' for a reduced one, 'v' for vector
     lanes, 'w' for an output axis whose every element is computed by a whole work-group (a
     group reduction: on a GPU, a loop over work-groups instead of threads)."""
@@ -499,6 +499,9 @@ class LinearProgram:
     options: KernelOptions = NO_OPTIONS
     # innermost reduction loops whose sums may be split into vector lanes -> their accumulators
     simd_loops: dict[UOp, list[UOp]] = field(default_factory=dict)
+    # the Variables of a kernel over symbolic sizes, by name: each is an `int` parameter after
+    # the buffers, and a loop's bound may be one (`for (int gidx0 = 0; gidx0 < i; ...)`)
+    variables: tuple[UOp, ...] = ()
 
     @property
     def applied_opts(self) -> list[str]:
@@ -700,4 +703,5 @@ def lower(ast: UOp, options: KernelOptions | None = None,
     present = {u for u in program.uops if u.op is Ops.DEFINE_GLOBAL}
     missing = [n for n in ast.toposort if n.op is Ops.DEFINE_GLOBAL and n not in present]
     program.uops[:0] = sorted(missing, key=lambda n: n.arg[0])
+    program.variables = tuple(variables_of([ast]))
     return program

@@ -36,9 +36,19 @@ from tinyteach.device import Backend, Buffer, Device
 from tinyteach.dtype import DType
 from tinyteach.helpers import DEBUG, ContextVar, GlobalCounters, LRUCache, format_bytes
 from tinyteach.lower import LinearProgram, lower
+from tinyteach.opt import NO_OPTIONS
 from tinyteach.pack import pack_operands
 from tinyteach.schedule import Schedule, ScheduleItem, estimate_ops, schedule_graph
-from tinyteach.uop import Ops, UOp, _arg_key, pretty
+from tinyteach.uop import (
+    Ops,
+    UOp,
+    _arg_key,
+    base_buffer,
+    pretty,
+    symbolic_view,
+    unbind_graph,
+    variables_of,
+)
 
 
 @dataclass
@@ -52,6 +62,20 @@ class Runner:
     linear: LinearProgram | None = None
     source: str | None = None
     ops_estimate: int = 0
+    variables: tuple[str, ...] = ()  # the Variables its sizes use: passed at each launch
+
+
+def launch(runner: Runner, buffers: list[Buffer], var_vals: dict[str, int]) -> None:
+    """Run a kernel on its buffers, with the values of its Variables (`int i` parameters,
+    after the buffers, in name order): a program over symbolic sizes is called with them,
+    every other program with its buffers only."""
+    if not runner.variables:
+        runner.program(*buffers)
+        return
+    missing = [name for name in runner.variables if name not in var_vals]
+    if missing:
+        raise ValueError(f"kernel {runner.name} needs a value for the Variables {missing}")
+    runner.program(*buffers, vals=tuple(var_vals[name] for name in runner.variables))
 
 
 @dataclass
@@ -62,6 +86,7 @@ class Launch:
     runner: Runner | None
     seconds: float
     buffers: list[Buffer] = field(default_factory=list)
+    var_vals: dict[str, int] = field(default_factory=dict)  # the Variables' values it ran with
 
 
 # compiled programs by (device, kernel AST, name); the least recently used go first past the
@@ -84,10 +109,14 @@ def record_launches() -> Iterator[list[Launch]]:
 
 
 def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
-    """Interpret (no renderer) or lower, render and compile one kernel for a device."""
+    """Interpret (no renderer) or lower, render and compile one kernel for a device. A kernel
+    over a symbolic size is lowered without optimizations (they split loops of known sizes)."""
+    variables = tuple(v.arg[0] for v in variables_of([ast]))
     if backend.renderer is None:
-        return Runner(name, backend.name, backend.program(ast), ast, ops_estimate=estimate_ops(ast))
-    linear = lower(ast, search.options_for(backend, name, ast))  # heuristic, or BEAM's choice
+        return Runner(name, backend.name, backend.program(ast), ast, ops_estimate=estimate_ops(ast),
+                      variables=variables)
+    options = NO_OPTIONS if variables else search.options_for(backend, name, ast)
+    linear = lower(ast, options)  # heuristic, or BEAM's choice
     if DEBUG >= 3:
         applied = linear.applied_opts or ["none"]
         print(f"    optimizations of {name}: {'; '.join(applied)}")
@@ -97,7 +126,7 @@ def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
     assert backend.compiler is not None
     binary = backend.compiler.compile(source)
     return Runner(name, backend.name, backend.program(name, binary), ast, linear, source,
-                  estimate_ops(ast))
+                  estimate_ops(ast), variables)
 
 
 def get_runner(item: ScheduleItem) -> Runner:
@@ -124,6 +153,9 @@ def _print_item(item: ScheduleItem) -> None:
     print(f"--- kernel {item.name} on {item.device}: stored because {item.boundary_reason}")
     for note in item.fusions + item.input_reasons:
         print(f"    {note}")
+    if item.var_vals:
+        values = ", ".join(f"{name}={value}" for name, value in sorted(item.var_vals.items()))
+        print(f"    symbolic sizes: {values} (one compiled kernel serves every value)")
     print(pretty(item.ast))
 
 
@@ -137,13 +169,13 @@ def run_item(item: ScheduleItem) -> None:
     if runner is None:
         item.output.copyin(item.buffers[1].numpy())
     else:
-        runner.program(*item.buffers)
+        launch(runner, item.buffers, item.var_vals)
         if DEBUG >= 2:
             Device[item.device].synchronize()
     seconds = time.perf_counter() - start
     _count(item, runner, seconds)
     for log in _launch_logs:
-        log.append(Launch(item, runner, seconds, list(item.buffers)))
+        log.append(Launch(item, runner, seconds, list(item.buffers), dict(item.var_vals)))
 
 
 def _count(item: ScheduleItem, runner: Runner | None, seconds: float) -> None:
@@ -154,8 +186,9 @@ def _count(item: ScheduleItem, runner: Runner | None, seconds: float) -> None:
     GlobalCounters.time_sum_s += seconds
     if DEBUG >= 1:
         timing = f" tm {seconds * 1e6:9.2f}us" if DEBUG >= 2 else ""
+        values = "".join(f" {name}={value}" for name, value in sorted(item.var_vals.items()))
         print(f"*** {item.device:<6} {GlobalCounters.kernel_count:4d} {item.name:<26} "
-              f"arg {len(item.buffers):2d} mem {format_bytes(memory):>9}{timing}")
+              f"arg {len(item.buffers):2d} mem {format_bytes(memory):>9}{timing}{values}")
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
@@ -176,7 +209,7 @@ def precompile(items: list[ScheduleItem]) -> None:
     for item in items:
         key = (item.device, item.ast, item.name)
         if item.kind == "kernel" and key not in runner_cache and \
-                (item.device, item.ast) not in queued:
+                (item.device, item.ast) not in queued and not item.ast.has_symbols:
             waiting.setdefault(item.device, []).append(item)
             queued.add((item.device, item.ast))
     for device, group in waiting.items():
@@ -193,6 +226,7 @@ def _compile_together(backend: Backend, group: list[ScheduleItem]) -> None:
     for item, name, linear, source, binary in zip(group, names, linears, sources, binaries):
         runner = Runner(name, backend.name, backend.program(name, binary), item.ast, linear,
                         source, estimate_ops(item.ast))
+        assert not variables_of([item.ast]), "precompile leaves symbolic kernels to compile_kernel"
         runner_cache[(item.device, item.ast, item.name)] = runner
 
 
@@ -319,8 +353,12 @@ def make_plan(schedule_: Schedule, roots: list[UOp], holes: list[Buffer]) -> Pla
     return Plan(tuple(fresh), tuple(steps), tuple(results), assigned)
 
 
-def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer]) -> list[UOp]:
-    """Launch a cached plan on this graph's buffers: the lean path of an eager realize."""
+def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer],
+             var_vals: dict[str, int] | None = None) -> list[UOp]:
+    """Launch a cached plan on this graph's buffers, with this graph's values of its
+    Variables (the plan's key holds no value: a new value reuses the plan): the lean path of
+    an eager realize."""
+    var_vals = {} if var_vals is None else var_vals
     buffers = holes + [Buffer(device, size, dtype) for device, size, dtype in plan.fresh]
     for step in plan.steps:
         args = [buffers[k] for k in step.slots]
@@ -330,7 +368,7 @@ def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer]) -> list[UOp]:
         if step.runner is None:
             args[0].copyin(args[1].numpy())
         else:
-            step.runner.program(*args)
+            launch(step.runner, args, var_vals)
         seconds = time.perf_counter() - start
         GlobalCounters.kernel_count += 1
         GlobalCounters.global_ops += step.runner.ops_estimate if step.runner else 0
@@ -354,11 +392,36 @@ def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
 
     Values are never remembered between calls: a graph built again is computed again. What
     is remembered is the *plan*, by the graph's structure (see `plan_key`): a graph shaped
-    like one seen before runs the same kernels on its own buffers, without scheduling."""
+    like one seen before runs the same kernels on its own buffers, without scheduling.
+
+    A graph with bound Variables is first unbound (`unbind_graph`): its kernels and its plan
+    are those of the unbound graph, the same for every value, and the values (`var_vals`)
+    go to the launches. Each result is then read with the bound sizes of its root."""
+    if not any(root.has_symbols for root in roots):
+        return _realize_unbound(roots, default_device, {})
+    unbound, var_vals = unbind_graph(roots)
+    results = _realize_unbound(unbound, default_device, var_vals)
+    return [_bound_result(root, free, result) for root, free, result in
+            zip(roots, unbound, results)]
+
+
+def _bound_result(root: UOp, unbound: UOp, result: UOp) -> UOp:
+    """The result of a bound root: its buffer read with the root's own (bound) shape."""
+    if result is unbound:  # nothing was computed: the root stays as it was
+        return root
+    base = base_buffer(result)
+    assert base is not None, "a realized result is a view of its buffer"
+    return symbolic_view(base, root.shape)
+
+
+def _realize_unbound(roots: list[UOp], default_device: str,
+                     var_vals: dict[str, int]) -> list[UOp]:
     if not PLAN_CACHE or DEBUG >= 1 or _launch_logs:
         # the whole path when it is watched: DEBUG prints each step, and a recording (the
         # JIT's capture, viz) keeps every item as the scheduler made it
         schedule_ = build_schedule(roots, default_device)
+        for item in schedule_.items:
+            item.var_vals = dict(var_vals)
         run_schedule(schedule_.items)
         for item in schedule_.items:
             if item.node is not None and item.node.op is Ops.ASSIGN:
@@ -366,9 +429,9 @@ def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
         return [schedule_.becomes.get(node, node) for node in roots]
     key, holes = plan_key(roots, default_device)
     if key in plan_cache:
-        return run_plan(plan_cache[key], roots, holes)
+        return run_plan(plan_cache[key], roots, holes, var_vals)
     schedule_ = build_schedule(roots, default_device)
     precompile(schedule_.items)
     plan = make_plan(schedule_, roots, holes)
     plan_cache[key] = plan
-    return run_plan(plan, roots, holes)
+    return run_plan(plan, roots, holes, var_vals)

@@ -457,10 +457,12 @@ class CPUProgram:
             print(f"    {self.name}: runs its {self.tier} build ({self.optimized_tier} is "
                   "compiling in the background)")
 
-    def __call__(self, *buffers: Buffer) -> None:
+    def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> None:
+        """Run on the buffers' addresses, then the Variables' values (`const int i`)."""
         if self.announce and DEBUG >= 2:
             self._note()
-        self.function(*(ctypes.c_void_p(b.storage.address) for b in buffers))
+        self.function(*(ctypes.c_void_p(b.storage.address) for b in buffers),
+                      *(ctypes.c_int(v) for v in vals))
 
 
 @runtime_checkable

@@ -172,8 +172,10 @@ class CUDAProgram:
         self.function = self.module.get_function(name)
         self.grid, self.block = kernel.launch.groups, kernel.launch.local_size
 
-    def __call__(self, *buffers: Buffer) -> None:
-        self.function(*(b.storage for b in buffers), block=self.block, grid=self.grid)
+    def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> None:
+        """Launch on the buffers, then the Variables' values (`const int i` parameters)."""
+        self.function(*(b.storage for b in buffers), *(np.int32(v) for v in vals),
+                      block=self.block, grid=self.grid)
 
 
 class CUDAGraph:
