@@ -12,7 +12,11 @@ What this teaches:
   every kernel in turn — so a launch costs a few microseconds, not a trip through Python;
 - the JIT is honest: DEBUG>=1 says when it captured and how many kernels it replays, and an
   input of another shape, dtype or device than the captured one is an error, never a silent
-  wrong result.
+  wrong result;
+- symbolic sizes: a bound Variable passed as an argument (`step(x, v.bind(n))`), or an input
+  whose shape holds one, may take a new value at every call. Its kernels were compiled for
+  the variable, not the value, so one capture replays for every value: the new values are
+  passed to the launches, and the outputs get the new sizes (a growing sequence, a KV cache).
 
 Builds on: realize.py (record_launches), device.py, tensor.py. Used by: nn training loops.
 
@@ -33,10 +37,18 @@ from typing import Any, Generic, TypeVar
 
 from tinyteach.device import Buffer, Device
 from tinyteach.helpers import DEBUG, GlobalCounters
-from tinyteach.realize import Launch, record_launches
+from tinyteach.realize import Launch, launch_kernel, record_launches
 from tinyteach.schedule import is_contiguous_buffer
 from tinyteach.tensor import Tensor
-from tinyteach.uop import base_buffer
+from tinyteach.uop import (
+    Ops,
+    UOp,
+    base_buffer,
+    binds_of,
+    sint,
+    substitute_symbols,
+    unbind_graph,
+)
 
 ReturnType = TypeVar("ReturnType")
 
@@ -70,11 +82,34 @@ def _buffer_of(tensor: Tensor) -> Buffer:
 
 def _split_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
         list[tuple[str, Tensor]], list[tuple[str, Any]]]:
-    """Tensor arguments (by name) and the other arguments, which must not change."""
+    """Tensor arguments (by name) and the other arguments, which must not change (a bound
+    Variable is among the others by its variable alone: its value may change)."""
     named = [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
     tensors = [(name, value) for name, value in named if isinstance(value, Tensor)]
-    others = [(name, value) for name, value in named if not isinstance(value, Tensor)]
+    others = [(name, _unbound(value)) for name, value in named if not isinstance(value, Tensor)]
     return tensors, others
+
+
+def _is_bound(value: Any) -> bool:
+    return isinstance(value, UOp) and value.op is Ops.BIND
+
+
+def _unbound(value: Any) -> Any:
+    return value.unbind()[0] if _is_bound(value) else value
+
+
+def _unbound_shape(shape: tuple[sint, ...]) -> tuple[sint, ...]:
+    """A shape with its bound variables unbound: what stays the same from call to call."""
+    return tuple(unbind_graph([s])[0][0] if isinstance(s, UOp) else s for s in shape)
+
+
+def call_var_vals(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, int]:
+    """The values of the Variables of one call: bound Variables passed as arguments, and
+    those in the shapes of its tensor arguments (name -> value)."""
+    roots = [a for a in (*args, *kwargs.values()) if _is_bound(a)]
+    roots += [s for a in (*args, *kwargs.values()) if isinstance(a, Tensor)
+              for s in a.shape if isinstance(s, UOp)]
+    return unbind_graph(roots)[1] if roots else {}
 
 
 def _realized_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
@@ -107,7 +142,10 @@ class CapturedJit:
         self.result = result
         self.output_uops = [t.uop for t in outputs]
         self.input_slots = self._find_input_slots(input_buffers)
-        self.graph = self._make_graph()
+        self.symbolic = any(launch.var_vals for launch in launches)
+        # a device graph replays the values it was built with: symbolic launches go one by one
+        self.graph = None if self.symbolic else self._make_graph()
+        self.var_vals: dict[str, int] = {}  # the values of the latest replay
 
     def _find_input_slots(self, input_buffers: list[Buffer]) -> list[tuple[int, int, int]]:
         """(launch, position, input) for every place an input buffer is passed."""
@@ -127,9 +165,14 @@ class CapturedJit:
         graph_class = getattr(Device[devices.pop()], "graph", None)
         return None if graph_class is None else graph_class(self.launches)
 
-    def replay(self, input_buffers: list[Buffer]) -> None:
+    def replay(self, input_buffers: list[Buffer], var_vals: dict[str, int] | None = None) -> None:
+        """Run the captured launches on new input buffers, with new values of the Variables."""
+        self.var_vals = {} if var_vals is None else var_vals
         for k, position, i in self.input_slots:
             self.launches[k].buffers[position] = input_buffers[i]
+        for captured in self.launches:
+            captured.var_vals.update((name, value) for name, value in self.var_vals.items()
+                                     if name in captured.var_vals)
         start = time.perf_counter()
         if self.graph is not None:
             self.graph(self.launches, [(k, position) for k, position, _ in self.input_slots])
@@ -149,19 +192,29 @@ class CapturedJit:
         if launch.runner is None:  # a copy between devices
             launch.buffers[0].copyin(launch.buffers[1].numpy())
         else:
-            launch.runner.program(*launch.buffers)
+            launch_kernel(launch.runner, launch.buffers, launch.var_vals)
 
     def outputs(self) -> Any:
-        """The function's result, with tensors pointing at the replayed output buffers."""
-        replacements = iter(self.output_uops)
+        """The function's result, with tensors pointing at the replayed output buffers (a
+        symbolic size bound to this call's value)."""
+        replacements = iter(self._rebound_outputs())
 
         def rebuild(value: Any) -> Any:
             return Tensor(next(replacements), value.device) if isinstance(value, Tensor) else value
         if isinstance(self.result, (tuple, list)):
-            return type(self.result)(rebuild(r) for r in self.result)
+            return type(self.result)(rebuild(r) for r in self.result)  # type: ignore[call-arg]
         if isinstance(self.result, dict):
             return {key: rebuild(value) for key, value in self.result.items()}
         return rebuild(self.result)
+
+
+    def _rebound_outputs(self) -> list[UOp]:
+        """The output nodes with each bound variable bound to this call's value instead."""
+        binds = [b for b in binds_of(self.output_uops) if b.src[0].arg[0] in self.var_vals]
+        if not binds:
+            return self.output_uops
+        rebind = {b: b.src[0].bind(self.var_vals[b.src[0].arg[0]]) for b in binds}
+        return substitute_symbols(self.output_uops, rebind)
 
 
 class TinyJit(Generic[ReturnType]):
@@ -188,7 +241,8 @@ class TinyJit(Generic[ReturnType]):
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
         args, kwargs = _realized_inputs(args, kwargs)
         tensors, others = _split_arguments(args, kwargs)
-        signature = [(name, InputSignature(t.shape, t.dtype, t.device)) for name, t in tensors]
+        signature = [(name, InputSignature(_unbound_shape(t.shape), t.dtype, t.device))
+                     for name, t in tensors]
         if self.calls == 0:
             self.calls = 1
             result = self.fn(*args, **kwargs)
@@ -200,7 +254,7 @@ class TinyJit(Generic[ReturnType]):
             return self._capture(args, kwargs, signature, others, tensors)
         self._check(signature, others)
         assert self.captured is not None
-        self.captured.replay([_buffer_of(t) for _, t in tensors])
+        self.captured.replay([_buffer_of(t) for _, t in tensors], call_var_vals(args, kwargs))
         self.calls += 1
         replayed: ReturnType = self.captured.outputs()
         return replayed
@@ -219,7 +273,9 @@ class TinyJit(Generic[ReturnType]):
         self.captured = CapturedJit(list(launches), input_buffers, result, outputs)
         self.signature, self.fixed_arguments, self.calls = signature, others, 2
         if DEBUG >= 1:
-            print(f"TinyJit: captured {len(launches)} kernels of {self.fn.__name__}")
+            symbolic = " (over symbolic sizes: one capture for every value)" \
+                if self.captured.symbolic else ""
+            print(f"TinyJit: captured {len(launches)} kernels of {self.fn.__name__}{symbolic}")
         return result
 
     def _check(self, signature: list[tuple[str, InputSignature]],

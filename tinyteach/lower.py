@@ -132,7 +132,7 @@ class _Lowerer:
 
     def _plan(self, node: UOp, index: Index, valid: Valid) -> tuple[list[Task], Combine]:
         """What lowering `node` at `index` needs lowered first, and how to combine those."""
-        if node.op is Ops.CONST:
+        if node.op in (Ops.CONST, Ops.DEFINE_VAR):  # (a Variable's value: the same everywhere)
             return [], lambda values: node
         if node.op is Ops.DEFINE_GLOBAL or (node.op in MOVEMENT and _reads_buffer_directly(node)):
             load = self._load(node, index, valid)

@@ -65,7 +65,7 @@ class Runner:
     variables: tuple[str, ...] = ()  # the Variables its sizes use: passed at each launch
 
 
-def launch(runner: Runner, buffers: list[Buffer], var_vals: dict[str, int]) -> None:
+def launch_kernel(runner: Runner, buffers: list[Buffer], var_vals: dict[str, int]) -> None:
     """Run a kernel on its buffers, with the values of its Variables (`int i` parameters,
     after the buffers, in name order): a program over symbolic sizes is called with them,
     every other program with its buffers only."""
@@ -169,7 +169,7 @@ def run_item(item: ScheduleItem) -> None:
     if runner is None:
         item.output.copyin(item.buffers[1].numpy())
     else:
-        launch(runner, item.buffers, item.var_vals)
+        launch_kernel(runner, item.buffers, item.var_vals)
         if DEBUG >= 2:
             Device[item.device].synchronize()
     seconds = time.perf_counter() - start
@@ -368,7 +368,7 @@ def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer],
         if step.runner is None:
             args[0].copyin(args[1].numpy())
         else:
-            launch(step.runner, args, var_vals)
+            launch_kernel(step.runner, args, var_vals)
         seconds = time.perf_counter() - start
         GlobalCounters.kernel_count += 1
         GlobalCounters.global_ops += step.runner.ops_estimate if step.runner else 0
