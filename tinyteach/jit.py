@@ -33,7 +33,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from tinyteach.device import Buffer, Device
 from tinyteach.helpers import DEBUG, GlobalCounters
@@ -98,9 +98,10 @@ def _unbound(value: Any) -> Any:
     return value.unbind()[0] if _is_bound(value) else value
 
 
-def _unbound_shape(shape: tuple[sint, ...]) -> tuple[sint, ...]:
+def _unbound_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """A shape with its bound variables unbound: what stays the same from call to call."""
-    return tuple(unbind_graph([s])[0][0] if isinstance(s, UOp) else s for s in shape)
+    sizes: list[sint] = [unbind_graph([s])[0][0] if isinstance(s, UOp) else s for s in shape]
+    return cast(tuple[int, ...], tuple(sizes))
 
 
 def call_var_vals(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, int]:
@@ -202,7 +203,7 @@ class CapturedJit:
         def rebuild(value: Any) -> Any:
             return Tensor(next(replacements), value.device) if isinstance(value, Tensor) else value
         if isinstance(self.result, (tuple, list)):
-            return type(self.result)(rebuild(r) for r in self.result)  # type: ignore[call-arg]
+            return type(self.result)(rebuild(r) for r in self.result)
         if isinstance(self.result, dict):
             return {key: rebuild(value) for key, value in self.result.items()}
         return rebuild(self.result)

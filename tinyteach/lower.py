@@ -688,7 +688,9 @@ def lower(ast: UOp, options: KernelOptions | None = None,
     """The whole chapter: choose optimizations (opt.py, unless given), lower the AST,
     simplify its index math, and linearize it. `vector_width`: the device's vector lanes
     (renderer.vector_width), used when the options are chosen here."""
-    chosen = choose_options(ast, vector_width) if options is None else options
+    if options is None:  # (a kernel over symbolic sizes: no optimizations, see realize.py)
+        options = NO_OPTIONS if ast.has_symbols else choose_options(ast, vector_width)
+    chosen = options
     lowered = lower_ast(ast, chosen)
     if chosen.vector_width:
         vectored = vectorize(lowered)

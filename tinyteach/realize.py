@@ -226,7 +226,6 @@ def _compile_together(backend: Backend, group: list[ScheduleItem]) -> None:
     for item, name, linear, source, binary in zip(group, names, linears, sources, binaries):
         runner = Runner(name, backend.name, backend.program(name, binary), item.ast, linear,
                         source, estimate_ops(item.ast))
-        assert not variables_of([item.ast]), "precompile leaves symbolic kernels to compile_kernel"
         runner_cache[(item.device, item.ast, item.name)] = runner
 
 
@@ -243,13 +242,18 @@ def _unique_names(names: list[str]) -> list[str]:
 
 # ---- realizing ----
 
-def build_schedule(roots: list[UOp], default_device: str) -> Schedule:
+def build_schedule(roots: list[UOp], default_device: str,
+                   var_vals: dict[str, int] | None = None) -> Schedule:
     """The schedule that runs: the scheduler's kernels in order (schedule.py), with a packing
     copy before each kernel that profits from one (pack.py). realize() runs exactly these
     items and viz draws exactly these, so a drawing shows every kernel that runs. Nothing is
-    computed: the Buffers are allocated when a kernel first uses them."""
+    computed is allocated when a kernel first uses them. `var_vals`: the values of the
+    Variables of an unbound graph (`unbind_graph`), kept on each item."""
     schedule = schedule_graph(roots, default_device)
-    return dataclasses.replace(schedule, items=pack_operands(schedule.items))
+    items = pack_operands(schedule.items)
+    for item in items:
+        item.var_vals = dict(var_vals or {})
+    return dataclasses.replace(schedule, items=items)
 
 
 # ---- the plan cache (eager dispatch) ----
@@ -419,9 +423,7 @@ def _realize_unbound(roots: list[UOp], default_device: str,
     if not PLAN_CACHE or DEBUG >= 1 or _launch_logs:
         # the whole path when it is watched: DEBUG prints each step, and a recording (the
         # JIT's capture, viz) keeps every item as the scheduler made it
-        schedule_ = build_schedule(roots, default_device)
-        for item in schedule_.items:
-            item.var_vals = dict(var_vals)
+        schedule_ = build_schedule(roots, default_device, var_vals)
         run_schedule(schedule_.items)
         for item in schedule_.items:
             if item.node is not None and item.node.op is Ops.ASSIGN:

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 from tinyteach.device import Buffer
 from tinyteach.dtype import dtypes
-from tinyteach.helpers import prod
 from tinyteach.uop import (
     ALU,
     MOVEMENT,

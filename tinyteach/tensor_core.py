@@ -35,7 +35,7 @@ import contextlib
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar, cast
 
 import numpy as np
 
@@ -209,8 +209,9 @@ class CoreTensor:
     # ---- what a tensor is ----
 
     @property
-    def shape(self) -> tuple[sint, ...]:
-        """The sizes; a symbolic size is a UOp over Variables (printed by name, `(i, 4)`)."""
+    def shape(self) -> tuple[int, ...]:
+        """The sizes; a symbolic size is a UOp over Variables (printed by name, `(i, 4)`;
+        typed as ints, see UOp.shape)."""
         return self.uop.shape
 
     @property
@@ -221,8 +222,8 @@ class CoreTensor:
     def ndim(self) -> int:
         return len(self.shape)
 
-    def numel(self) -> sint:
-        return sym_prod(self.shape)
+    def numel(self) -> int:
+        return cast(int, sym_prod(self.shape))  # (symbolic for a symbolic shape: see shape)
 
     def size(self, dim: int | None = None) -> int | tuple[int, ...]:
         return self.shape if dim is None else self.shape[self._axis(dim)]
@@ -374,13 +375,14 @@ class CoreTensor:
                              f"{tuple(new_shape)} ({prod(new_shape)} elements)")
         return self._apply(self.uop.reshape(tuple(new_shape)), self)
 
-    def _symbolic_reshape(self, new_shape: list[sint]) -> Self:
+    def _symbolic_reshape(self, new_shape: list[int]) -> Self:
         """tinygrad's rule for a symbolic reshape: the element count stays the same, as an
         expression ((i, 4) -> (i*4,) and back; -1 stands for what is left when that is an
         int or a symbolic size times an int)."""
         if -1 in new_shape:
             known = sym_prod(s for s in new_shape if not isinstance(s, int) or s != -1)
-            new_shape[new_shape.index(-1)] = _divide_count(self.numel(), known, self.shape)
+            new_shape[new_shape.index(-1)] = cast(int, _divide_count(self.numel(), known,
+                                                                     self.shape))
         if not _same_count(sym_prod(new_shape), self.numel()):
             raise ValueError(f"cannot reshape {self.shape} ({self.numel()} elements) to "
                              f"{tuple(new_shape)} ({sym_prod(new_shape)} elements): a symbolic "
@@ -781,10 +783,11 @@ def _still_lazy(tensors: list[CoreTensor]) -> list[CoreTensor]:
     return pending
 
 
-def _shape_from_maybe_negative(args: tuple[Any, ...]) -> tuple[sint, ...]:
+def _shape_from_maybe_negative(args: tuple[Any, ...]) -> tuple[int, ...]:
+    """The sizes given, as ints (a symbolic size stays a UOp: typed int, see UOp.shape)."""
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
         args = tuple(args[0])
-    return tuple(as_sint(s) for s in args)
+    return cast(tuple[int, ...], tuple(as_sint(s) for s in args))
 
 
 def _same_count(a: sint, b: sint) -> bool:
@@ -838,8 +841,9 @@ def scalar_dtype(tensor_dtype: DType, value: Any) -> DType:
     return tensor_dtype if dtypes.is_float(tensor_dtype) else dtypes.default_float
 
 
-def padding_pairs(padding: Sequence[Any], ndim: int) -> list[tuple[sint, sint]]:
-    """((before, after) per axis) from either form pad() takes."""
+def padding_pairs(padding: Sequence[Any], ndim: int) -> list[tuple[int, int]]:
+    """((before, after) per axis) from either form pad() takes (a symbolic amount stays a
+    UOp: typed int, see UOp.shape)."""
     items = list(padding)
     if all(isinstance(p, int) for p in items):  # PyTorch: (last_before, last_after, ...)
         if len(items) % 2 or len(items) // 2 > ndim:
@@ -850,7 +854,8 @@ def padding_pairs(padding: Sequence[Any], ndim: int) -> list[tuple[sint, sint]]:
         return pairs
     if len(items) != ndim:
         raise ValueError(f"padding needs one (before, after) pair per axis ({ndim}), got {items}")
-    return [(0, 0) if p is None else (as_sint(p[0]), as_sint(p[1])) for p in items]
+    return cast(list[tuple[int, int]],
+                [(0, 0) if p is None else (as_sint(p[0]), as_sint(p[1])) for p in items])
 
 
 def sum_dtype(dtype: DType) -> DType:

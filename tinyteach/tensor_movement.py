@@ -113,7 +113,8 @@ class TensorMovement(TensorCreation):
         total: sint = 0
         for t in tensors:
             total = sym_add(total, t.shape[axis])
-        result, offset = None, 0
+        result: Self | None = None
+        offset: sint = 0
         for t in tensors:  # (sym_add and sym_sub: a size may be symbolic)
             pairs: list[tuple[sint, sint]] = [(0, 0)] * self.ndim
             pairs[axis] = (offset, sym_sub(sym_sub(total, offset), t.shape[axis]))

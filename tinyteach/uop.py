@@ -32,10 +32,9 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from tinyteach.dtype import DType, dtypes, truncate_to
-from tinyteach.helpers import prod
 
 
 class Ops(enum.Enum):
@@ -307,13 +306,16 @@ class UOp(metaclass=UOpMetaClass):
     # ---- what a node knows about itself ----
 
     @cached_property
-    def shape(self) -> tuple[sint, ...]:
+    def shape(self) -> tuple[int, ...]:
+        """The sizes of the value. A symbolic size is an integer UOp over Variables (`sint`);
+        the type says int, which almost every size is, so that code over int shapes
+        type-checks. Code that may meet a symbolic size uses the sym_* helpers below."""
         fill_sources_first(self, "shape")
-        return SHAPE_RULES.get(self.op, _same_shape)(self)
+        return cast(tuple[int, ...], SHAPE_RULES.get(self.op, _same_shape)(self))
 
     @property
-    def size(self) -> sint:
-        return sym_prod(self.shape)
+    def size(self) -> int:
+        return cast(int, sym_prod(self.shape))
 
     @cached_property
     def has_symbols(self) -> bool:

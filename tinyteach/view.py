@@ -87,7 +87,7 @@ def _reshape(node: UOp, index: Index) -> tuple[Index, Valid]:
     return tuple(in_index), None
 
 
-def reshape_groups(out_shape: tuple[sint, ...], in_shape: tuple[sint, ...]) -> list[
+def reshape_groups(out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> list[
         tuple[list[int], list[int]]]:
     """Split both shapes into runs of axes with equal products: (2, 6, 5) and (2, 3, 2, 5)
     give [([0], [0]), ([1], [1, 2]), ([2], [3])]. Falls back to one group if sizes are 0."""
