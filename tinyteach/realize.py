@@ -251,9 +251,10 @@ def build_schedule(roots: list[UOp], default_device: str,
     Variables of an unbound graph (`unbind_graph`), kept on each item."""
     schedule = schedule_graph(roots, default_device)
     items = pack_operands(schedule.items)
-    for item in items if var_vals else []:  # each item: the values of its own Variables
+    values = var_vals or {}
+    for item in items if values else []:  # each item: the values of its own Variables
         used = {v.arg[0] for v in variables_of([item.ast])}
-        item.var_vals = {name: value for name, value in var_vals.items() if name in used}
+        item.var_vals = {name: value for name, value in values.items() if name in used}
     return dataclasses.replace(schedule, items=items)
 
 

@@ -431,7 +431,7 @@ class CoreTensor:
         inside = self._const(True, dtypes.bool).pad(pairs)  # False where the padding is
         return inside.where(padded, value)
 
-    def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Self:
+    def shrink(self, bounds: Sequence[tuple[sint, sint] | None]) -> Self:
         if len(bounds) != self.ndim:
             raise ValueError(f"shrink needs {self.ndim} bounds for shape {self.shape}, "
                              f"got {len(bounds)}")
