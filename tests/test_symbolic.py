@@ -252,3 +252,17 @@ def test_viz_shows_the_symbolic_size_by_name() -> None:
     kernel = viz.kernel(y, languages=["C"]).text
     assert "const int i" in kernel and "('r', 0, i)" in kernel
     assert "(i, 4)" in viz.graph(y).text
+
+
+def test_the_cuda_source_with_a_variable_compiles_where_nvrtc_is() -> None:
+    try:
+        from tinyteach.runtime.cuda import CUDACompiler, compile_for_cuda
+        compiler = CUDACompiler()
+    except Exception as error:  # noqa: BLE001 - no CUDA compiler on this machine
+        pytest.skip(f"no CUDA compiler: {error}")
+    x = Tensor(A, device="CPU").realize()
+    roots, var_vals = unbind_graph([(x.shrink(((0, variable().bind(4)), None)) * 2).sum(0).uop])
+    (item,) = build_schedule(roots, "CPU", var_vals).items
+    kernel = compile_for_cuda(item.name, item.ast, compiler)
+    assert f".entry {item.name}(" in kernel.ptx
+    assert f".param .u32 {item.name}_param_2" in kernel.ptx  # after the two buffers: int i
