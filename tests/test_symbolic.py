@@ -266,3 +266,59 @@ def test_the_cuda_source_with_a_variable_compiles_where_nvrtc_is() -> None:
     kernel = compile_for_cuda(item.name, item.ast, compiler)
     assert f".entry {item.name}(" in kernel.ptx
     assert f".param .u32 {item.name}_param_2" in kernel.ptx  # after the two buffers: int i
+
+
+# ---- function: tinygrad's graph-capture decorator ----
+
+def test_function_runs_its_python_once_per_signature_and_stays_lazy() -> None:
+    traced = []
+
+    @tinyteach.function
+    def f(a: Tensor, b: Tensor) -> Tensor:
+        traced.append(a.shape)
+        return (a + b) * 2
+    x, y = RNG.standard_normal(3).astype(np.float32), RNG.standard_normal(3).astype(np.float32)
+    out = f(Tensor(x), Tensor(y))
+    assert out.uop.op is not Ops.BUFFER  # lazy: nothing computed yet
+    np.testing.assert_allclose(out.numpy(), (x + y) * 2, rtol=1e-6)
+    np.testing.assert_allclose(f(Tensor(y), Tensor(x)).numpy(), (x + y) * 2, rtol=1e-6)
+    np.testing.assert_allclose(f(Tensor(A), Tensor(A)).numpy(), A * 4, rtol=1e-6)
+    assert traced == [(3,), (10, 4)]  # one trace per shape
+
+
+def test_function_backward_goes_through_it() -> None:
+    @tinyteach.function
+    def f(a: Tensor, b: Tensor) -> Tensor:
+        return (a * b).sum()
+    a, b = Tensor(A[0], requires_grad=True), Tensor(A[1])
+    f(a, b).backward()
+    np.testing.assert_allclose(a.grad.numpy(), A[1], rtol=1e-6)
+
+
+def test_function_with_a_bound_variable_reuses_one_trace() -> None:
+    @tinyteach.function
+    def first_rows_sum(x: Tensor, n: UOp) -> Tensor:
+        return x.shrink(((0, n), None)).sum(0)
+    x = Tensor(A).realize()
+    for n in (2, 5, 9):
+        np.testing.assert_allclose(first_rows_sum(x, variable().bind(n)).numpy(),
+                                   A[:n].sum(0), rtol=1e-5)
+    assert len(first_rows_sum.traces) == 1
+
+
+def test_function_refuses_implicit_inputs_and_computing_while_traced() -> None:
+    w = Tensor(A[0]).realize()
+
+    @tinyteach.function
+    def reads_w(x: Tensor) -> Tensor:
+        return x + w
+    with pytest.raises(ValueError, match="not its arguments"):
+        reads_w(Tensor(A[1]))
+    allowed = tinyteach.function(allow_implicit=True)(lambda x: x + w)
+    np.testing.assert_allclose(allowed(Tensor(A[1])).numpy(), A[0] + A[1], rtol=1e-6)
+
+    @tinyteach.function
+    def computes(x: Tensor) -> float:
+        return x.sum().item()
+    with pytest.raises(RuntimeError, match="computed a value while it was traced"):
+        computes(Tensor(A[1]))

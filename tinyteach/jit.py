@@ -47,6 +47,10 @@ from tinyteach.uop import (
     binds_of,
     sint,
     substitute_symbols,
+    sym_max,
+    sym_prod,
+    symbolic_view,
+    toposort_of,
     unbind_graph,
 )
 
@@ -301,3 +305,117 @@ def _same_value(a: Any, b: Any) -> bool:
     except Exception:
         return a is b
 
+
+
+# ---- function: capture a function's graph once, reuse it lazily ----
+
+@dataclass
+class _Trace:
+    """A function's graph, built once on placeholder inputs: the output nodes, the placeholder
+    node of each tensor argument, and the bound variables it was built with."""
+
+    result: Any
+    outputs: list[UOp]
+    placeholders: list[UOp]
+    binds: list[UOp]
+
+
+class GraphFunction:
+    """What `function` makes of a Python function: call it as the function. The first call
+    with a given signature (each tensor argument's shape, dtype and device, the variable of
+    each bound Variable, the value of every other argument) runs the Python once, on
+    placeholder tensors, and keeps the lazy graph it builds. Every call then builds its
+    result by putting its own arguments into that graph (`UOp.substitute`), without running
+    the Python again. The result is lazy, as the function's own would be: it fuses with what
+    comes after it, and backward() goes through it (it is made of the same primitive ops).
+
+    tinygrad's `function` keeps the body as a CALL node of its IR (and can precompile it);
+    tinyteach has no such node, so the body is substituted in, which gives the same values
+    and the same kernels as calling the function. The function must only build a graph:
+    computing a value while it is traced (realize, numpy, item) is an error, as is reading a
+    tensor that is not an argument, unless `allow_implicit=True` (then that tensor's graph at
+    the time of the first call is part of the body)."""
+
+    def __init__(self, fn: Callable[..., Any], allow_implicit: bool = False):
+        self.fn, self.allow_implicit = fn, allow_implicit
+        self.traces: dict[Any, _Trace] = {}
+        functools.update_wrapper(self, fn)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Callable[..., Any]:
+        return functools.partial(self.__call__, obj)  # a method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        named = [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+        key = tuple(_signature_part(name, value) for name, value in named)
+        trace = self.traces.get(key)
+        if trace is None:
+            trace = self.traces[key] = self._trace(args, kwargs)
+        tensors = [value for _, value in named if isinstance(value, Tensor)]
+        replace = {p: t.uop for p, t in zip(trace.placeholders, tensors)}
+        now = unbind_graph([v for _, v in named if _is_bound(v)] +
+                           [s for t in tensors for s in t.shape if isinstance(s, UOp)])[1]
+        for bind in trace.binds:  # the same variable, bound to this call's value
+            var = bind.src[0]
+            replace[bind] = var.bind(now[var.arg[0]]) if var.arg[0] in now else bind
+        outputs = iter(substitute_symbols(trace.outputs, replace) if trace.outputs else [])
+
+        def rebuild(value: Any) -> Any:
+            if not isinstance(value, Tensor):
+                return value
+            result = Tensor(next(outputs), value.device)
+            result._inherit_grad(*tensors)
+            return result
+        if isinstance(trace.result, (tuple, list)):
+            return type(trace.result)(rebuild(r) for r in trace.result)
+        return rebuild(trace.result)
+
+    def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Trace:
+        placeholders: list[UOp] = []
+
+        def placeholder(value: Any) -> Any:
+            if not isinstance(value, Tensor):
+                return value
+            count = sym_prod(value.shape)
+            stand_in = Buffer(value.device, sym_max(count), value.dtype)
+            node = symbolic_view(UOp(Ops.BUFFER, value.dtype, (), stand_in), value.shape)
+            placeholders.append(node)
+            return Tensor(node, value.device, requires_grad=value.requires_grad)
+        traced_args = tuple(placeholder(a) for a in args)
+        traced_kwargs = {k: placeholder(v) for k, v in kwargs.items()}
+        result = self.fn(*traced_args, **traced_kwargs)
+        outputs = [t.uop for t in _returned_tensors(result)]
+        name = getattr(self.fn, "__name__", type(self.fn).__name__)
+        stand_ins = {base_buffer(p).arg for p in placeholders}  # type: ignore[union-attr]
+        if any(b.is_allocated for b in stand_ins):
+            raise RuntimeError(f"function {name}: it computed a value while it was traced "
+                               "(realize, numpy, item): a function must only build a graph")
+        implicit = [n for n in toposort_of(outputs)
+                    if n.op is Ops.BUFFER and n.arg not in stand_ins]
+        if implicit and not self.allow_implicit:
+            shapes = ", ".join(str(n.arg.size) for n in implicit[:4])
+            raise ValueError(f"function {name} reads {len(implicit)} tensor(s) that are not "
+                             f"its arguments (buffers of {shapes} elements): pass them as "
+                             "arguments, or use function(allow_implicit=True)")
+        return _Trace(result, outputs, placeholders, binds_of(outputs) if outputs else [])
+
+
+def _signature_part(name: str, value: Any) -> Any:
+    """What a call must share with an earlier one to reuse its graph."""
+    if isinstance(value, Tensor):
+        return ("tensor", name, _unbound_shape(value.shape), value.dtype, value.device)
+    if _is_bound(value):
+        return ("variable", name, value.src[0])
+    try:
+        hash(value)
+    except TypeError:
+        return ("object", name, id(value))
+    return ("value", name, value)
+
+
+def function(fn: Callable[..., Any] | None = None, *, allow_implicit: bool = False) -> Any:
+    """tinygrad's `function` decorator: `@function def f(a, b): return a + b`, or
+    `@function(allow_implicit=True)`. The function's graph is captured once per signature and
+    reused, lazily, at every call (see GraphFunction)."""
+    if fn is None:
+        return lambda inner: GraphFunction(inner, allow_implicit)
+    return GraphFunction(fn, allow_implicit)
