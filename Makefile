@@ -12,7 +12,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BOOK_VECTOR_WIDTH := 16
 
 .PHONY: course course-deps demo student-copy chapter chapters nbval setup-test system-deps test lint \
-        clean
+        gpu-check clean
 
 # ---- course ---------------------------------------------------------------
 
@@ -140,6 +140,15 @@ test: setup-test
 	if [ $$nb -eq 5 ]; then echo "==> nbval collected no notebooks"; nb=0; fi; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	exit $$nb
+
+# ---- on a machine with an NVIDIA GPU ---------------------------------------
+
+# the one-shot GPU check (issue 14): op suite, TinyJit training and benchmarks against PyTorch on
+# CUDA, at most 5 minutes; no network, no venv, no pip: the machine's own python3 and packages.
+# Writes gpu_check_out/gpu_check.json and .md (GPU_CHECK_ARGS="--quick", "--device OPENCL", ...)
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) scripts/gpu_check.py --out gpu_check_out $(GPU_CHECK_ARGS)
 
 # ---- housekeeping ---------------------------------------------------------
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tinyteach import GlobalCounters, Tensor
+from tinyteach.helpers import Context
 from tinyteach.schedule import create_schedule
 from tinyteach.uop import Ops
 
@@ -75,37 +76,46 @@ def numpy_log_softmax(x: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
 
 
-def test_log_softmax_gradient_skips_the_max(dev):
+@pytest.mark.parametrize("fuse_rows, kernels", [(0, 4), (1, 1)])
+def test_log_softmax_gradient_skips_the_max(dev, fuse_rows, kernels):
     """The result does not depend on the max subtracted for stability, so its gradient is not
-    computed (two reductions saved): max, sum of exp, sum of the incoming gradient, result."""
+    computed (two reductions saved): max, sum of exp, sum of the incoming gradient, result;
+    with FUSE_ROWS the three row reductions are computed in the result's kernel."""
     (x, xn), (seed, seed_n) = realized(4, 6, device=dev), realized(4, 6, device=dev)
     x.requires_grad = True
-    (x.log_softmax(1) * seed).sum().backward()
-    assert x.grad is not None
-    count, grad = kernels_to_compute(lambda: x.grad, device=dev)
-    assert count == 4
+    with Context(FUSE_ROWS=fuse_rows):
+        (x.log_softmax(1) * seed).sum().backward()
+        assert x.grad is not None
+        count, grad = kernels_to_compute(lambda: x.grad, device=dev)
+    assert count == kernels
     softmax = np.exp(numpy_log_softmax(xn))
     expected = seed_n - softmax * seed_n.sum(axis=1, keepdims=True)
     np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_cross_entropy_and_its_gradient_are_seven_kernels(dev):
+@pytest.mark.parametrize("fuse_rows, kernels", [(0, 7), (1, 6)])
+def test_cross_entropy_and_its_gradient_are_seven_kernels(dev, fuse_rows, kernels):
     """max, sum of exp, arange (a running sum), the count of labelled items, the loss, the
     gradient's sum over classes, the gradient. The mean loss is one sum over items and classes
-    together: no reduction feeds another."""
+    together: no reduction feeds another. With FUSE_ROWS the gradient's sum over classes is
+    computed in the gradient's kernel (the max and the sum of exp are read by the loss too:
+    stored)."""
     logits, logits_n = realized(8, 5, device=dev)
     logits.requires_grad = True
     labels_n = np.array([0, 3, 2, -1, 1, 4, 4, 0], dtype=np.int32)  # -1 is ignored
     labels = Tensor(labels_n, device=dev).realize()
-    loss = logits.sparse_categorical_crossentropy(labels, ignore_index=-1)
-    loss.backward()
-    assert logits.grad is not None
-    items, _ = create_schedule([loss.uop, logits.grad.uop], dev)
-    assert len(items) == 7
-    assert not any("another reduction" in item.boundary_reason for item in items)
-    GlobalCounters.reset()
-    Tensor.realize(loss, logits.grad)
-    assert GlobalCounters.kernel_count == 7
+    with Context(FUSE_ROWS=fuse_rows):
+        loss = logits.sparse_categorical_crossentropy(labels, ignore_index=-1)
+        loss.backward()
+        assert logits.grad is not None
+        items, _ = create_schedule([loss.uop, logits.grad.uop], dev)
+        assert len(items) == kernels
+        assert not any("another reduction" in item.boundary_reason for item in items)
+        fused = [note for item in items for note in item.fusions if "once per row" in note]
+        assert len(fused) == fuse_rows
+        GlobalCounters.reset()
+        Tensor.realize(loss, logits.grad)
+        assert GlobalCounters.kernel_count == kernels
     counted = labels_n != -1
     targets = np.eye(5, dtype=np.float32)[np.where(counted, labels_n, 0)] * counted[:, None]
     expected_loss = -(numpy_log_softmax(logits_n) * targets).sum() / counted.sum()
@@ -177,7 +187,8 @@ def test_reduction_of_a_reduction_is_a_boundary():
 
 def test_broadcast_reduction_reason_names_expand():
     x, _ = realized(4, 10)
-    items = schedule_of(x.softmax(1))
+    with Context(FUSE_ROWS=0):  # (with it, the rows are fused: tests/test_fuse_rows.py)
+        items = schedule_of(x.softmax(1))
     reasons = " ".join(item.boundary_reason for item in items)
     assert "broadcast" in reasons and "EXPAND" in reasons
 

@@ -322,3 +322,13 @@ def test_function_refuses_implicit_inputs_and_computing_while_traced() -> None:
         return x.sum().item()
     with pytest.raises(RuntimeError, match="computed a value while it was traced"):
         computes(Tensor(A[1]))
+
+
+def test_cuda_driver_params_carry_the_variables_after_the_buffers() -> None:
+    import ctypes
+
+    from tinyteach.runtime.cuda import pack_params
+    params = pack_params([0x1000, 0x2000], (7, 42))
+    pointers = [params.pointers[k] for k in range(4)]
+    assert [ctypes.c_void_p.from_address(p).value for p in pointers[:2]] == [0x1000, 0x2000]
+    assert [ctypes.c_int32.from_address(p).value for p in pointers[2:]] == [7, 42]

@@ -6,11 +6,9 @@ examples/mnist_tutorial.py (docs/mnist.md) are tinygrad's code with `tinygrad` r
 (`nn.datasets.digits_mnist`, `fetch_digits_mnist`). These tests run them for a few steps and
 check that the loss falls.
 
-Two things tinygrad does that tinyteach does not do yet are pinned by strict xfails below; while
-they hold, the program tests step around them (each says how) instead of failing:
-- TinyJit refuses a function that draws random numbers (tinygrad replays its RNG counter);
-- a lazy value whose input buffer an optimizer step has since overwritten raises (tinygrad
-  keeps the value the schedule computed).
+A value computed before an optimizer step can be read after it (the quickstart reads `out`
+after `opt.step()`): the step's realize computes every live tensor that reads a weight's old
+contents before the weight is overwritten (tensor_core._still_lazy).
 
 A full run of each program (its own loop, shortened) is slow on a 2-core CPU (a step of
 beautiful_mnist's 512-image batch is about a minute): it runs with TINYTEACH_EXAMPLES=1.
@@ -70,7 +68,7 @@ def capped_range(limit: int) -> Any:
     return short_range
 
 
-# ---- what tinyteach does not do yet (strict: these start passing when it does) ----
+# ---- what tinygrad programs rely on ----
 
 def test_tinyjit_replays_random_numbers_as_tinygrad() -> None:
     @TinyJit
@@ -80,9 +78,6 @@ def test_tinyjit_replays_random_numbers_as_tinygrad() -> None:
     assert len(draws) == 4
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="reading a lazy value after an optimizer step overwrote its input "
-                          "raises; tinygrad keeps the value the step's schedule computed")
 def test_a_value_computed_before_a_step_can_be_read_after_it() -> None:
     """The quickstart's pattern: out = net(x); loss(out).backward(); opt.step(); out.argmax()."""
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
@@ -165,23 +160,18 @@ def test_beautiful_mnist_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ---- quickstart.py (docs/quickstart.md) ----
 
-REALIZE_OUT = ("    out = net(batch)\n\n    # compute loss",
-               "    out = net(batch).realize()  # test: see the second xfail\n\n    # compute loss")
-
-
 def test_quickstart_runs_and_learns(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """The quickstart's code with its 1000-step loops cut to 101 steps, and `out` realized
-    before the step reads it (the one line changed, while the second xfail holds): the loss
-    falls from step 1 to step 101, the trained net classifies the test digits, and the
-    saved and reloaded model gives the same outputs."""
+    """The quickstart's code, unchanged but for its imports, with its 1000-step loops cut to
+    101 steps (it reads `out` after `opt.step()`, which used to raise): the loss falls from
+    step 1 to step 101, the trained net classifies the test digits, and the saved and
+    reloaded model gives the same outputs."""
     monkeypatch.chdir(tmp_path)
     code = source("quickstart.py")
-    assert REALIZE_OUT[0] in code
     np.random.seed(0)
     Tensor.manual_seed(0)
     namespace: dict[str, Any] = {"__name__": "__main__", "range": capped_range(101)}
-    exec(compile(code.replace(*REALIZE_OUT), "quickstart.py", "exec"), namespace)
+    exec(compile(code, "quickstart.py", "exec"), namespace)
     printed = capsys.readouterr().out
     assert "[-56. -48. -36. -20.   0.]" in printed
     losses = [float(v) for v in re.findall(r"Step \d+ \| Loss: ([\d.e+-]+)", printed)]
@@ -191,14 +181,6 @@ def test_quickstart_runs_and_learns(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert accuracy > 0.6, accuracy
     reloaded = nn.state.safe_load(tmp_path / "model.safetensors")
     np.testing.assert_array_equal(reloaded["l1.weight"].numpy(), net.l1.weight.numpy())
-
-
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="as the second xfail above: the quickstart reads `out` after opt.step()")
-def test_quickstart_runs_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    namespace: dict[str, Any] = {"__name__": "__main__", "range": capped_range(2)}
-    exec(compile(source("quickstart.py"), "quickstart.py", "exec"), namespace)
 
 
 # ---- mnist_tutorial.py (docs/mnist.md) ----

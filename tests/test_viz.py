@@ -47,6 +47,14 @@ def softmax_example() -> Tensor:
     return x.softmax(1)
 
 
+@pytest.fixture
+def rows_stored():
+    """softmax as three kernels (FUSE_ROWS=0: each row reduction stored), for the drawings of a
+    schedule of several kernels (tests/test_fuse_rows.py draws the fused one)."""
+    with Context(FUSE_ROWS=0):
+        yield
+
+
 # ---- graph ----
 
 @needs_dot
@@ -71,7 +79,7 @@ def test_graph_does_not_realize_the_tensor() -> None:
 
 
 @needs_dot
-def test_graph_colours_nodes_by_kernel_and_stripes_recomputed_ones() -> None:
+def test_graph_colours_nodes_by_kernel_and_stripes_recomputed_ones(rows_stored: None) -> None:
     figure = viz.graph(softmax_example())
     dot = figure.dot or ""
     assert dot.count("subgraph cluster_kernel") == 3
@@ -225,7 +233,7 @@ def test_a_too_deep_lazy_tensor_displays_without_planning() -> None:
     assert "not computed yet" in html_text
 
 
-def test_schedule_draws_the_last_kernels_of_a_long_schedule() -> None:
+def test_schedule_draws_the_last_kernels_of_a_long_schedule(rows_stored: None) -> None:
     x = Tensor(np.ones((3, 5), dtype=np.float32), device="CPU")
     for _ in range(4):
         x = x.softmax(1) * 2 + 1
@@ -241,7 +249,7 @@ def test_schedule_draws_the_last_kernels_of_a_long_schedule() -> None:
 # ---- schedule ----
 
 @needs_dot
-def test_schedule_has_one_cluster_per_kernel_and_every_reason() -> None:
+def test_schedule_has_one_cluster_per_kernel_and_every_reason(rows_stored: None) -> None:
     out = softmax_example()
     items, _ = create_schedule([out.uop], "CPU")
     figure = viz.schedule(out)
@@ -298,7 +306,7 @@ def test_a_renderer_that_fails_to_import_is_named_with_its_error(monkeypatch) ->
     assert "C source" in text  # the others are still shown
 
 
-def test_kernel_index_and_schedule_item() -> None:
+def test_kernel_index_and_schedule_item(rows_stored: None) -> None:
     out = softmax_example()
     items, _ = create_schedule([out.uop], "CPU")
     assert "kernel E_3_5" in viz.kernel(out).title

@@ -5,7 +5,12 @@ What this teaches:
 - mixing dtypes follows a promotion lattice (tinygrad's): bool < int8 < int16 < ... < float64,
   and an operation takes the least dtype both operands can be promoted to;
 - a Python scalar adapts to the tensor it meets (`int_tensor * 2` stays int,
-  `int_tensor * 0.5` becomes `dtypes.default_float`).
+  `int_tensor * 0.5` becomes `dtypes.default_float`);
+- bfloat16 is the top half of a float32: the same sign and 8 exponent bits, 7 of the 23
+  mantissa bits. numpy has no such type, so its host format is the 16-bit word (uint16
+  storage, tagged so that it is not mistaken for uint16); `to_bfloat16_bits` rounds float32
+  to the nearest word (ties to even), `from_bfloat16_bits` shifts a word back into a float32.
+  Arithmetic on bfloat16 is computed in float32 and rounded back, as tinygrad and PyTorch do.
 
 Used by every later chapter: the IR carries a dtype on every node and each renderer turns
 it into its language's type name.
@@ -57,7 +62,10 @@ class DType:
 
     @property
     def np(self) -> np.dtype:
-        """The matching numpy dtype (numpy is the reference and the host format)."""
+        """The matching numpy dtype (numpy is the reference and the host format); bfloat16's
+        is its 16-bit word, uint16 tagged as bfloat16 (`BFLOAT16_WORDS`)."""
+        if self.scalar.name == "bfloat16":
+            return BFLOAT16_WORDS
         return np.dtype("bool" if self.kind == "bool" else self.scalar.name)
 
     @property
@@ -90,8 +98,9 @@ class dtypes:
     int64: Final = DType(7, 8, "int64", "int")
     uint64: Final = DType(8, 8, "uint64", "uint")
     float16: Final = DType(9, 2, "float16", "float")
-    float32: Final = DType(10, 4, "float32", "float")
-    float64: Final = DType(11, 8, "float64", "float")
+    bfloat16: Final = DType(10, 2, "bfloat16", "float")
+    float32: Final = DType(11, 4, "float32", "float")
+    float64: Final = DType(12, 8, "float64", "float")
     half, float, double = float16, float32, float64
     int, uint = int32, uint32
     default_float: DType = float32
@@ -124,6 +133,8 @@ class dtypes:
 
     @staticmethod
     def from_np(dtype: np.dtype) -> DType:
+        if is_bfloat16_words(dtype):
+            return dtypes.bfloat16
         name = "bool" if dtype == np.bool_ else np.dtype(dtype).name
         if name not in ALL_DTYPES:
             raise TypeError(f"numpy dtype {dtype} has no tinyteach dtype; use one of "
@@ -163,12 +174,46 @@ ALL_DTYPES: dict[str, DType] = {
 PROMOTES_TO: dict[DType, tuple[DType, ...]] = {
     dtypes.bool: (dtypes.int8, dtypes.uint8),
     dtypes.int8: (dtypes.int16,), dtypes.int16: (dtypes.int32,),
-    dtypes.int32: (dtypes.int64,), dtypes.int64: (dtypes.float16,),
+    dtypes.int32: (dtypes.int64,), dtypes.int64: (dtypes.float16, dtypes.bfloat16),
     dtypes.uint8: (dtypes.int16, dtypes.uint16), dtypes.uint16: (dtypes.int32, dtypes.uint32),
-    dtypes.uint32: (dtypes.int64, dtypes.uint64), dtypes.uint64: (dtypes.float16,),
-    dtypes.float16: (dtypes.float32,), dtypes.float32: (dtypes.float64,),
+    dtypes.uint32: (dtypes.int64, dtypes.uint64), dtypes.uint64: (dtypes.float16, dtypes.bfloat16),
+    dtypes.float16: (dtypes.float32,), dtypes.bfloat16: (dtypes.float32,),
+    dtypes.float32: (dtypes.float64,),
     dtypes.float64: (),
 }
+
+
+# ---- bfloat16: float32's top 16 bits, kept as words in numpy ----
+
+# numpy has no bfloat16: a bfloat16 array on the host is an array of its 16-bit words, uint16
+# with a tag (numpy keeps a dtype's metadata through copies and views, and == still says uint16)
+BFLOAT16_WORDS: np.dtype = np.dtype(np.uint16, metadata={"tinyteach": "bfloat16"})
+
+
+def is_bfloat16_words(dtype: np.dtype) -> builtins.bool:
+    """Is this numpy dtype bfloat16's host format (uint16 tagged as bfloat16)?"""
+    metadata = getattr(dtype, "metadata", None)
+    return metadata is not None and metadata.get("tinyteach") == "bfloat16"
+
+
+def to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 values -> bfloat16 words, rounded to the nearest (ties to even), as PyTorch and
+    tinygrad round. Adding 0x7FFF plus the lowest kept bit to the 32-bit pattern carries into
+    the kept half exactly when the dropped half is more than half way (or half way with an odd
+    kept half). A NaN stays a NaN (its quiet bit is set, so rounding cannot turn it into inf)."""
+    shape = np.shape(values)  # (ascontiguousarray makes a 0-d array 1-d)
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).reshape(shape)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> 16
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    words = np.where(nan, (bits >> np.uint32(16)) | np.uint32(0x40), rounded)
+    return words.astype(np.uint16).astype(BFLOAT16_WORDS)
+
+
+def from_bfloat16_bits(words: np.ndarray) -> np.ndarray:
+    """bfloat16 words -> float32 values (exact: the word becomes the float's top half)."""
+    shape = np.shape(words)
+    wide = np.ascontiguousarray(words).view(np.uint16).astype(np.uint32) << np.uint32(16)
+    return wide.view(np.float32).reshape(shape)
 
 
 def _reachable(dtype: DType) -> set[DType]:
@@ -193,6 +238,8 @@ def truncate_to(dtype: DType, value: float | int | bool) -> float | int | bool:
     """A Python scalar as the given dtype would store it (wrapping ints, rounding floats)."""
     if dtype.kind == "bool":
         return bool(value)
+    if dtype == dtypes.bfloat16:
+        return float(from_bfloat16_bits(to_bfloat16_bits(np.array(value, dtype=np.float32))))
     if dtype.kind == "float":
         return float(np.array(value, dtype=np.float64).astype(dtype.np))
     if isinstance(value, float) and not math.isfinite(value):

@@ -39,12 +39,15 @@ class ContextVar:
     `apply`, if given, is called with every new value (DEFAULT_FLOAT sets dtypes.default_float)."""
 
     registry: dict[str, ContextVar] = {}
+    # every setting's value, in registry order, kept up to date by set(): the plan cache puts
+    # it in each key, and rebuilding it on every eager realize would cost more than the lookup
+    values: tuple[Any, ...] = ()
 
     def __init__(self, key: str, default: Any, apply: Callable[[Any], Any] | None = None):
         self.key, self.apply = key, apply
         self.value = default
-        self.set(getenv(key, default))
         ContextVar.registry[key] = self
+        self.set(getenv(key, default))
 
     def set(self, value: Any) -> None:
         """Change the value: ints stay ints, other settings are checked by `apply`."""
@@ -53,6 +56,7 @@ class ContextVar:
         if self.apply is not None:
             self.apply(value)
         self.value = value
+        ContextVar.values = tuple(var.value for var in ContextVar.registry.values())
 
     def __bool__(self) -> bool:
         return bool(self.value)
@@ -104,6 +108,29 @@ class GlobalCounters:
         GlobalCounters.global_mem, GlobalCounters.time_sum_s = 0, 0.0
 
 
+class cached_property(Generic[T]):  # noqa: N801 (named as the functools one it replaces)
+    """`functools.cached_property` without its lock: Python 3.11 takes a lock at each first
+    access (3.12 dropped it), and a node's shape and ancestors are computed once for each of
+    the thousands of fresh nodes a kernel's lowering or an eager realize builds. The value is
+    stored in the instance's `__dict__` under the same name, which then hides this descriptor:
+    later reads are plain attribute reads."""
+
+    def __init__(self, function: Callable[[Any], T]):
+        self.function = function
+        self.name = function.__name__
+        self.__doc__ = function.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: type | None = None) -> T:
+        if instance is None:
+            return self  # type: ignore[return-value]  # the class attribute: the descriptor
+        value = self.function(instance)
+        instance.__dict__[self.name] = value
+        return value
+
+
 def prod(values: Iterable[int]) -> int:
     """The product of a sequence of ints (1 for an empty one)."""
     return functools.reduce(operator.mul, values, 1)
@@ -152,6 +179,14 @@ class LRUCache(Generic[K, T]):
     def __getitem__(self, key: K) -> T:
         self.entries.move_to_end(key)  # just used: the last to go
         return self.entries[key]
+
+    def get(self, key: K) -> T | None:
+        """The entry, or None: one lookup where `key in cache` and `cache[key]` make three
+        (a key is hashed at each, and an eager realize's key is a long tuple)."""
+        value = self.entries.get(key)
+        if value is not None:
+            self.entries.move_to_end(key)
+        return value
 
     def __setitem__(self, key: K, value: T) -> None:
         self.entries[key] = value

@@ -23,6 +23,9 @@ What this teaches:
   of X and one of Y into shared memory, then a barrier, then the sum of a row of the one tile
   times a column of the other (`ridx1`). A barrier at the top of each step keeps the copies of
   the next step from overwriting what slower threads still read.
+- with tensor cores (opt.py, wmma.py), each 16 x 8 tile of outputs is a work-group of one
+  warp; each thread's 4 outputs are its elements of the warp's D fragment, and the reduction
+  is a loop over steps of 16 along k whose body is the thread's fragment loads and a `WMMA`.
 
 The result, a `LinearProgram`, is what every renderer (chapter 8) turns into source code.
 
@@ -77,6 +80,7 @@ from tinyteach.view import (
     linear_index,
     view_index,
 )
+from tinyteach.wmma import TensorCoreLowering, tensor_core_lowering
 
 
 def make_range(kind: str, number: int, size: sint) -> UOp:
@@ -101,6 +105,7 @@ class _Lowerer:
     tile: TilePlan | None = None  # a local tile: how the kernel splits (opt.local_tile_plan)
     tile_size: int = 0
     output_index: Index = ()  # the output element this thread computes (for a local tile)
+    tensor_core: TensorCoreLowering | None = None  # tensor cores: the reduction is WMMAs
     reduce_count: int = 0
     local_count: int = 0
     group_results: list[UOp] = field(default_factory=list)  # each group reduction's result
@@ -160,6 +165,8 @@ class _Lowerer:
             return self._plan_group_reduce(node, index, valid)
         if self.tile is not None:
             return self._plan_tile_reduce(node)
+        if self.tensor_core is not None:
+            return self._plan_tensor_core_reduce(node)
         reduce_op, axes = node.arg
         source_shape = node.src[0].shape
         if node not in self.reduce_ranges:
@@ -173,6 +180,18 @@ class _Lowerer:
         return [(node.src[0], tuple(inner_index), valid)], \
             lambda values: UOp(Ops.REDUCE, node.dtype, (values[0], *ranges), reduce_op)
 
+
+    def _plan_tensor_core_reduce(self, node: UOp) -> tuple[list[Task], Combine]:
+        """Tensor cores (wmma.py): this thread's fragments of X and Y at each step of the k
+        loop, and the sum of its element of the warp's WMMA."""
+        assert self.tensor_core is not None
+        core, output_index = self.tensor_core, self.output_index
+        if node not in self.reduce_ranges:
+            self.reduce_ranges[node] = [core.k_steps(self.reduce_count)]
+            self.reduce_count += 1
+        k_step = self.reduce_ranges[node][0]
+        tasks = core.fragment_tasks(k_step)
+        return tasks, lambda values: core.reduce(node, output_index, k_step, values, tasks)
 
     # ---- a reduction shared by the threads of a work-group ----
 
@@ -333,6 +352,9 @@ def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index
     stands for all 16 lanes at once (`vectorize` below)."""
     if options.local_tile:
         return [tile_output_index(shape, options.local_tile)]
+    if options.tensor_core:
+        raise ValueError("with tensor cores the outputs are the warp's fragments: "
+                         "wmma.TensorCoreLowering.output_indices")
     factors = dict(options.upcasts)
     vector_axis = options.upcasts[-1][0] if options.vector_width else None
     output_kind = "w" if options.group else "g"  # with a group reduction: one group per output
@@ -394,9 +416,13 @@ def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
                          "product X * Y, X constant along the output's last axis, Y along "
                          "the one before")
     lowerer = _Lowerer(options.group, options.group_combine, tile, options.local_tile)
+    lowerer.tensor_core = tensor_core_lowering(ast) if options.tensor_core else None
+    indices = lowerer.tensor_core.output_indices if lowerer.tensor_core is not None \
+        else output_indices(value.shape, options)
     stores = []
-    for index in output_indices(value.shape, options):
-        inside = _inside_output(index, value.shape) if tile is not None else None
+    for index in indices:
+        gated = tile is not None or lowerer.tensor_core is not None
+        inside = _inside_output(index, value.shape) if gated else None
         lowerer.output_index = index
         lowered = lowerer.lower(value, index, inside)
         position = linear_index(index, value.shape)
@@ -663,9 +689,17 @@ def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgra
     for node in nodes:
         if node.op is Ops.REDUCE:
             linearizer.reductions.setdefault(node.src[1:], []).append(node)
-    for node in [*defines, *shared, *global_loops, *thread_ids]:
-        linearizer.uops.append(node)
-        linearizer.placed.add(node)
+    row_loops = _loops_of_row_reductions(nodes, global_loops, linearizer.range_memo)
+    if row_loops is not None and not thread_ids:
+        global_loops = _rows_first(global_loops, row_loops)
+        for node in [*defines, *shared]:
+            linearizer.uops.append(node)
+            linearizer.placed.add(node)
+        _place_loop_by_loop(linearizer, lowered, global_loops)
+    else:
+        for node in [*defines, *shared, *global_loops, *thread_ids]:
+            linearizer.uops.append(node)
+            linearizer.placed.add(node)
     for store in lowered.src:
         linearizer.place(store)
     for loop in reversed(global_loops):
@@ -673,6 +707,45 @@ def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgra
     sizes = tuple(loop.arg[2] for loop in global_loops)
     return LinearProgram(linearizer.uops, sizes, linearizer.accumulators, options,
                          linearizer.simd_loops)
+
+
+# ---- a reduction computed once per row (schedule.fuses_along_rows) ----
+
+def _loops_of_row_reductions(nodes: list[UOp], global_loops: list[UOp],
+                             memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp] | None:
+    """The output loops that the kernel's row reductions depend on, where some reduction
+    depends on fewer output loops than the kernel has (softmax's max depends on the row, not
+    on the column); None when every reduction depends on every output loop (the usual
+    kernel), so nothing changes for it."""
+    loops = frozenset(global_loops)
+    per_row = [ranges_of(node, memo) & loops for node in nodes if node.op is Ops.REDUCE]
+    per_row = [depends for depends in per_row if depends != loops]
+    if not per_row:
+        return None
+    return frozenset().union(*per_row)
+
+
+def _rows_first(global_loops: list[UOp], row_loops: frozenset[UOp]) -> list[UOp]:
+    """The loops over rows outside the loops within a row (a loop order that put a column loop
+    outside would compute every row's reductions once per column)."""
+    return [loop for loop in global_loops if loop in row_loops] + \
+        [loop for loop in global_loops if loop not in row_loops]
+
+
+def _place_loop_by_loop(linearizer: _Linearizer, lowered: UOp, global_loops: list[UOp]) -> None:
+    """Open the output loops one at a time; before each, place everything that depends only on
+    the loops already open: each row's reductions, and what is computed from their results
+    (1/sum, rsqrt(var + eps)), run once per row instead of once per output element."""
+    nodes = [n for n in lowered.toposort if n.op not in (Ops.STORE, Ops.SINK, Ops.RANGE)]
+    opened: set[UOp] = set()
+    for loop in global_loops:
+        for node in nodes:
+            if node not in linearizer.placed and \
+                    ranges_of(node, linearizer.range_memo) <= opened:
+                linearizer.place(node)
+        linearizer.uops.append(loop)
+        linearizer.placed.add(loop)
+        opened.add(loop)
 
 
 def _scalar_options(ast: UOp, vectored: KernelOptions) -> KernelOptions:

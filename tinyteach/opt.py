@@ -25,6 +25,10 @@ What this teaches:
   the one tile times its column of the other: every element a group reads from global memory
   serves LOCAL_TILE threads. lower.py builds it; sizes that are not multiples of the tile are
   padded with zeros (guards), and threads past the edge store nothing;
+- **tensor cores** (GPU devices whose renderer says `supports_tensor_core`: CUDA, and the
+  PYTHON emulator, which runs their semantics): a matmul-like kernel reading half or bfloat16
+  gives each 16x8 tile of outputs a warp of 32 threads that runs one `mma` per 16 steps of the
+  reduction, summing in float32 (wmma.py);
 - optimizations never change results beyond float rounding (a tile still sums in order), every
   one is optional (`NOOPT=1` turns them all off) and visible (`DEBUG=3` lists them, viz shows
   them), so you can compare a kernel before and after.
@@ -77,6 +81,7 @@ class KernelOptions:
     group: int = 0  # > 0: threads per work-group that share the (one) reduction (GPU only)
     group_combine: str = "tree"  # how the partial sums are combined: "tree" or "serial"
     local_tile: int = 0  # > 0: a matmul-like kernel in tiles of local_tile^2 threads (GPU only)
+    tensor_core: bool = False  # a half/bf16 matmul on tensor cores: a warp per 16x8 tile (wmma.py)
 
     def __post_init__(self) -> None:
         if self.group and (self.group & (self.group - 1) or self.group < 2):
@@ -94,8 +99,15 @@ class KernelOptions:
         if self.local_tile and (self.group or self.upcasts or self.vector_width or self.parallel):
             raise ValueError("a local tile does not combine with a group reduction, upcasts, "
                              "vectors or threads over the outer loop")
+        if self.tensor_core and (self.local_tile or self.group or self.upcasts or
+                                 self.vector_width or self.parallel):
+            raise ValueError("tensor cores do not combine with a local tile, a group reduction, "
+                             "upcasts, vectors or threads over the outer loop")
 
     def describe(self) -> list[str]:
+        if self.tensor_core:
+            return ["tensor cores: a warp of 32 threads per 16x8 tile of outputs, one "
+                    "mma m16n8k16 (half/bf16 in, float32 sums) per 16 steps of the reduction"]
         if self.local_tile:
             size = self.local_tile
             return [f"local tile: {size}x{size} threads per work-group, one output each; "
@@ -127,38 +139,42 @@ def kernel_value(ast: UOp) -> UOp:
 
 
 def choose_options(ast: UOp, vector_width: int = 0, group_reduce: bool = False,
-                   local_tile: bool = False) -> KernelOptions:
+                   local_tile: bool = False, tensor_core: bool = False) -> KernelOptions:
     """The hand-written heuristic: tile reductions, thread big kernels. `vector_width`: how
     many floats the device's vector registers hold (0: it has no vector types).
     `group_reduce`: the device's renderer can share a reduction across a work-group (shared
-    memory and barriers); `local_tile`: it can stage matmul tiles in shared memory.
+    memory and barriers); `local_tile`: it can stage matmul tiles in shared memory;
+    `tensor_core`: it has tensor cores (WMMA, wmma.py).
     Remembered per kernel: the engine, pack.py and search.py all ask. A kernel over a
     symbolic size gets none: upcasts and tiles split loops of a known size."""
     if NOOPT or ast.has_symbols:
         return NO_OPTIONS
-    return remember(_chosen, (ast, vector_width, group_reduce, local_tile),
-                    lambda: _choose(ast, vector_width, group_reduce, local_tile))
+    return remember(_chosen, (ast, vector_width, group_reduce, local_tile, tensor_core),
+                    lambda: _choose(ast, vector_width, group_reduce, local_tile, tensor_core))
 
 
 def options_for_renderer(ast: UOp, renderer: Any) -> KernelOptions:
     """The heuristic's choice for a device, read off its renderer: its `vector_width` and
-    whether it `supports_group_reduce` and `supports_local_tile` (None: an interpreter, which
-    takes no options)."""
+    whether it `supports_group_reduce`, `supports_local_tile` and `supports_tensor_core`
+    (None: an interpreter, which takes no options)."""
     if renderer is None:
         return NO_OPTIONS
     return choose_options(ast, renderer.vector_width,
                           getattr(renderer, "supports_group_reduce", False),
-                          getattr(renderer, "supports_local_tile", False))
+                          getattr(renderer, "supports_local_tile", False),
+                          getattr(renderer, "supports_tensor_core", False))
 
 
-_chosen: dict[tuple[UOp, int, bool, bool], KernelOptions] = {}
+_chosen: dict[tuple[UOp, int, bool, bool, bool], KernelOptions] = {}
 
 
 def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
-            local_tile: bool = False) -> KernelOptions:
+            local_tile: bool = False, tensor_core: bool = False) -> KernelOptions:
     value = kernel_value(ast)
     shape = value.shape
     reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
+    if tensor_core and _worth_a_tensor_core(ast):
+        return KernelOptions(tensor_core=True)
     if local_tile and worth_a_local_tile(ast):
         return KernelOptions(local_tile=LOCAL_TILE)
     if group_reduce and can_group_reduce(ast) and prod(shape) <= GROUP_MAX_OUTPUTS \
@@ -185,6 +201,11 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
                 upcasts.append((axis, factor))
     upcasts.sort()
     return _with_threads(KernelOptions(tuple(upcasts)), shape, reduces)
+
+
+def _worth_a_tensor_core(ast: UOp) -> bool:
+    from tinyteach.wmma import worth_a_tensor_core  # wmma.py builds on this module's TilePlan
+    return worth_a_tensor_core(ast)
 
 
 def can_group_reduce(ast: UOp) -> bool:

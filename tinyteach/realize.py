@@ -16,7 +16,8 @@ What this teaches:
   key holds no object identity and no buffer, so a hit never depends on the garbage collector
   or on stale memory; the cache is an LRU of `PLAN_CACHE_SIZE` plans (PLAN_CACHE=0 turns it
   off, `clear_caches()` empties it);
-- everything the engine does can be watched: DEBUG=1 prints each launch, 2 adds timings, 3 the
+- everything the engine does can be watched: DEBUG=1 prints each launch, 2 adds timings (and
+  the build a launch ran when it was not the optimized one: `(tcc)`, chapter 9), 3 the
   AST and the fusion reasons, 4 the generated source; `GlobalCounters` counts kernels, ops,
   bytes and time; `record_launches()` hands each launch to Python code (viz, the JIT).
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -187,8 +189,20 @@ def _count(item: ScheduleItem, runner: Runner | None, seconds: float) -> None:
     if DEBUG >= 1:
         timing = f" tm {seconds * 1e6:9.2f}us" if DEBUG >= 2 else ""
         values = "".join(f" {name}={value}" for name, value in sorted(item.var_vals.items()))
+        if DEBUG >= 2 and runner is not None:
+            timing += _tier_note(runner)
         print(f"*** {item.device:<6} {GlobalCounters.kernel_count:4d} {item.name:<26} "
               f"arg {len(item.buffers):2d} mem {format_bytes(memory):>9}{timing}{values}")
+
+
+def _tier_note(runner: Runner) -> str:
+    """` (tcc)` when this launch ran a fast tier's build (the CPU's tiers, runtime/cpu.py: tcc
+    or cc -O0 first, while cc -O2 builds the kernel in the background); nothing when it ran
+    the optimized build, so a line reads the same whenever the disk cache was warm."""
+    program = runner.program
+    if getattr(program, "tier", "optimized") == "optimized":
+        return ""
+    return f" ({getattr(program, 'tier_name', program.tier)})"
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
@@ -219,14 +233,33 @@ def precompile(items: list[ScheduleItem]) -> None:
 
 
 def _compile_together(backend: Backend, group: list[ScheduleItem]) -> None:
+    """Lower and render each kernel, then compile them all at once. The reductions go first:
+    a compiler that can start builds early (`compile_early`: the CPU's, for the kernels that
+    must wait for their optimized build, which are reductions) starts them as soon as those
+    are rendered, and builds them on another core while Python lowers the rest."""
     names = _unique_names([item.name for item in group])  # one library: no two alike
-    linears = [lower(item.ast, search.options_for(backend, item.name, item.ast)) for item in group]
-    sources = [backend.renderer.render(name, linear) for name, linear in zip(names, linears)]
+    reductions = [k for k, item in enumerate(group) if _has_reduction(item.ast)]
+    others = [k for k, item in enumerate(group) if not _has_reduction(item.ast)]
+    start_early = getattr(backend.compiler, "compile_early", None)
+    lowered: dict[int, tuple[LinearProgram, str]] = {}
+    for part in (reductions, others):
+        for k in part:
+            item = group[k]
+            linear = lower(item.ast, search.options_for(backend, item.name, item.ast))
+            lowered[k] = linear, backend.renderer.render(names[k], linear)
+        if part is reductions and start_early is not None:
+            start_early([lowered[k][1] for k in reductions])
+    linears = [lowered[k][0] for k in range(len(group))]
+    sources = [lowered[k][1] for k in range(len(group))]
     binaries = backend.compiler.compile_many(sources)  # type: ignore[union-attr]
     for item, name, linear, source, binary in zip(group, names, linears, sources, binaries):
         runner = Runner(name, backend.name, backend.program(name, binary), item.ast, linear,
                         source, estimate_ops(item.ast))
         runner_cache[(item.device, item.ast, item.name)] = runner
+
+
+def _has_reduction(ast: UOp) -> bool:
+    return any(node.op is Ops.REDUCE_AXIS for node in ast.toposort)
 
 
 def _unique_names(names: list[str]) -> list[str]:
@@ -287,6 +320,16 @@ class Plan:
     results: tuple[tuple[int, bool] | None, ...]
     assigned: tuple[int, ...]
 
+    @functools.cached_property  # (a frozen dataclass allows it: it writes the instance's dict)
+    def ops(self) -> int:
+        """The operations its launches count (GlobalCounters.global_ops)."""
+        return sum(step.runner.ops_estimate for step in self.steps if step.runner)
+
+    @functools.cached_property
+    def nbytes(self) -> int:
+        """The bytes its launches count (GlobalCounters.global_mem)."""
+        return sum(step.nbytes for step in self.steps)
+
 
 plan_cache: LRUCache[tuple[Any, ...], Plan] = LRUCache("realize.plans", PLAN_CACHE_SIZE)
 
@@ -294,8 +337,7 @@ plan_cache: LRUCache[tuple[Any, ...], Plan] = LRUCache("realize.plans", PLAN_CAC
 def _rules() -> tuple[Any, ...]:
     """Everything besides the graph a schedule depends on: every setting, the scheduler's and
     the packer's limits (a test may change them) and the programs' cache size."""
-    return (tuple(var.value for var in ContextVar.registry.values()),
-            schedule.MAX_KERNEL_DEPTH, schedule.MAX_VIEWS_PER_NODE,
+    return (ContextVar.values, schedule.MAX_KERNEL_DEPTH, schedule.MAX_VIEWS_PER_NODE,
             schedule.BROADCAST_RECOMPUTE_LIMIT, pack.PACK_MIN_ELEMENTS, pack.PACK_MIN_ROW_BYTES)
 
 
@@ -316,12 +358,15 @@ def plan_key(roots: list[UOp], default_device: str) -> tuple[tuple[Any, ...], li
             hole = holes.setdefault(id(buffer), len(buffers))
             if hole == len(buffers):
                 buffers.append(buffer)
-            arg: Any = ("hole", hole, buffer.device, buffer.size, buffer.dtype,
+            arg: Any = ("hole", hole, buffer.device, buffer.size, buffer.dtype.name,
                         buffer.overwritten)
         else:
             arg = _arg_key(node.arg)
-        parts.append((node.op, node.dtype, arg, tuple(position[s] for s in node.src)))
-    key = (tuple(parts), tuple(position[r] for r in roots), default_device, _rules())
+        # this loop is the eager realize's hot path: a dtype enters the key by its name (each
+        # dtype has its own: dtype.py makes them by name), a str whose hash Python keeps,
+        # where hashing a DType is a Python call; and a list comprehension beats a generator
+        parts.append((node.op, node.dtype.name, arg, tuple([position[s] for s in node.src])))
+    key = (tuple(parts), tuple([position[r] for r in roots]), default_device, _rules())
     return key, buffers
 
 
@@ -361,25 +406,28 @@ def make_plan(schedule_: Schedule, roots: list[UOp], holes: list[Buffer]) -> Pla
 
 def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer],
              var_vals: dict[str, int] | None = None) -> list[UOp]:
-    """Launch a cached plan on this graph's buffers, with this graph's values of its
-    Variables (the plan's key holds no value: a new value reuses the plan): the lean path of
-    an eager realize."""
-    var_vals = {} if var_vals is None else var_vals
+    """Launch a cached plan on this graph's buffers: the lean path of an eager realize. It
+    does only what a launch needs (no DEBUG checks: a watched realize takes the whole path),
+    and its steps' counts were summed when the plan was made (`Plan.ops`, `Plan.nbytes`).
+    `var_vals`: this graph's values of its Variables (the plan's key holds no value, so a
+    new value reuses the plan and its kernels run with the new value)."""
     buffers = holes + [Buffer(device, size, dtype) for device, size, dtype in plan.fresh]
+    for buffer in buffers:
+        _ = buffer.storage  # allocate now, so allocation is not counted as kernel time
+    start = time.perf_counter()
     for step in plan.steps:
-        args = [buffers[k] for k in step.slots]
-        for buffer in args:
-            _ = buffer.storage  # allocate now, so allocation is not counted as kernel time
-        start = time.perf_counter()
         if step.runner is None:
-            args[0].copyin(args[1].numpy())
+            buffers[step.slots[0]].copyin(buffers[step.slots[1]].numpy())
         else:
-            launch_kernel(step.runner, args, var_vals)
-        seconds = time.perf_counter() - start
-        GlobalCounters.kernel_count += 1
-        GlobalCounters.global_ops += step.runner.ops_estimate if step.runner else 0
-        GlobalCounters.global_mem += step.nbytes
-        GlobalCounters.time_sum_s += seconds
+            args = [buffers[k] for k in step.slots]
+            if step.runner.variables:  # a kernel over symbolic sizes: this graph's values
+                launch_kernel(step.runner, args, var_vals or {})
+            else:
+                step.runner.program(*args)
+    GlobalCounters.time_sum_s += time.perf_counter() - start
+    GlobalCounters.kernel_count += len(plan.steps)
+    GlobalCounters.global_ops += plan.ops
+    GlobalCounters.global_mem += plan.nbytes
     for k in plan.assigned:
         buffers[k].overwritten = True  # older graphs must not read it as if unchanged
     results = []
@@ -391,6 +439,24 @@ def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer],
         buffer = buffers[k].alias() if is_alias else buffers[k]
         results.append(schedule._buffer_node(buffer, root))
     return results
+
+
+def schedule_uops(roots: list[UOp], default_device: str) -> tuple[list[ScheduleItem],
+                                                                    list[UOp]]:
+    """tinygrad's `schedule()`: the items that compute `roots`, not run, and for each root the
+    BUFFER-backed node that will hold its value once `run_schedule(items)` has run them. The
+    buffers an assign writes into count as overwritten from now on (graphs built before read
+    the old contents, which the items read before they write)."""
+    bound = roots
+    roots, var_vals = unbind_graph(roots) if any(r.has_symbols for r in roots) else (roots, {})
+    schedule_ = build_schedule(roots, default_device, var_vals)
+    for item in schedule_.items:
+        if item.node is not None and item.node.op is Ops.ASSIGN:
+            item.output.overwritten = True
+    results = [schedule_.becomes.get(node, node) for node in roots]
+    if var_vals:  # (each item keeps the values of its Variables: run_schedule passes them)
+        results = [_bound_result(b, u, r) for b, u, r in zip(bound, roots, results)]
+    return schedule_.items, results
 
 
 def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
@@ -432,8 +498,9 @@ def _realize_unbound(roots: list[UOp], default_device: str,
                 item.output.overwritten = True  # older graphs must not read it as if unchanged
         return [schedule_.becomes.get(node, node) for node in roots]
     key, holes = plan_key(roots, default_device)
-    if key in plan_cache:
-        return run_plan(plan_cache[key], roots, holes, var_vals)
+    cached = plan_cache.get(key)
+    if cached is not None:
+        return run_plan(cached, roots, holes, var_vals)
     schedule_ = build_schedule(roots, default_device)
     precompile(schedule_.items)
     plan = make_plan(schedule_, roots, holes)

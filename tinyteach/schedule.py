@@ -31,8 +31,9 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from tinyteach.device import Buffer
+from tinyteach.device import Buffer, Device
 from tinyteach.dtype import dtypes
+from tinyteach.helpers import ContextVar, prod
 from tinyteach.uop import (
     ALU,
     MOVEMENT,
@@ -103,8 +104,11 @@ def is_contiguous_buffer(node: UOp) -> bool:
     return base_buffer(node) is not None
 
 
-def find_realized(outputs: list[UOp]) -> dict[UOp, str]:
-    """Every node whose value must be stored in a buffer, with the reason in plain words."""
+def find_realized(outputs: list[UOp], devices: dict[UOp, str] | None = None) -> dict[UOp, str]:
+    """Every node whose value must be stored in a buffer, with the reason in plain words.
+    `devices`: each node's device (devices_of); where it is known, a chain of reductions over
+    the rows of a device whose output loops are loops (not GPU threads) may fuse into one
+    kernel (`fuses_along_rows`)."""
     realized: dict[UOp, str] = {}
     for out in outputs:
         if not is_view_of_buffer(out):
@@ -135,9 +139,14 @@ def find_realized(outputs: list[UOp]) -> dict[UOp, str]:
         kernels_of[node] = set().union(*(kernels_of[u] for u in users[node]))
         if node.op is Ops.REDUCE_AXIS:
             reason = _reduce_must_be_stored(node, realized, kernels_of, ops_above)
+            if reason is not None and len(kernels_of[node]) == 1 and devices is not None and \
+                    fuses_along_rows(node, users, realized, ops_above[node], devices[node]):
+                reason = None  # computed once per row in its one kernel, before the row's outputs
         else:
-            reason = _recomputed_by_broadcast(node, users, realized, feeds_reduction) or \
-                _read_through_many_views(node, views[node])
+            per_row = devices is not None and is_row_result(node, realized, devices[node])
+            reason = None if per_row else _recomputed_by_broadcast(node, users, realized,
+                                                                   feeds_reduction)
+            reason = reason or _read_through_many_views(node, views[node])
         if reason is not None:
             realized[node] = reason
             kernels_of[node] = {node}
@@ -254,6 +263,8 @@ def _alu_work(node: UOp, realized: dict[UOp, str], limit: int = 2) -> int:
         if current in seen or (current is not node and current in realized):
             continue
         seen.add(current)
+        if current.op is Ops.REDUCE_AXIS:
+            continue  # one result per row, stored or fused: not recomputed per broadcast copy
         if current.op in ALU and current.op is not Ops.CAST:
             count += 1
         stack.extend(current.src)
@@ -290,6 +301,112 @@ def _ops_between(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str
         if user not in realized:
             found |= ops_above[user]
     return frozenset(found)
+
+
+# ---- a chain of reductions over the same rows, in one kernel ----
+
+# 1 (the default): reductions over the rows of a tensor that fit in cache fuse into the kernel
+# that reads them (softmax, layernorm: one kernel); 0: each is stored (three kernels)
+FUSE_ROWS = ContextVar("FUSE_ROWS", 1)
+# the longest row fused: the kernel reads each row two or three times, and a row this size
+# (8,192 float32) is still in the core's L1/L2 cache the next time. A longer row would come
+# from memory every time, as from three kernels, and leaves fewer rows to split across cores
+MAX_FUSED_ROW_BYTES = 32 * 1024
+# the most nodes `fuses_along_rows` visits above one reduction before it gives up (and stores
+# it): the check stays linear in the size of the graph
+MAX_ROW_WALK = 256
+ROW_FUSION_OPS = frozenset({Ops.EXPAND, Ops.REDUCE_AXIS})
+
+
+def row_bytes(reduce: UOp) -> int:
+    """Bytes of one row of a reduction: the elements it combines into one result."""
+    shape, axes = reduce.src[0].shape, reduce.arg[1]
+    return prod(shape[axis] for axis in axes) * reduce.src[0].dtype.itemsize
+
+
+def rows_are_innermost(shape: tuple[int, ...], axes: tuple[int, ...]) -> bool:
+    """Are the reduced axes after every other axis longer than 1? Then the kernel's loops over
+    the other axes are outside those over a row, and a row's result, placed between them, is
+    computed once per row (softmax over the last axis, not over the first)."""
+    kept = [axis for axis, size in enumerate(shape) if size > 1 and axis not in axes]
+    return not kept or not axes or max(kept) < min(axes)
+
+
+def output_loops_are_threads(device: str) -> bool:
+    """Does the device run every output element as its own thread (a GPU renderer)? Then a
+    reduction placed before a row's outputs would be computed again by each of their threads.
+    A renderer may say so (`output_loops_are_threads`); else a GPU renderer is known by its
+    thread ids (render/gpu.py) or its work-groups (`supports_group_reduce`: the emulator)."""
+    try:
+        renderer = Device[device].renderer
+    except Exception:  # (an unknown or missing device: its own error comes when it runs)
+        return False
+    gpu = hasattr(renderer, "thread_id") or getattr(renderer, "supports_group_reduce", False)
+    return bool(getattr(renderer, "output_loops_are_threads", gpu))
+
+
+def fuses_along_rows(reduce: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str],
+                     above: frozenset[Ops], device: str) -> bool:
+    """May a reduction that is broadcast back over its rows, or feeds another reduction over
+    the same rows, be computed in the kernel that reads it? Yes when FUSE_ROWS is on, its
+    row is at most MAX_FUSED_ROW_BYTES, the rows are the innermost axes, the device loops over
+    outputs, and everything between it and its kernel's output stays on the same rows
+    (`_stays_on_rows`): then lower.py computes it once per row, before that row's outputs."""
+    if not FUSE_ROWS or not above <= ROW_FUSION_OPS or reduce.has_symbols:
+        return False  # (a row of a symbolic size keeps the stored path)
+    source_shape, axes = reduce.src[0].shape, reduce.arg[1]
+    if row_bytes(reduce) > MAX_FUSED_ROW_BYTES or not rows_are_innermost(source_shape, axes):
+        return False
+    return not output_loops_are_threads(device) and _stays_on_rows(reduce, users, realized)
+
+
+def is_row_result(node: UOp, realized: dict[UOp, str], device: str) -> bool:
+    """Is `node` computed (in its kernel) from a row reduction's result, like layernorm's mean,
+    sum * (1/n)? Broadcast back over the row, it is not recomputed per element: where its
+    reduction fuses, lower.py computes it once per row; where that is stored, it is a little
+    elementwise work on the stored result."""
+    if not FUSE_ROWS or node.op not in ALU or output_loops_are_threads(device):
+        return False
+    stack, seen = [node], 0
+    while stack and seen < MAX_ROW_WALK:
+        current = stack.pop()
+        seen += 1
+        if current.op is Ops.REDUCE_AXIS:
+            return True
+        if current is node or (current not in realized and
+                               (current.op in ALU or current.op is Ops.DETACH)):
+            stack.extend(current.src)
+    return False
+
+
+def _stays_on_rows(reduce: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str]) -> bool:
+    """Does every path from the reduction up to its kernel's output keep to the same rows:
+    elementwise ops on the full shape or on the row results' shape, EXPANDs from the one to the
+    other, and reductions over the same axes?"""
+    full, rows, axes = reduce.src[0].shape, reduce.shape, reduce.arg[1]
+    seen: set[UOp] = set()
+    stack = [reduce]
+    while stack:
+        for user in users[stack.pop()]:
+            if user in seen:
+                continue
+            seen.add(user)
+            if len(seen) > MAX_ROW_WALK or not _keeps_rows(user, full, rows, axes):
+                return False
+            if user not in realized:
+                stack.append(user)
+    return True
+
+
+def _keeps_rows(node: UOp, full: tuple[int, ...], rows: tuple[int, ...],
+                axes: tuple[int, ...]) -> bool:
+    if node.op in ALU or node.op in (Ops.DETACH, Ops.CONTIGUOUS):
+        return node.shape in (full, rows)
+    if node.op is Ops.EXPAND:
+        return node.src[0].shape == rows and node.shape == full
+    if node.op is Ops.REDUCE_AXIS:
+        return node.arg[1] == axes and node.src[0].shape == full
+    return False
 
 
 def assign_target(node: UOp) -> Buffer:
@@ -433,7 +550,45 @@ def describe_fusions(value: UOp) -> list[str]:
         notes.append(f"elementwise ops fused into one loop: {', '.join(alu_out)}")
     if views:
         notes.append(f"movement ops became index arithmetic: {', '.join(views)}")
+    return notes + describe_row_fusions(value)
+
+
+def describe_row_fusions(value: UOp) -> list[str]:
+    """Plain words for each reduction this kernel computes per row and reads again in the same
+    kernel (broadcast back, or fed into another reduction): `fuses_along_rows` kept it here."""
+    users: dict[UOp, list[UOp]] = defaultdict(list)
+    for node in value.toposort:
+        for source in node.src:
+            users[source].append(node)
+    notes = []
+    for reduce in (n for n in value.toposort if n.op is Ops.REDUCE_AXIS):
+        if not _read_again_in_kernel(reduce, users):
+            continue
+        kind = "sum" if reduce.arg[0] is Ops.ADD else "max"
+        notes.append(f"the {kind} over each row (axes {reduce.arg[1]}) is computed in the same "
+                     f"kernel, once per row: the row ({_bytes_in_words(row_bytes(reduce))}) is "
+                     f"read again from cache (rows up to "
+                     f"{_bytes_in_words(MAX_FUSED_ROW_BYTES)} fuse; FUSE_ROWS=0 stores it)")
     return notes
+
+
+def _read_again_in_kernel(reduce: UOp, users: dict[UOp, list[UOp]]) -> bool:
+    """Is the reduction's result broadcast back (EXPAND) or reduced again within the kernel?"""
+    stack, seen = list(users[reduce]), set()
+    while stack:
+        user = stack.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if user.op in ROW_FUSION_OPS:
+            return True
+        if user.op in ALU or user.op is Ops.DETACH:
+            stack.extend(users[user])
+    return False
+
+
+def _bytes_in_words(count: int) -> str:
+    return f"{count // 1024} KiB" if count >= 1024 and count % 1024 == 0 else f"{count} B"
 
 
 def estimate_ops(ast: UOp) -> int:
@@ -505,9 +660,9 @@ def schedule_graph(outputs: list[UOp], default_device: str) -> Schedule:
     first; every reader of the old value reads the copy, so the assign into that buffer no
     longer waits for them. One copy at a time, until the schedule can be ordered: each breaks
     every wait on one assign, so it ends (the data flow itself never has a cycle)."""
-    realized = find_realized(outputs)
     order = _toposort(outputs)
     devices = devices_of(order, default_device)
+    realized = find_realized(outputs, devices)
     while True:
         items, buffer_of = _make_items(order, realized, devices)
         ordered = _ready_first_order(_ordering_constraints(items))

@@ -40,7 +40,15 @@ from typing import Any, ClassVar, Self, TypeVar, cast
 import numpy as np
 
 from tinyteach.device import Buffer, Device
-from tinyteach.dtype import DType, dtypes, least_upper_dtype, least_upper_float
+from tinyteach.dtype import (
+    DType,
+    dtypes,
+    from_bfloat16_bits,
+    is_bfloat16_words,
+    least_upper_dtype,
+    least_upper_float,
+    to_bfloat16_bits,
+)
 from tinyteach.gradient import (
     CONTIGUOUS_BACKWARD,
     compute_gradient,
@@ -48,8 +56,8 @@ from tinyteach.gradient import (
     reachable_by_gradient,
 )
 from tinyteach.helpers import Context, prod
-from tinyteach.realize import realize_uops
-from tinyteach.schedule import device_of, is_contiguous_buffer
+from tinyteach.realize import realize_uops, schedule_uops
+from tinyteach.schedule import ScheduleItem, device_of, is_contiguous_buffer
 from tinyteach.uop import (
     Ops,
     UOp,
@@ -106,14 +114,13 @@ class AutogradState:
     - `graph_behind` maps the buffer of every realized non-leaf tensor with requires_grad True
       to its lazy graph, so that a graph built on that buffer still reaches the leaves:
       gradient.graph_before_realize puts the graph back before differentiating;
-    - `losses` holds the tensors backward() ran on that are not computed yet: a later assign
-      to a buffer one of them reads (an optimizer step) is realized together with them, so
-      `loss.backward(); opt.step(); loss.item()` reports the loss before the step.
+    - a realize that assigns into a buffer also computes every live lazy tensor in `tensors`
+      that reads the buffer's old contents, before the assign overwrites them (`_still_lazy`),
+      so `loss.backward(); opt.step(); loss.item()` reports the loss before the step.
     Every map holds its keys or values weakly: autograd keeps nothing alive on its own."""
 
     tensors: weakref.WeakValueDictionary[int, CoreTensor] = field(default_factory=_by_id)
     leaves: weakref.WeakValueDictionary[int, CoreTensor] = field(default_factory=_by_id)
-    losses: weakref.WeakValueDictionary[int, CoreTensor] = field(default_factory=_by_id)
     graph_behind: weakref.WeakKeyDictionary[UOp, UOp] = field(
         default_factory=weakref.WeakKeyDictionary)
 
@@ -142,6 +149,12 @@ class _ClassSwitch(contextlib.ContextDecorator):
         setattr(self.owner, self.name, self.previous)
 
 
+# devices that cannot compute bfloat16, with the reason (the others convert its 16-bit words
+# to float32 and back: runtime/numpy.py, render/c.py; WEBGPU's renderer refuses it itself)
+NO_BFLOAT16 = {"PYTHON": "the emulator holds each lane as a numpy value of the dtype's host "
+                         "format, which for bfloat16 is its 16-bit word, and has no conversion"}
+
+
 class CoreTensor:
     """A lazily computed n-dimensional array on a device, with reverse-mode autograd: the
     primitive ops. The parts of chapter 1 build the rest of the API on it (module docstring)."""
@@ -162,6 +175,9 @@ class CoreTensor:
             self.uop = UOp.const(wanted or dtypes.from_py(data), data)
         else:
             self.uop = _uop_from_data(data, wanted, self.device)
+        if self.uop.dtype is dtypes.bfloat16 and self.device in NO_BFLOAT16:
+            raise TypeError(f"{self.device} cannot compute bfloat16: "
+                            f"{NO_BFLOAT16[self.device]}")
         self.grad: Self | None = None
         self._lazy: UOp | None = None  # the graph before realize, kept for backward()
         self.requires_grad = requires_grad
@@ -245,11 +261,38 @@ class CoreTensor:
         Three steps: pick the tensors that still need computing, run their graphs in one
         schedule (realize.py), and point each tensor at its buffer."""
         pending = _still_lazy(list({id(t): t for t in (self, *others)}.values()))
+        _refuse_unrun([self.uop, *(t.uop for t in others)])
         if pending:
             results = realize_uops([t.uop for t in pending], self.device)
             for tensor, result in zip(pending, _distinct(pending, results)):
                 tensor._point_at(result)
         return self
+
+    def schedule(self, *others: Self) -> list[ScheduleItem]:
+        """tinygrad's `schedule()`: the kernels that would compute this tensor (and `others`),
+        without running them. Each item can be read (`name`, `ast`, `buffers`, `device`,
+        `boundary_reason`). The tensors are pointed at their output buffers at once, empty
+        until `realize.run_schedule(items)` runs the items in order: `realize()` is these two
+        steps (through the plan cache)."""
+        pending = _still_lazy(list({id(t): t for t in (self, *others)}.values()))
+        if not pending:
+            return []
+        _refuse_unrun([t.uop for t in pending])
+        items, results = schedule_uops([t.uop for t in pending], self.device)
+        for tensor, result in zip(pending, _distinct(pending, results, items)):
+            tensor._point_at(result)
+        _SCHEDULED_NOT_RUN.update(item.output for item in items if not item.output.is_allocated)
+        return items
+
+    def schedule_with_vars(self, *others: Self) -> tuple[list[ScheduleItem], dict[str, int]]:
+        """tinygrad's `schedule_with_vars()`: `schedule()`, and the values of the Variables its
+        symbolic sizes are bound to (name -> value; each item also keeps its own, which
+        `run_schedule` passes to its kernel)."""
+        items = self.schedule(*others)
+        var_vals: dict[str, int] = {}
+        for item in items:
+            var_vals.update(item.var_vals)
+        return items, var_vals
 
     def _point_at(self, result: UOp) -> None:
         """Make `result` (this tensor's computed buffer) its graph, and keep what backward()
@@ -268,16 +311,20 @@ class CoreTensor:
             node = self.contiguous().realize().uop
         base = base_buffer(node)
         assert base is not None, "a realized tensor is a view of its buffer"
+        _refuse_unrun([base])
         buffer: Buffer = base.arg
         return buffer
 
     def numpy(self) -> np.ndarray:
-        """Compute the tensor and return its values as a numpy array (a copy). A symbolic
-        shape gives the array of its bound sizes (the buffer holds room for the largest)."""
-        if not self.uop.has_symbols:
-            return self._buffer().numpy().reshape(self.shape)
-        shape = sym_shape_eval(self.shape)
-        return self._buffer().numpy()[:prod(shape)].reshape(shape)
+        """Compute the tensor and return its values as a numpy array (a copy). numpy has no
+        bfloat16: a bfloat16 tensor's values come back as float32 (exactly; tinygrad's). A
+        symbolic shape gives the array of its bound sizes (the buffer has room for the
+        largest)."""
+        shape = sym_shape_eval(self.shape) if self.uop.has_symbols else self.shape
+        values = self._buffer().numpy()[:prod(shape)]
+        if self.dtype == dtypes.bfloat16:
+            return from_bfloat16_bits(values).reshape(shape)
+        return values.reshape(shape)
 
     def item(self) -> Scalar:
         if self.numel() != 1:
@@ -452,8 +499,16 @@ class CoreTensor:
     def _broadcasted(self, other: Any, reverse: bool = False,
                      float_result: bool = False) -> tuple[Self, Self]:
         x, y = self, other
+        if isinstance(y, UOp):  # a symbolic int (a bound Variable, `v + 1`): an int32 scalar
+            y = type(self)(y, self.device, requires_grad=False)
         if not isinstance(y, CoreTensor):
-            y = type(self)(y, self.device, dtype=scalar_dtype(self.dtype, y), requires_grad=False)
+            dtype = scalar_dtype(self.dtype, y)
+            if dtype == self.dtype and (not float_result or dtypes.is_float(dtype)):
+                # `x + 1`, the common case: the constant is made at x's shape and dtype at
+                # once, one Tensor instead of three (building them is most of an eager realize)
+                constant = self._const(y)
+                return (constant, self) if reverse else (self, constant)
+            y = type(self)(y, self.device, dtype=dtype, requires_grad=False)
         elif y.device != x.device:
             raise RuntimeError(f"tensors are on different devices: {x.device} and {y.device}; "
                                f"move one with .to()")
@@ -463,7 +518,10 @@ class CoreTensor:
         if float_result:
             dtype = least_upper_float(dtype)
         shape = broadcast_shape(x.shape, y.shape)
-        return x.cast(dtype).expand(shape), y.cast(dtype).expand(shape)
+        x, y = x.cast(dtype), y.cast(dtype)
+        # a tensor of the right shape already is used as it is (expand would wrap it anew)
+        return (x if x.shape == shape else x.expand(shape),
+                y if y.shape == shape else y.expand(shape))
 
     def _binary(self, op: Ops, other: Any, reverse: bool = False) -> Self:
         x, y = self._broadcasted(other, reverse)
@@ -618,8 +676,8 @@ class CoreTensor:
         """Sums accumulate in at least 32 bits (half floats in float32), as in tinygrad;
         `dtype` casts the input first and sums in that dtype (PyTorch's)."""
         accumulate = sum_dtype(self.dtype) if dtype is None else dtypes.as_dtype(dtype)
-        wide = accumulate if dtype is not None else (dtypes.float32 if self.dtype == dtypes.float16
-                                         else accumulate)
+        half = self.dtype in (dtypes.float16, dtypes.bfloat16)
+        wide = accumulate if dtype is not None or not half else dtypes.float32
         return self.cast(wide)._reduce(Ops.ADD, axis, keepdim).cast(accumulate)
 
     def max(self, axis: Any = None, keepdim: bool = False) -> Self:
@@ -629,6 +687,8 @@ class CoreTensor:
         axes = self._axes(axis)
         if self.ndim == 0:
             return self
+        if self.dtype == dtypes.bfloat16:  # reduced in float32, rounded once (PyTorch's)
+            return self.float()._reduce(op, axis, keepdim).cast(dtypes.bfloat16)
         reduced = self._apply(self.uop.reduce(op, axes), self)
         if keepdim:
             return reduced
@@ -678,7 +738,6 @@ class CoreTensor:
                                "requires_grad=False)")
         for target, grad in zip(targets, self.gradient(*targets, gradient=gradient)):
             target.grad = grad if target.grad is None else target.grad + grad
-        AUTOGRAD.losses[id(self)] = self
         return self
 
     def assign(self, value: Any) -> Self:
@@ -718,6 +777,9 @@ class CoreTensor:
     def half(self) -> Self:
         return self.cast(dtypes.float16)
 
+    def bfloat16(self) -> Self:
+        return self.cast(dtypes.bfloat16)
+
     def double(self) -> Self:
         return self.cast(dtypes.float64)
 
@@ -749,38 +811,89 @@ def _gets_gradient(tensor: CoreTensor, in_graph: set[UOp]) -> bool:
     return node.op is not Ops.CONST
 
 
-def _distinct(tensors: list[CoreTensor], results: list[UOp]) -> list[UOp]:
+def _distinct(tensors: list[CoreTensor], results: list[UOp],
+              items: list[ScheduleItem] | None = None) -> list[UOp]:
     """Each tensor's buffer, with a copy for every tensor after the first whose graph is the
     same node as an earlier one's. UOps are hash-consed, so `zeros(4).contiguous()` made twice
     is one node, which the schedule computes once into one buffer; two tensors must not share
     it, or an assign to one would change the other. (One kernel per extra copy: each copy of
-    the same buffer is the same node again, so they are realized one at a time.)"""
+    the same buffer is the same node again, so they are realized one at a time.) Given the
+    `items` of a `schedule()`, the copies are scheduled after them instead of run."""
     first_of: dict[UOp, UOp] = {}
     distinct = []
     for tensor, result in zip(tensors, results):
         if tensor.uop in first_of:
             copy = UOp(Ops.CONTIGUOUS, result.dtype, (first_of[tensor.uop],))
-            result = realize_uops([copy], tensor.device)[0]
+            if items is None:
+                result = realize_uops([copy], tensor.device)[0]
+            else:
+                copy_items, (result,) = schedule_uops([copy], tensor.device)
+                items.extend(copy_items)
         else:
             first_of[tensor.uop] = result
         distinct.append(result)
     return distinct
 
+
+# the output buffers `schedule()` handed to tensors: empty until their items run
+_SCHEDULED_NOT_RUN: weakref.WeakSet[Buffer] = weakref.WeakSet()
+
+
+def _refuse_unrun(graphs: list[UOp]) -> None:
+    """Raise if a graph reads a buffer that `schedule()` handed out and nothing has computed
+    yet (its memory is not even allocated: run_item allocates before it runs a kernel)."""
+    if not _SCHEDULED_NOT_RUN:
+        return
+    waiting = set()
+    for buffer in list(_SCHEDULED_NOT_RUN):
+        if buffer.is_allocated:
+            _SCHEDULED_NOT_RUN.discard(buffer)
+        else:
+            waiting.add(id(buffer))
+    for graph in graphs:
+        if any(node.op is Ops.BUFFER and id(node.arg) in waiting for node in graph.toposort):
+            raise RuntimeError("this tensor reads the output of a schedule() whose items have "
+                               "not run yet: run them first (realize.run_schedule(items))")
+
+
 def _still_lazy(tensors: list[CoreTensor]) -> list[CoreTensor]:
-    """The tensors to compute (those not yet a buffer), and with them every unrealized loss
-    that reads a buffer one of them assigns to: it must be computed in the same schedule,
-    before the assign overwrites what it reads."""
+    """The tensors to compute (those not yet a buffer), and with them every other live lazy
+    tensor whose graph reads the old contents of a buffer one of them assigns to: it is
+    computed in the same schedule, which orders it before the assign overwrites what it reads
+    (tinygrad's schedule, too, hands the live tensors it computes their buffers). So
+    `out = net(x); loss(out).backward(); opt.step(); out.numpy()` gives `out` as it was
+    before the step. (A tensor that is only a view of such a buffer is not lazy: it sees the
+    new contents, as a view does in PyTorch.)"""
     pending = [t for t in tensors if not is_contiguous_buffer(t.uop)]
-    targets = {node.src[0] for t in pending for node in t.uop.toposort if node.op is Ops.ASSIGN}
+    targets = _assigned_buffers(pending)
     if not targets:
         return pending
     chosen = {id(t) for t in pending}
-    for loss in list(AUTOGRAD.losses.values()):
-        if id(loss) in chosen or is_contiguous_buffer(loss.uop):
+    for tensor in list(AUTOGRAD.tensors.values()):
+        if id(tensor) in chosen or is_contiguous_buffer(tensor.uop):
             continue
-        if any(node in targets for node in loss.uop.toposort):
-            pending.append(loss)
+        if _reads_old_contents(tensor.uop, targets):
+            pending.append(tensor)
+            chosen.add(id(tensor))
     return pending
+
+
+def _assigned_buffers(tensors: list[CoreTensor]) -> set[int]:
+    """The ids of the Buffers that the graphs of `tensors` assign to."""
+    targets: set[int] = set()
+    for tensor in tensors:
+        for node in tensor.uop.toposort:
+            if node.op is Ops.ASSIGN and (base := base_buffer(node.src[0])) is not None:
+                targets.add(id(base.arg))
+    return targets
+
+
+def _reads_old_contents(graph: UOp, targets: set[int]) -> bool:
+    """Whether `graph` reads one of the `targets` buffers, and could still be computed: a graph
+    that reads a buffer an earlier assign overwrote cannot (the scheduler says so when it is
+    realized), and must not stop this realize."""
+    buffers = [node.arg for node in graph.toposort if node.op is Ops.BUFFER]
+    return any(id(b) in targets for b in buffers) and not any(b.overwritten for b in buffers)
 
 
 def _shape_from_maybe_negative(args: tuple[Any, ...]) -> tuple[int, ...]:
@@ -915,12 +1028,17 @@ def _copy_back(grad: UOp, source: UOp) -> UOp:
 
 
 def _uop_from_data(data: Any, dtype: DType | None, device: str) -> UOp:
-    """Bring host data (list, numpy array) onto the device as a realized buffer."""
+    """Bring host data (list, numpy array) onto the device as a realized buffer (bfloat16 as
+    its words, rounded from float32: numpy has no bfloat16, dtype.py)."""
+    if dtype == dtypes.bfloat16 and not (isinstance(data, np.ndarray) and
+                                         is_bfloat16_words(data.dtype)):
+        data = to_bfloat16_bits(np.asarray(data, dtype=np.float32))
+        dtype = None
     if isinstance(data, (list, tuple)):
         array = np.array(data, dtype=(dtype or dtypes.from_py(data)).np)
     elif isinstance(data, np.ndarray):
         array = data if dtype is None else data.astype(dtype.np)
-        if dtype is None and array.dtype not in (np.float16, np.float32, np.float64):
+        if dtype is None and array.dtype.kind != "f":
             dtypes.from_np(array.dtype)  # raises a clear error for unsupported dtypes
     elif isinstance(data, bytes):
         array = np.frombuffer(data, dtype=np.uint8)

@@ -10,9 +10,10 @@ What this teaches:
   subgraphs are shared for free (common-subexpression elimination by construction);
 - every node knows its shape (derived from its sources and arg), and the integer nodes of index
   arithmetic know their smallest and largest value (`vmin`, `vmax`), which the simplifier uses.
-- GPU kernels add three nodes (the GPU chapter): `DEFINE_LOCAL` (a work-group's shared memory),
-  `SPECIAL` (a thread's index within its group) and `BARRIER` (the group waits until every
-  thread is there); `load_parts` and `store_parts` name the sources of a LOAD and a STORE;
+- GPU kernels add four nodes (the GPU chapter): `DEFINE_LOCAL` (a work-group's shared memory),
+  `SPECIAL` (a thread's index within its group), `BARRIER` (the group waits until every
+  thread is there) and `WMMA` (a tensor core: a warp's small matrix multiply, wmma.py);
+  `load_parts` and `store_parts` name the sources of a LOAD and a STORE;
 - a graph may be 100,000 ops deep, and Python allows only ~1,000 nested calls: every walk over
   a graph keeps its own stack of nodes (`toposort_of`, `fill_sources_first`), never recursion.
 
@@ -31,14 +32,18 @@ import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, cast
 
 from tinyteach.dtype import DType, dtypes, truncate_to
+from tinyteach.helpers import cached_property
 
 
 class Ops(enum.Enum):
     """Every kind of node, at every stage. The backend contract is `PRIMITIVE_OPS` below."""
+
+    # each op is one object, so it hashes by identity: Enum's own __hash__ is a Python call,
+    # and every node built or looked up hashes its op
+    __hash__ = object.__hash__
 
     # load / const / copy: where values come from
     BUFFER = enum.auto()      # a realized buffer on a device (arg: the Buffer)
@@ -99,6 +104,11 @@ class Ops(enum.Enum):
     BARRIER = enum.auto()     # every thread of the group waits here; src: the shared-memory
                               # accesses before it. A LOAD or STORE after it lists it as its
                               # last source
+    WMMA = enum.auto()        # a tensor core: the threads of a warp multiply small matrices
+                              # held in pieces (fragments) across them (wmma.py). src: this
+                              # thread's elements of A, then of B; the value is one element of
+                              # its part of A @ B (arg: wmma.WMMAArg: shape, dtypes, layout,
+                              # which element). WMMAs with the same sources are one instruction
 
     # --- symbolic sizes (a size that is a variable: one kernel for every length) ---
     DEFINE_VAR = enum.auto()  # an integer variable (arg: (name, min, max)); in a kernel, an
@@ -128,18 +138,35 @@ def _arg_key(arg: Any) -> Any:
 
 
 class UOpMetaClass(type):
-    """Hash-consing: `UOp(...)` returns the existing node when an identical one is alive."""
+    """Hash-consing: `UOp(...)` returns the existing node when an identical one is alive.
 
-    cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+    The table maps each key to a weak reference (it keeps no node alive); a node's reference
+    removes its entry when the node dies. (This is what weakref.WeakValueDictionary does, but
+    its lookup is a Python function call, and every node built is looked up first.)"""
+
+    cache: dict[tuple, weakref.KeyedRef] = {}
 
     def __call__(cls, op: Ops, dtype: DType, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
         key = (op, dtype, src, _arg_key(arg))
-        existing = UOpMetaClass.cache.get(key)
-        if existing is not None:
-            return existing
+        reference = UOpMetaClass.cache.get(key)
+        if reference is not None:
+            existing = reference()
+            if existing is not None:
+                return existing
         node = super().__call__(op, dtype, src, arg)
-        UOpMetaClass.cache[key] = node
+        UOpMetaClass.cache[key] = weakref.KeyedRef(node, _forget_node, key)
         return node
+
+
+# each constant's value as its dtype stores it (truncate_to rounds through numpy: slow next to
+# the lookup of an existing node, and the same few constants, 0 and 1, come back all the time)
+_TRUNCATED: dict[tuple[DType, Any], Any] = {}
+
+
+def _forget_node(reference: weakref.KeyedRef) -> None:
+    """A node died: drop its entry, unless a new node with the same key has taken it."""
+    if UOpMetaClass.cache.get(reference.key) is reference:
+        UOpMetaClass.cache.pop(reference.key, None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,7 +185,13 @@ class UOp(metaclass=UOpMetaClass):
 
     @staticmethod
     def const(dtype: DType, value: Any) -> UOp:
-        return UOp(Ops.CONST, dtype, (), truncate_to(dtype, value))
+        key = (dtype, _arg_key(value))
+        stored = _TRUNCATED.get(key)
+        if stored is None:
+            if len(_TRUNCATED) > 4096:  # a bound: a loop over many values makes many
+                _TRUNCATED.clear()
+            stored = _TRUNCATED[key] = truncate_to(dtype, value)
+        return UOp(Ops.CONST, dtype, (), stored)
 
     def const_like(self, value: Any) -> UOp:
         """A constant with this node's dtype and shape (broadcast from a scalar)."""
@@ -334,6 +367,12 @@ class UOp(metaclass=UOpMetaClass):
         # cycle, freed only by Python's cycle collector, and the buffers of dead tensors would
         # linger until it runs. (It holds every ancestor: a pass that wants the order of many
         # nodes of one graph calls `toposort_of` once, not `.toposort` on each of them.)
+        if all(not s.src or "_ancestors" in s.__dict__ for s in self.src):
+            # each source's order is known, or it has no sources (as for `x + 1` on an eager
+            # loop's fresh input): their union in source order, first appearance kept, is the
+            # order the walk gives
+            merged = dict.fromkeys(node for s in self.src for node in (*s._ancestors, s))
+            return tuple(merged)
         return tuple(toposort_of([self])[:-1])
 
     @property
@@ -445,7 +484,7 @@ SHAPE_RULES = {
 }
 SHAPE_RULES[Ops.DEFINE_LOCAL] = lambda node: (node.arg[1],)
 for _op in (Ops.RANGE, Ops.LOAD, Ops.STORE, Ops.SINK, Ops.DEFINE_ACC, Ops.ACCUMULATE, Ops.REDUCE,
-            Ops.END_RANGE, Ops.SPECIAL, Ops.BARRIER):
+            Ops.END_RANGE, Ops.SPECIAL, Ops.BARRIER, Ops.WMMA):
     SHAPE_RULES[_op] = lambda node: ()  # inside a lowered kernel every value is a scalar
 
 

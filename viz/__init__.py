@@ -11,6 +11,7 @@ launches and rewrite steps); the core never imports viz.
 | `kernel(tensor)`   | one kernel: AST, linear program, source in every language    | kernel.py   |
 | `rewrites(tensor)` | a widget stepping through the rewrite rules that fired       | rewrites.py |
 | `launch_graph(launches)` | the kernels that ran and the buffers between them      | launches.py |
+| `threads.*(trace)` | GPU threads and memory from the PYTHON emulator's record      | threads.py  |
 | `%%tinyteach`      | run a cell, show the kernels it launched (`%load_ext tinyteach`) | magic.py |
 
 Each returns an object a notebook displays as HTML (inline SVG from graphviz, source highlighted
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from viz import threads  # a module: viz.threads.thread_map(trace), fragment_layout(trace), ...
 from viz.figure import Figure
 from viz.graph import graph
 from viz.kernel import kernel
@@ -34,7 +36,7 @@ from viz.launches import launch_graph
 from viz.rewrites import rewrites
 from viz.schedule import schedule
 
-__all__ = ["Figure", "graph", "schedule", "kernel", "rewrites", "launch_graph",
+__all__ = ["Figure", "graph", "schedule", "kernel", "rewrites", "launch_graph", "threads",
            "load_ipython_extension"]
 
 

@@ -12,7 +12,9 @@ What a student sees:
 - `shared_traffic(trace)`: reads and writes of shared memory in each barrier phase (the steps
   between two barriers), per group: the tree's halving shows as phases with half the traffic;
 - `launch_summary(trace)`: groups, threads per group, shared bytes, barriers, and the loads and
-  stores of one thread.
+  stores of one thread;
+- `fragment_layout(trace)`: a tensor core's fragments — A, B and D of the instruction, each
+  element labelled with the lane of the warp that holds it.
 
 Every function reads a `Trace` recorded with `record_threads()` (or `emulate(..., record=True)`)
 and returns a `Figure`: inline SVG in a notebook, text in a terminal. Nothing runs again; output
@@ -247,3 +249,55 @@ def launch_summary(trace: Trace) -> Figure:
                       *[f"{name}: {value}" for name, value in rows[2:]]])
     html = table([[escape(name), escape(value)] for name, value in rows], ["", ""])
     return Figure(title, wrap(title, html), text)
+
+
+# ---- a tensor core's fragments: which lane holds which element ----
+
+def _fragment_grid(name: str, cells: np.ndarray, rows: int, columns: int, x0: int,
+                   y0: int) -> tuple[list[str], list[str]]:
+    """SVG cells and text rows of one matrix: `cells[lane, i]` is the (row, column) of lane's
+    i-th element; each square shows the lane that holds it."""
+    holder = np.full((rows, columns), -1)
+    element = np.full((rows, columns), -1)
+    for lane in range(cells.shape[0]):
+        for i in range(cells.shape[1]):
+            row, column = (int(v) for v in cells[lane, i])
+            holder[row, column], element[row, column] = lane, i
+    parts = [f'<text x="{x0}" y="{y0 - 6}" font-size="12">{escape(name)}</text>']
+    for row in range(rows):
+        for column in range(columns):
+            lane, i = int(holder[row, column]), int(element[row, column])
+            tip = f"{name}[{row}, {column}]: lane {lane}, element {i}"
+            parts.append(_cell(x0 + column * CELL, y0 + row * CELL, thread_color(lane),
+                               str(lane), tip))
+    text = [f"{name} (lane holding each element):"]
+    text += [" ".join(f"{int(lane):2d}" for lane in holder[row]) for row in range(rows)]
+    return parts, text
+
+
+def fragment_layout(trace: Trace) -> Figure:
+    """The layout of the first tensor-core instruction the trace ran: three matrices, A (m x k),
+    B (k x n) and D (m x n), each square labelled with the lane (thread of the warp) that holds
+    that element in its registers, coloured by lane. Read from the record (FragmentEvent)."""
+    if not trace.fragments:
+        raise ValueError(f"{trace.name} ran no tensor-core instruction (WMMA): record a kernel "
+                         "lowered with KernelOptions(tensor_core=True)")
+    first = trace.fragments[0]
+    events = [e for e in trace.fragments if e.instruction == first.instruction]
+    m, n, k = first.shape
+    c_cells = np.zeros((first.c_cells.shape[0], max(e.element for e in events) + 1, 2), int)
+    for event in events:
+        c_cells[:, event.element] = event.c_cells
+    grids = [("A", first.a_cells, m, k), ("B", first.b_cells, k, n), ("D", c_cells, m, n)]
+    parts, lines, x = [], [f"{trace.name}: fragments of {first.instruction}"], 0
+    for name, cells, rows, columns in grids:
+        grid, text = _fragment_grid(name, cells, rows, columns, x, 18)
+        parts += grid
+        lines += text
+        x += columns * CELL + 20
+    height = 18 + max(rows for _, _, rows, _ in grids) * CELL
+    notes = [f"{first.instruction}: each of {first.a_cells.shape[0]} lanes holds "
+             f"{first.a_cells.shape[1]} elements of A, {first.b_cells.shape[1]} of B and "
+             f"{c_cells.shape[1]} of D"]
+    title = f"{trace.name}: which lane holds which element ({first.instruction})"
+    return _figure(title, _svg(x, height, parts), "\n".join(lines), notes)

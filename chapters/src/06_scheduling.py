@@ -15,6 +15,9 @@
 # - a reduction is stored in its own buffer only for a stated reason: its result is broadcast
 #   back over the axes it reduced, it feeds another reduction, it is padded, or several kernels
 #   need it;
+# - ... except a chain of reductions over the same short rows (softmax, layernorm): each row's
+#   reductions are computed in the one kernel that reads them, once per row, while the row is
+#   still in cache;
 # - every cut and every fusion is written down in plain words, so you can ask *why*.
 #
 # The chapter's module is [`tinyteach/schedule.py`](../tinyteach/schedule.py) (`create_schedule`,
@@ -110,20 +113,21 @@ for note in matmul[0].fusions:
 assert len(matmul) == 1 and matmul[0].name == "r_4_4_4"
 
 # %% [markdown] id="sched-13"
-# ## Softmax needs three kernels — and each cut has a reason
+# ## Softmax: three kernels by the first rule — and each cut has a reason
 #
 # `softmax(x) = exp(x - max(x)) / sum(exp(x - max(x)))` along a row. There are two reductions,
 # and both results are *broadcast back* over the row they reduced: every element needs its row's
-# max, then its row's sum. The kernels this scheduler writes compute one output element (or a
-# small tile of them) per iteration of their outer loops, one per thread on a GPU; fused into such a kernel, each element
-# would recompute its row's whole reduction. (A kernel written per row — one pass for the max, one
-# for the sum, one for the output — would recompute nothing; hand-written softmax kernels do that,
-# but this scheduler does not build multi-pass kernels.) So it stores each reduction in a small
-# buffer. (The max is needed by two kernels — the sum and the division — and that is the first
-# reason the scheduler finds.)
+# max, then its row's sum. The first rule of this scheduler: **a reduction whose result is
+# broadcast back is stored.** Its kernels compute one output element (or a small tile of them)
+# per iteration of their loops — one per thread on a GPU — and fused into such a kernel, each
+# element would recompute its row's whole reduction. So each reduction goes to a small buffer.
+# (The max is needed by two kernels — the sum and the division — and that is the first reason
+# the scheduler finds.) `FUSE_ROWS=0` switches the next section's rule off, which gives this
+# one back:
 
 # %% id="sched-14"
-softmax_items = schedule_of(a.softmax(1))
+with Context(FUSE_ROWS=0):
+    softmax_items = schedule_of(a.softmax(1))
 for number, item in enumerate(softmax_items, 1):
     print(f"kernel {number}: {item.name:6} stored because {item.boundary_reason}")
 assert len(softmax_items) == 3
@@ -133,7 +137,9 @@ assert "broadcast back" in softmax_items[1].boundary_reason
 # The arrows in the drawing are labelled with the reason the value had to go through memory:
 
 # %% id="sched-16"
-viz.schedule(a.softmax(1))
+with Context(FUSE_ROWS=0):
+    drawing = viz.schedule(a.softmax(1))
+drawing
 
 # %% [markdown] id="sched-17"
 # In the lazy graph, each node is coloured by the kernel it lands in. The subtraction
@@ -141,7 +147,117 @@ viz.schedule(a.softmax(1))
 # drawn striped, because the scheduler recomputes cheap elementwise work rather than storing it.
 
 # %% id="sched-18"
-viz.graph(a.softmax(1))
+with Context(FUSE_ROWS=0):
+    drawing = viz.graph(a.softmax(1))
+drawing
+
+# %% [markdown] id="sched-47"
+# Storing is the right rule when a row is long. Each of the three kernels reads the whole input
+# from memory, and a row of a million floats would come from memory again on each pass of a
+# single kernel too; the stored max and sum are small (one float per row). It is also the
+# right rule on a GPU, where every output element is its own thread: there, a reduction placed
+# in the output's kernel is computed again by every thread of the row.
+#
+# ## One kernel per row, while the row is in cache
+#
+# On the CPU a kernel's output loops *are* loops, and a short row fits in the core's cache.
+# Then a kernel can do what a hand-written softmax does, per row: one pass for the max, one
+# for the sum of exps, one for the outputs. The first pass brings the row into cache; the
+# others read it from there. The scheduler's second rule (`fuses_along_rows` in schedule.py):
+# **a chain of reductions over the same rows stays in the one kernel that reads it** when
+#
+# - the row is at most `MAX_FUSED_ROW_BYTES` = 32 KiB (8,192 float32s: L1 and L2 hold it),
+# - the reduced axes are the innermost ones (softmax over the last axis; over the first axis,
+#   each column's max would sit inside the loop over rows),
+# - the device's output loops are loops, not GPU threads (CPU, NUMPY; OPENCL, WEBGPU, PYTHON
+#   and CUDA keep the first rule),
+# - between the reduction and the kernel's output there are only elementwise ops, broadcasts
+#   back over the row and reductions over the same row.
+#
+# It is on by default (`FUSE_ROWS=1`). Softmax is now one kernel, and its fusions say why:
+
+# %% id="sched-48"
+(fused_softmax,) = schedule_of(a.softmax(1))
+print(fused_softmax.name, "stored because", fused_softmax.boundary_reason)
+for note in fused_softmax.fusions:
+    print(" -", note)
+assert sum("once per row" in note for note in fused_softmax.fusions) == 2
+
+# %% [markdown] id="sched-49"
+# Kernel counts before (`FUSE_ROWS=0`) and after, counted from the launches, with the values
+# checked against numpy:
+
+# %% id="sched-50"
+rows = random_tensor(64, 256)
+x_np = rows.numpy()
+shifted = x_np - x_np.max(1, keepdims=True)
+centered = x_np - x_np.mean(1, keepdims=True)
+expected = {
+    "softmax": np.exp(shifted) / np.exp(shifted).sum(1, keepdims=True),
+    "log_softmax": shifted - np.log(np.exp(shifted).sum(1, keepdims=True)),
+    "layernorm": centered / np.sqrt((centered ** 2).mean(1, keepdims=True) + 1e-5),
+}
+for name, values in expected.items():
+    counts = []
+    for fuse_rows in (0, 1):
+        with Context(FUSE_ROWS=fuse_rows):
+            GlobalCounters.reset()
+            result = getattr(rows, name)(1).numpy()
+            counts.append(GlobalCounters.kernel_count)
+        np.testing.assert_allclose(result, values, rtol=1e-4, atol=1e-5)
+    print(f"{name:12} kernels: {counts[0]} -> {counts[1]}")
+    assert counts == [3, 1]
+
+# %% [markdown] id="sched-51"
+# "Once per row" is the lowering's job (chapter 7): inside the loops over rows and columns, the
+# max depends on the row only, so `linearize` places it — and the sum, and `1/sum` — after the
+# row loop opens and before the column loop. Here are the loops of the kernel's C source for a
+# 4,096 × 1,024 softmax, with the optimizer's choices still applied (4 rows per iteration,
+# the rows split across cores). A column loop around the reductions would make the work grow
+# with the square of the row:
+
+# %% id="sched-52"
+import re
+
+from tinyteach.lower import lower
+
+big = Tensor.empty(4096, 1024)
+(big_softmax,) = schedule_of(big.softmax(1))
+renderer = Device["CPU"].renderer
+source = renderer.render(big_softmax.name, lower(big_softmax.ast, None, renderer.vector_width))
+loop_lines = [line for line in source.splitlines()
+              if re.match(r"\s*(for|#pragma omp parallel)", line)]
+print("\n".join(loop_lines))
+assert [re.search(r"int (\w+)", line).group(1) for line in loop_lines[1:]] == \
+    ["gidx0", "ridx0", "ridx1", "gidx1"]
+assert loop_lines[0].strip() == "#pragma omp parallel for"
+assert "gidx0 < 1024;" in loop_lines[1]   # 4,096 rows, 4 per iteration
+
+# %% [markdown] id="sched-53"
+# Memory traffic, as the engine counts it (`GlobalCounters.global_mem`, the bytes of every
+# buffer a kernel reads or writes): the three kernels read the 1 MiB input three times; the
+# fused kernel reads it once and writes the output. The limit and the GPU rule, checked:
+# a row of 8,193 floats and the same softmax on the PYTHON device (a GPU emulator) are three
+# kernels.
+
+# %% id="sched-54"
+big = random_tensor(1024, 256)
+traffic = []
+for fuse_rows in (0, 1):
+    with Context(FUSE_ROWS=fuse_rows):
+        GlobalCounters.reset()
+        big.softmax(1).realize()
+        traffic.append(GlobalCounters.global_mem)
+print(f"bytes moved: {traffic[0]:,} (3 kernels) -> {traffic[1]:,} (1 kernel)")
+input_bytes = 1024 * 256 * 4
+assert traffic[1] == 2 * input_bytes and traffic[0] >= 4 * input_bytes
+
+long_rows = Tensor.empty(2, 8193)
+on_gpu = Tensor.empty(4, 10, device="PYTHON")
+print("row of 8,193 floats:", len(schedule_of(long_rows.softmax(1))), "kernels;",
+      "on PYTHON:", len(create_schedule([on_gpu.softmax(1).uop], "PYTHON")[0]), "kernels")
+assert len(schedule_of(long_rows.softmax(1))) == 3
+assert len(create_schedule([on_gpu.softmax(1).uop], "PYTHON")[0]) == 3
 
 # %% [markdown] id="sched-19"
 # ## Every reason, one at a time
@@ -156,6 +272,7 @@ viz.graph(a.softmax(1))
 # | `ASSIGN` | `assign()` writes the value into the tensor's own buffer (and, if the value reads its own target through a view, the value is computed into a fresh buffer first) |
 # | `COPY` | a copy between devices is its own step (and its source is stored first unless it already is a buffer) |
 # | a reduction | its result is broadcast back (`EXPAND`); it feeds another reduction; it is padded; it is used by several kernels |
+# | — | *not* stored (broadcast back or feeding another reduction) when its rows fuse: at most 32 KiB (`MAX_FUSED_ROW_BYTES`), the innermost axes, output loops that are loops, only elementwise ops, broadcasts and reductions over the same rows above it (`FUSE_ROWS=0` turns it off) |
 # | elementwise | it is broadcast 16× or more into a reduction (`BROADCAST_RECOMPUTE_LIMIT`), has 16 elements or more, and takes two ALU ops or more to compute |
 # | any ALU op | the chain of ops is 1,000 deep (`MAX_KERNEL_DEPTH`): cut so the source stays small |
 #
@@ -164,7 +281,7 @@ viz.graph(a.softmax(1))
 # %% id="sched-20"
 m = random_tensor(16, 16)
 cases = {
-    "broadcast back": a - a.mean(1, keepdim=True),
+    "broadcast back": a - a.mean(0, keepdim=True),   # (over rows, not the innermost axis)
     "reduction of a reduction": a.sum(1).max(),
     "padded reduction": a.sum(1).pad(((1, 1),)) + 1,
     "elementwise, broadcast into a matmul": (m + 1).exp() @ m,
@@ -281,7 +398,8 @@ with Context(DEBUG=3):
 # ## `%%tinyteach`: run a cell, see its kernels
 #
 # The magic records every launch in the cell and shows the kernels with their fusion reasons.
-# Layer norm without the scale: two reductions, each broadcast back.
+# Layer norm without the scale: two reductions, each broadcast back — one kernel, both
+# computed once per row.
 
 # %% id="sched-28"
 # %%tinyteach --show kernels,schedule

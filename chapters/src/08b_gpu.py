@@ -15,11 +15,14 @@
 #   coalesced vs strided memory access, shared-memory traffic between barriers, and a launch
 #   summary;
 # - **the emulator's checks**: an access out of bounds, a barrier that some threads of a group
-#   skip, and a race on shared memory are errors that name the thread and the address.
+#   skip, and a race on shared memory are errors that name the thread and the address;
+# - **matmul** with local tiles in shared memory, then on **tensor cores**: a warp of 32
+#   threads multiplies small matrices held in pieces across its threads, in one instruction.
 #
 # Modules: [`tinyteach/runtime/python.py`](../tinyteach/runtime/python.py) (the emulator),
 # [`tinyteach/lower.py`](../tinyteach/lower.py) and [`tinyteach/opt.py`](../tinyteach/opt.py)
-# (the group reduction), [`viz/threads.py`](../viz/threads.py) (the drawings).
+# (the group reduction, local tiles), [`tinyteach/wmma.py`](../tinyteach/wmma.py) (tensor
+# cores), [`viz/threads.py`](../viz/threads.py) (the drawings).
 
 # %% id="gpu-02"
 import numpy as np
@@ -300,12 +303,112 @@ assert reads["one thread per output"] == 2 * 20 * 18 * 17
 assert reads["local tiles"] == 3 * 20 * 17 + 3 * 17 * 18
 print(reads)
 
+# %% [markdown] id="gpu-36"
+# ## Tensor cores
+#
+# A **tensor core** multiplies two small matrices in one instruction. It is not one thread's
+# instruction but a whole *warp's*: the 32 threads of a warp run it together, and each thread
+# holds a few elements of each matrix in its registers, its *fragments*. NVIDIA's
+# `mma.sync.aligned.m16n8k16` (sm_80 and later) multiplies A (16×16, half) by B (16×8) into
+# D (16×8, float32); each thread holds 8 elements of A, 4 of B and 4 of D.
+#
+# `KernelOptions(tensor_core=True)` lowers a half matmul so that each 16×8 tile of outputs is a
+# work-group of one warp. Per step of 16 along the reduction, every thread loads its 8 + 4
+# fragment elements from global memory (past an edge they load as 0, so any size works), the
+# warp runs one `WMMA`, and each thread adds its 4 results to 4 float32 accumulators. The
+# emulator runs the instruction as a GPU defines it: it gathers every lane's elements into A
+# and B by the instruction's layout, multiplies them, and hands each lane its elements of D.
+# A 20×40 times 40×12 half matmul: 2×2 tiles of 16×8, 3 steps of 16 along k:
+
+# %% id="gpu-37"
+half_a = rng.normal(size=(20, 40)).astype(np.float16)
+half_b = rng.normal(size=(40, 12)).astype(np.float16)
+half_matmul = create_schedule([(Tensor(half_a, device="PYTHON") @
+                                Tensor(half_b, device="PYTHON")).uop], "PYTHON")[0][-1]
+on_tensor_cores = lower(half_matmul.ast, KernelOptions(tensor_core=True))
+half_out = np.zeros(20 * 12, np.float16)
+tc_trace = emulate(on_tensor_cores, [half_out, half_a.reshape(-1), half_b.reshape(-1)],
+                   half_matmul.name, record=True)
+expected = half_a.astype(np.float32) @ half_b.astype(np.float32)  # what the hardware computes
+np.testing.assert_allclose(half_out.reshape(20, 12), expected, rtol=2e-3, atol=2e-3)
+print(on_tensor_cores.applied_opts)
+print(launch_summary(tc_trace).text)
+
+# %% [markdown] id="gpu-38"
+# Which thread holds which element is the instruction's **layout** (the PTX manual's fragment
+# tables). Lane `l` is thread `t = l % 4` of group `g = l // 4`: its D elements are rows g and
+# g + 8, columns 2t and 2t + 1; its A elements are rows g and g + 8, columns 2t, 2t + 1 and
+# 8 more; its B elements are column g. The emulator records the layout it used, and viz draws
+# it, each square labelled with the lane that holds it:
+
+# %% id="gpu-39"
+from viz.threads import fragment_layout
+
+fragments = fragment_layout(tc_trace)
+lane_rows = fragments.text.splitlines()
+d_rows = lane_rows[lane_rows.index("D (lane holding each element):") + 1:][:16]
+assert d_rows[9].split() == ["4", "4", "5", "5", "6", "6", "7", "7"]  # row g + 8, g = 1
+fragments
+
+# %% [markdown] id="gpu-40"
+# In the linear program, a `WMMA` node is one element of a thread's D: the 4 nodes that share
+# their 12 sources (8 elements of A, 4 of B) are one instruction. The CUDA renderer issues it
+# once, through inline PTX, packing two halves into each 32-bit register; the kernel is
+# rendered, not run (there is no GPU here; the tests compile every such kernel to sm_80 and
+# sm_90 machine code):
+
+# %% id="gpu-41"
+wmma_nodes = [u for u in on_tensor_cores.uops if u.op is Ops.WMMA]
+assert [u.arg.element for u in wmma_nodes] == [0, 1, 2, 3]
+assert len({u.src for u in wmma_nodes}) == 1 and len(wmma_nodes[0].src) == 12
+cuda_source = CUDARenderer().render(half_matmul.name, on_tensor_cores)
+assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in cuda_source
+launch = launch_of(cuda_source)
+assert launch.local_size == (32, 1, 1) and launch.groups == (2, 2, 1)  # a warp per 16x8 tile
+shown = [line for line in cuda_source.splitlines()
+         if "mma" in line or "acc" in line or "for (int ridx0" in line]
+print("\n".join(shown))
+
+# %% [markdown] id="gpu-42"
+# The products of two halves are exact in float32 and the tensor core sums in float32, so a
+# half matmul on tensor cores is *more* accurate than a kernel that sums in half (tinyteach's
+# kernel for a half matmul keeps the sum in half). With k = 512, against float64:
+
+# %% id="gpu-43"
+long_a = rng.normal(size=(16, 512)).astype(np.float16)
+long_b = rng.normal(size=(512, 8)).astype(np.float16)
+long_matmul = create_schedule([(Tensor(long_a, device="PYTHON").float() @
+                                Tensor(long_b, device="PYTHON").float()).uop], "PYTHON")[0][-1]
+half_sums = create_schedule([(Tensor(long_a, device="PYTHON") @
+                              Tensor(long_b, device="PYTHON")).uop], "PYTHON")[0][-1]
+exact = long_a.astype(np.float64) @ long_b.astype(np.float64)
+
+
+def largest_error(ast, options, dtype):
+    out = np.zeros(16 * 8, dtype)
+    emulate(lower(ast, options), [out, long_a.reshape(-1), long_b.reshape(-1)])
+    return float(np.abs(out.reshape(16, 8) - exact).max())
+
+
+errors = {"tensor cores (float32 sums)": largest_error(long_matmul.ast,
+                                                       KernelOptions(tensor_core=True),
+                                                       np.float32),
+          "one thread per output, half sums": largest_error(half_sums.ast, KernelOptions(),
+                                                            np.float16)}
+assert errors["tensor cores (float32 sums)"] < 1e-4
+assert errors["one thread per output, half sums"] > 1e-2
+print("largest error against float64: tensor cores < 1e-4, half sums > 1e-2")
+
 # %% [markdown] id="gpu-35"
 # ## Where this goes next
 #
-# The optimizer chooses both by itself on devices whose renderer says it can
-# (`supports_group_reduce`, `supports_local_tile`: the emulator, OpenCL, CUDA and WGSL): a group
-# reduction for a long reduction with few outputs, a local tile for a matmul whose tile is
-# filled along both output axes and the reduction; never under `NOOPT=1`, and listed by
-# `DEBUG=3` like the CPU's upcasts. Next are tensor cores: a small matrix-multiply-accumulate
-# on fragments, the same tiles computed by one instruction.
+# The optimizer chooses all three by itself on devices whose renderer says it can: a group
+# reduction for a long reduction with few outputs and a local tile for a matmul whose tile is
+# filled along both output axes and the reduction (`supports_group_reduce`,
+# `supports_local_tile`: the emulator, OpenCL, CUDA and WGSL), tensor cores for a half matmul
+# at least one tile big (`supports_tensor_core`: CUDA and the emulator; OpenCL and WGSL have
+# none here, so the option is not offered). Never under `NOOPT=1`, and each is listed by
+# `DEBUG=3` like the CPU's upcasts. What the tensor-core kernel still lacks, and fast GPU
+# matmuls have: staging the fragments through shared memory (each element of A is read once
+# per 8 columns of C here), several tiles per warp, and the accumulators passed to the `mma`
+# itself instead of added after it.

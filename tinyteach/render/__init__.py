@@ -509,7 +509,10 @@ def _render_define_acc(writer: KernelWriter, u: UOp, operands: list[str]) -> str
 
 def _render_accumulate(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
     acc, value = operands
-    if u.arg is Ops.ADD:
+    if u.arg is Ops.ADD and u.dtype == dtypes.bfloat16:  # through the renderer's conversions
+        renderer = writer.renderer
+        combined = renderer.code(Ops.ADD)(renderer, operands, [u.dtype, u.dtype], u.dtype)
+    elif u.arg is Ops.ADD:
         combined = f"({acc}+{value})"
     elif u.dtype.count > 1:
         combined = writer.renderer.vector_alu(Ops.MAX, u.dtype, u.src, operands)

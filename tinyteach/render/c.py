@@ -8,26 +8,98 @@ A kernel is a plain C function over pointers, one loop per output axis:
 
 `restrict` promises the compiler that buffers do not overlap (each kernel writes a fresh one),
 which lets it vectorize. Half floats use C's `_Float16`; math functions on them go through float.
+bfloat16 has no C type: a value is its 16-bit word (`uint16_t`), and every op on it converts its
+operands to float with `tt_bf16_to_f32` (the word shifted into a float's top half), computes in
+float, and rounds the result back with `tt_f32_to_bf16` (to nearest, ties to even): two small
+functions at the top of the kernel (`BFLOAT16_C`), shared with OpenCL (`bfloat16_ops`).
 
 Builds on: render/__init__.py.
 """
 from __future__ import annotations
 
-from tinyteach.dtype import DType, dtypes
+import numpy as np
+
+from tinyteach.dtype import DType, dtypes, to_bfloat16_bits
 from tinyteach.lower import LinearProgram
-from tinyteach.render import MATH_FUNCTIONS, CStyleRenderer, KernelWriter, typed_math_function
+from tinyteach.render import (
+    MATH_FUNCTIONS,
+    CodeForOp,
+    CStyleRenderer,
+    KernelWriter,
+    typed_math_function,
+)
 from tinyteach.uop import Ops, UOp
 
 C_PRELUDE = "#include <math.h>\n#include <stdbool.h>\n"
+
+# bfloat16 <-> float, as C functions: a union reads a float's bits; rounding adds 0x7FFF plus the
+# lowest kept bit, so that the carry reaches the kept half exactly when it should (ties to even);
+# a NaN keeps its top half with the quiet bit set (rounding could carry it into inf). Guarded:
+# several kernels may be compiled as one source
+BFLOAT16_C = """#ifndef TT_BFLOAT16
+#define TT_BFLOAT16
+#include <stdint.h>
+static inline float tt_bf16_to_f32(uint16_t h) {
+  union { uint32_t u; float f; } v; v.u = (uint32_t)h << 16; return v.f;
+}
+static inline uint16_t tt_f32_to_bf16(float f) {
+  union { float f; uint32_t u; } v; v.f = f;
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);
+  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+#endif
+"""
+BFLOAT16_TO_FLOAT, FLOAT_TO_BFLOAT16 = "tt_bf16_to_f32", "tt_f32_to_bf16"
+
+
+def in_float32(code: CodeForOp, op: Ops) -> CodeForOp:
+    """`code` for an op that may see bfloat16: its bfloat16 operands converted to float, the
+    op written on floats, a bfloat16 result rounded back (WHERE moves the words as they are)."""
+    def render(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+               dtype: DType) -> str:
+        bf16 = dtypes.bfloat16
+        if op is Ops.WHERE or (dtype != bf16 and bf16 not in operand_dtypes):
+            return code(renderer, operands, operand_dtypes, dtype)
+        if dtype.count > 1 or any(d.count > 1 for d in operand_dtypes):
+            raise TypeError(f"{renderer.device}: bfloat16 vectors are not supported")
+        if op is Ops.CAST and operand_dtypes[0] == dtype:
+            return operands[0]
+        wide = [f"{BFLOAT16_TO_FLOAT}({x})" if d == bf16 else x
+                for x, d in zip(operands, operand_dtypes)]
+        wide_dtypes = [dtypes.float32 if d == bf16 else d for d in operand_dtypes]
+        if op is Ops.CAST and dtype == bf16:
+            return f"{FLOAT_TO_BFLOAT16}((float)({wide[0]}))"
+        if op is Ops.CAST:
+            return code(renderer, wide, wide_dtypes, dtype)
+        result = code(renderer, wide, wide_dtypes, dtypes.float32 if dtype == bf16 else dtype)
+        return f"{FLOAT_TO_BFLOAT16}({result})" if dtype == bf16 else result
+    return render
+
+
+def bfloat16_ops(code_for_op: dict[Ops, CodeForOp]) -> dict[Ops, CodeForOp]:
+    """A renderer's op table with every op computing bfloat16 in float (`in_float32`)."""
+    return {op: in_float32(code, op) for op, code in code_for_op.items()}
+
+
+def bfloat16_literal(renderer: CStyleRenderer, value: float | int | bool) -> str:
+    """A bfloat16 constant: its word, as the storage type."""
+    word = int(to_bfloat16_bits(np.array(float(value), dtype=np.float32)).view(np.uint16))
+    return f"(({renderer.type_names[dtypes.bfloat16]}){word})"
 FMA_ATTRIBUTE = '__attribute__((optimize("fp-contract=fast")))'
 
 
 class CRenderer(CStyleRenderer):
     device = "CPU"
-    type_names = {**CStyleRenderer.type_names, dtypes.float16: "_Float16"}
-    code_for_op = {**CStyleRenderer.code_for_op,
-                   **{op: typed_math_function(name, "(float)({})", "((_Float16){})")
-                      for op, name in MATH_FUNCTIONS.items()}}
+    type_names = {**CStyleRenderer.type_names, dtypes.float16: "_Float16",
+                  dtypes.bfloat16: "uint16_t"}
+    code_for_op = bfloat16_ops({**CStyleRenderer.code_for_op,
+                                **{op: typed_math_function(name, "(float)({})", "((_Float16){})")
+                                   for op, name in MATH_FUNCTIONS.items()}})
+
+    def render_const(self, value: float | int | bool, dtype: DType) -> str:
+        if dtype == dtypes.bfloat16:
+            return bfloat16_literal(self, value)
+        return super().render_const(value, dtype)
 
     def float_literal(self, value: float, dtype: DType) -> str:
         if dtype == dtypes.float16:
@@ -95,5 +167,8 @@ class CRenderer(CStyleRenderer):
 
     def render_kernel(self, writer: KernelWriter, name: str, params: list[str],
                       body: list[str]) -> str:
-        lines = [C_PRELUDE + f"void {name}({', '.join(params)}) {{", *body, "}"]
+        uses_bfloat16 = any(BFLOAT16_TO_FLOAT in line or FLOAT_TO_BFLOAT16 in line
+                            for line in body)
+        prelude = C_PRELUDE + (BFLOAT16_C if uses_bfloat16 else "")
+        lines = [prelude + f"void {name}({', '.join(params)}) {{", *body, "}"]
         return "\n".join(lines) + "\n"

@@ -11,7 +11,8 @@ this work-item's index and the number of work-items along dimension `d`:
 
 `half` needs the `cl_khr_fp16` extension and `double` `cl_khr_fp64`; the renderer enables them
 when a kernel uses them (the runtime checks that the device has them). Math functions are
-overloaded by type, as in C++, so `exp2(x)` works for every float type.
+overloaded by type, as in C++, so `exp2(x)` works for every float type. bfloat16 is its word
+(`ushort`), computed in float through two small functions, as in C (render/c.py).
 
 Builds on: render/gpu.py.
 
@@ -36,11 +37,26 @@ from __future__ import annotations
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
 from tinyteach.render import KernelWriter
+from tinyteach.render.c import (
+    BFLOAT16_TO_FLOAT,
+    FLOAT_TO_BFLOAT16,
+    bfloat16_literal,
+    bfloat16_ops,
+)
 from tinyteach.render.gpu import GPURenderer, Launch, gpu_writer, launch_comment
 from tinyteach.uop import UOp
 
 # (extension, dtype): the pragma a kernel needs before it may use the dtype
 EXTENSIONS = {dtypes.float16: "cl_khr_fp16", dtypes.float64: "cl_khr_fp64"}
+
+
+# bfloat16 <-> float in OpenCL C (as_uint / as_float read a value's bits; see render/c.py)
+BFLOAT16_CL = f"""float {BFLOAT16_TO_FLOAT}(ushort h) {{ return as_float((uint)h << 16); }}
+ushort {FLOAT_TO_BFLOAT16}(float f) {{
+  uint u = as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);
+  return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}}"""
 
 
 def dtypes_used(program: LinearProgram) -> set[DType]:
@@ -53,7 +69,8 @@ class OpenCLRenderer(GPURenderer):
     supports_local_tile = True  # matmul tiles staged in shared memory (lower.py)
     type_names = {**GPURenderer.type_names, dtypes.int8: "char", dtypes.uint8: "uchar",
                   dtypes.uint16: "ushort", dtypes.uint32: "uint", dtypes.int64: "long",
-                  dtypes.uint64: "ulong"}
+                  dtypes.uint64: "ulong", dtypes.bfloat16: "ushort"}
+    code_for_op = bfloat16_ops(GPURenderer.code_for_op)
 
     def thread_id(self, dimension: int) -> str:
         return f"get_global_id({dimension})"
@@ -82,6 +99,11 @@ class OpenCLRenderer(GPURenderer):
             return f"({value + 1}{suffix}-1)"
         return f"{value}{suffix}"
 
+    def render_const(self, value: float | int | bool, dtype: DType) -> str:
+        if dtype == dtypes.bfloat16:
+            return bfloat16_literal(self, value)
+        return super().render_const(value, dtype)
+
     def float_literal(self, value: float, dtype: DType) -> str:
         if dtype == dtypes.float16:
             return f"((half){value!r}f)"
@@ -94,6 +116,8 @@ class OpenCLRenderer(GPURenderer):
     def render(self, name: str, program: LinearProgram) -> str:
         pragmas = [f"#pragma OPENCL EXTENSION {EXTENSIONS[d]} : enable"
                    for d in sorted(dtypes_used(program) & set(EXTENSIONS))]
+        if dtypes.bfloat16 in dtypes_used(program):
+            pragmas.append(BFLOAT16_CL)
         source = super().render(name, program)
         if not pragmas:
             return source

@@ -60,6 +60,7 @@ MISSING_DTYPES = {
     dtypes.float64: "WGSL has no 64-bit floats",
     dtypes.int64: "WGSL has no 64-bit integers",
     dtypes.uint64: "WGSL has no 64-bit integers",
+    dtypes.bfloat16: "WGSL has no bfloat16 and no 16-bit integer to hold its words",
 }
 # how a value of each dtype is held in a register and in a buffer
 VALUE_TYPES = {

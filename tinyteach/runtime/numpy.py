@@ -8,6 +8,10 @@ What this teaches:
   kernel each op makes a temporary array;
 - this is also the solution to Exercise A, where students write these functions themselves.
 
+bfloat16 is held as 16-bit words (numpy has none, dtype.py): an op on bfloat16 decodes its
+operands to float32, computes there, and rounds the result back to a word (`_in_float32`), as
+PyTorch and tinygrad compute it; movement ops and `where` move the words as they are.
+
 Integer semantics are C's (which every compiled backend shares): IDIV truncates toward zero, MOD
 takes the dividend's sign, dividing by zero gives 0, and integers wrap around on overflow.
 
@@ -21,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from tinyteach.device import Backend, Buffer, HostAllocator
-from tinyteach.dtype import dtypes
-from tinyteach.uop import Ops, UOp, substitute_symbols, variables_of
+from tinyteach.dtype import dtypes, from_bfloat16_bits, to_bfloat16_bits
+from tinyteach.uop import MOVEMENT, Ops, UOp, substitute_symbols, variables_of
 
 
 def _idiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -113,6 +117,10 @@ NUMPY_OPS: dict[Ops, Callable[..., np.ndarray]] = {
 }
 
 
+# ops that move bfloat16 words without computing on them
+WORD_OPS = (*MOVEMENT, Ops.WHERE, Ops.DEFINE_GLOBAL)
+
+
 class InterpretedProgram:
     """Runs one kernel AST by evaluating each node with `ops` (the reference table by default)."""
 
@@ -146,8 +154,23 @@ class InterpretedProgram:
             return arrays[node.arg[0]]
         if node.op not in self.ops:
             raise NotImplementedError(f"op {node.op.name} is not implemented by this backend")
-        result = self.ops[node.op](node, *(values[s] for s in node.src))
+        sources = [values[s] for s in node.src]
+        touches_bfloat16 = dtypes.bfloat16 in (node.dtype, *(s.dtype for s in node.src))
+        if touches_bfloat16 and node.op not in WORD_OPS:
+            return self._in_float32(node, sources)
+        result = self.ops[node.op](node, *sources)
         return np.asarray(result, dtype=node.dtype.np) if node.op is not Ops.CAST else result
+
+    def _in_float32(self, node: UOp, sources: list[Any]) -> np.ndarray:
+        """An op on bfloat16: its bfloat16 operands as float32 (exact), the op computed in
+        float32, a bfloat16 result rounded to the nearest word (ties to even)."""
+        wide = [from_bfloat16_bits(np.asarray(value)) if source.dtype == dtypes.bfloat16
+                else value for value, source in zip(sources, node.src)]
+        as_float = node.replace(dtype=dtypes.float32) if node.dtype == dtypes.bfloat16 else node
+        result = np.asarray(self.ops[node.op](as_float, *wide))
+        if node.dtype == dtypes.bfloat16:
+            return to_bfloat16_bits(result)
+        return np.asarray(result, dtype=node.dtype.np)
 
 
 def make_backend() -> Backend:

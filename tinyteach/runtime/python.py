@@ -17,10 +17,16 @@ What this teaches:
   an access outside a buffer (`OutOfBoundsError`), a barrier that some threads of a group do not
   reach (`BarrierDivergenceError`), and two threads of a group that touch the same shared
   element between two barriers, one of them writing (`SharedMemoryRaceError`);
-- with `record_threads()` it keeps every thread's reads and writes (viz/threads.py draws them).
+- with `record_threads()` it keeps every thread's reads and writes (viz/threads.py draws them);
+- a tensor core (`WMMA`, wmma.py) is a warp's instruction: the emulator gathers every lane's
+  fragment elements into the matrices A and B by the instruction's layout, multiplies them in
+  float32 and hands each lane its elements of D. All 32 threads must take part
+  (`WarpDivergenceError` otherwise, as `mma.sync.aligned` demands); the record keeps the
+  layout it used (`FragmentEvent`), which viz/threads.py draws.
 
 The values are the NUMPY device's (the same reference functions compute every op), so this
-device gives NUMPY's numbers, up to the order of float sums.
+device gives NUMPY's numbers, up to the order of float sums. bfloat16 lanes hold the dtype's
+host format, 16-bit words; an op on them computes in float32 and rounds back, as NUMPY does.
 
 Conceptually the emulator runs one work-group at a time. Groups that fit in MAX_LANES lanes are
 run side by side as more lanes (their barriers, shared memory and checks stay their own): the
@@ -43,10 +49,12 @@ from typing import Any
 import numpy as np
 
 from tinyteach.device import Backend, Buffer, Compiler, HostAllocator
+from tinyteach.dtype import DType, dtypes, from_bfloat16_bits, to_bfloat16_bits
 from tinyteach.lower import LinearProgram
 from tinyteach.render.gpu import output_loops, plan_launch, plan_local_launch
 from tinyteach.runtime.numpy import NUMPY_OPS
 from tinyteach.uop import ALU, Ops, UOp, load_parts, store_parts, sym_eval, sym_max
+from tinyteach.wmma import WMMAArg, wmma_reference
 
 MAX_LANES = 1 << 14  # threads emulated side by side (several work-groups when they are small)
 
@@ -65,6 +73,10 @@ class BarrierDivergenceError(EmulatorError):
 
 class SharedMemoryRaceError(EmulatorError):
     """Two threads of a group touch one shared element between two barriers, one writing."""
+
+
+class WarpDivergenceError(EmulatorError):
+    """Some threads of a warp run a tensor-core instruction and others do not."""
 
 
 # ---- the launch: how many groups, how many threads each ----
@@ -131,6 +143,22 @@ class AccessEvent:
         return self.buffer.startswith("local")
 
 
+@dataclass(frozen=True)
+class FragmentEvent:
+    """A tensor-core step of the program (recorded once per launch): which element of A, B
+    and D each lane of the warp held. `a_cells[lane, i]` is the (row, k) of lane's i-th A
+    element, `b_cells[lane, i]` its (k, column) of B, `c_cells[lane]` the (row, column) of D
+    that this step's `element` is."""
+
+    step: int
+    instruction: str         # "m16n8k16"
+    shape: tuple[int, int, int]  # (m, n, k)
+    element: int
+    a_cells: np.ndarray      # (lanes, A elements, 2)
+    b_cells: np.ndarray      # (lanes, B elements, 2)
+    c_cells: np.ndarray      # (lanes, 2)
+
+
 @dataclass
 class Trace:
     """Everything one launch did, for viz/threads.py: the launch, the buffers' sizes, every
@@ -142,6 +170,7 @@ class Trace:
     shared_bytes: int
     events: list[AccessEvent] = field(default_factory=list)
     barriers: int = 0
+    fragments: list[FragmentEvent] = field(default_factory=list)
 
     def accesses(self, kind: str | None = None, buffer: str | None = None) -> list[AccessEvent]:
         return [e for e in self.events if (kind is None or e.kind == kind)
@@ -223,6 +252,7 @@ class _Run:
         self.phase = 0
         self.shared: dict[UOp, np.ndarray] = {}
         self.writers: dict[UOp, tuple[np.ndarray, np.ndarray]] = {}
+        self.products: dict[tuple, tuple[list[np.ndarray], np.ndarray]] = {}  # WMMA, per step
         self.readers: dict[UOp, tuple[np.ndarray, np.ndarray]] = {}
         for define in program.locals:
             # fresh shared memory holds garbage on a GPU: NaN (or a large int) makes a read
@@ -258,9 +288,7 @@ class _Run:
             handler(self, pc, u)
         elif u.op in ALU:
             sources = [self.values[s] for s in u.src]
-            self.values[u] = np.broadcast_to(
-                np.asarray(NUMPY_OPS[u.op](u, *sources), dtype=u.dtype.np),
-                (self.lanes.count,))
+            self.values[u] = np.broadcast_to(_alu(u, sources), (self.lanes.count,))
         else:
             raise NotImplementedError(f"the PYTHON device cannot run {u.op.name}")
         return pc + 1
@@ -380,6 +408,27 @@ def _update_range(low_high: tuple[np.ndarray, np.ndarray], slots: np.ndarray,
     np.maximum.at(high, slots, lanes)
 
 
+def _alu(u: UOp, sources: list[np.ndarray]) -> np.ndarray:
+    """One ALU op for every lane, with NUMPY's function. bfloat16 lanes hold 16-bit words (the
+    host format): an op on them computes on their float32 values and rounds back to words, as
+    the NUMPY device does (WHERE moves words as they are)."""
+    bfloat16 = dtypes.bfloat16
+    if u.op is Ops.WHERE or bfloat16 not in (u.dtype, *(s.dtype for s in u.src)):
+        return np.asarray(NUMPY_OPS[u.op](u, *sources), dtype=u.dtype.np)
+    wide = [from_bfloat16_bits(value) if s.dtype == bfloat16 else value
+            for value, s in zip(sources, u.src)]
+    as_float = u.replace(dtype=dtypes.float32) if u.dtype == bfloat16 else u
+    result = np.asarray(NUMPY_OPS[u.op](as_float, *wide))
+    return to_bfloat16_bits(result) if u.dtype == bfloat16 else result.astype(u.dtype.np)
+
+
+def _constant(value: float | int | bool, dtype: DType, count: int) -> np.ndarray:
+    """`count` lanes of a constant (a bfloat16 one as its word)."""
+    if dtype == dtypes.bfloat16:
+        return to_bfloat16_bits(np.full(count, value, dtype=np.float32))
+    return np.full(count, value, dtype=dtype.np)
+
+
 def _matching_ends(uops: list[UOp]) -> dict[int, int]:
     """The position of each RANGE's END_RANGE."""
     ends, open_loops = {}, []
@@ -398,7 +447,7 @@ def _run_define(run: _Run, pc: int, u: UOp) -> None:
 
 
 def _run_const(run: _Run, pc: int, u: UOp) -> None:
-    run.values[u] = np.full(run.lanes.count, u.arg, dtype=u.dtype.np)
+    run.values[u] = _constant(u.arg, u.dtype, run.lanes.count)
 
 
 def _run_special(run: _Run, pc: int, u: UOp) -> None:
@@ -471,13 +520,46 @@ def _run_define_var(run: _Run, pc: int, u: UOp) -> None:
     run.values[u] = np.full(run.lanes.count, sym_eval(u, run.var_vals), dtype=np.int32)
 
 
+def _run_wmma(run: _Run, pc: int, u: UOp) -> None:
+    """A warp's tensor-core instruction (wmma.py): each group is one warp; its lanes' sources
+    are their fragments of A and B; this node's value is each lane's element `arg.element` of
+    D = A @ B. The WMMA nodes of one instruction share one product."""
+    arg: WMMAArg = u.arg
+    core, groups = arg.core, run.lanes.groups_in_batch
+    if run.launch.threads_per_group != core.threads:
+        raise EmulatorError(f"a WMMA ({core.name}) runs on a warp of {core.threads} threads; "
+                            f"this work-group has {run.launch.threads_per_group}")
+    per_group = run.active.reshape(groups, core.threads)
+    split = per_group.any(axis=1) & ~per_group.all(axis=1)
+    if split.any():
+        group = int(np.argmax(split))
+        lane = group * core.threads + int(np.argmax(~per_group[group]))
+        raise WarpDivergenceError(
+            f"warp divergence at step %{pc}: {_thread_name(run.lanes, lane)} does not run the "
+            f"tensor-core instruction ({core.name}) that the rest of its warp runs")
+    sources = [run.values[s] for s in u.src]
+    key = (u.src, arg.instruction)
+    cached = run.products.get(key)
+    if cached is None or any(a is not b for a, b in zip(cached[0], sources)):
+        a = np.stack(sources[:core.a_elements], axis=-1).reshape(groups, core.threads, -1)
+        b = np.stack(sources[core.a_elements:], axis=-1).reshape(groups, core.threads, -1)
+        cached = (sources, wmma_reference(core, a, b, arg.dtype_in))
+        run.products[key] = cached
+    run.values[u] = cached[1][:, :, arg.element].reshape(-1).astype(u.dtype.np)
+    if run.trace is not None and all(event.step != pc for event in run.trace.fragments):
+        a_table, b_table, c_table = core.tables
+        run.trace.fragments.append(FragmentEvent(pc, core.name, (core.m, core.n, core.k),
+                                                 arg.element, a_table, b_table,
+                                                 c_table[:, arg.element]))
+
+
 def _run_define_acc(run: _Run, pc: int, u: UOp) -> None:
-    run.values[u] = np.full(run.lanes.count, u.src[0].arg, dtype=u.dtype.np)
+    run.values[u] = _constant(u.src[0].arg, u.dtype, run.lanes.count)
 
 
 def _run_accumulate(run: _Run, pc: int, u: UOp) -> None:
     acc, value = u.src
-    combined = NUMPY_OPS[u.arg](u, run.values[acc], run.values[value])
+    combined = _alu(UOp(u.arg, u.dtype, u.src), [run.values[acc], run.values[value]])
     run.values[acc] = np.where(run.active, combined, run.values[acc]).astype(u.dtype.np)
 
 
@@ -489,7 +571,8 @@ _HANDLERS = {
     Ops.DEFINE_GLOBAL: _run_define, Ops.DEFINE_LOCAL: _run_define, Ops.CONST: _run_const,
     Ops.SPECIAL: _run_special, Ops.LOAD: _run_load, Ops.STORE: _run_store,
     Ops.BARRIER: _run_barrier, Ops.DEFINE_ACC: _run_define_acc,
-    Ops.ACCUMULATE: _run_accumulate, Ops.REDUCE: _run_reduce, Ops.DEFINE_VAR: _run_define_var,
+    Ops.ACCUMULATE: _run_accumulate, Ops.REDUCE: _run_reduce, Ops.WMMA: _run_wmma,
+    Ops.DEFINE_VAR: _run_define_var,
 }
 
 
@@ -522,12 +605,13 @@ def emulate(program: LinearProgram, arrays: list[np.ndarray], name: str = "kerne
 class PythonRenderer:
     """The PYTHON device's "source" is the linear program itself, printed; the compiler gets
     the program back. It supports group reductions and local tiles (shared memory and
-    barriers)."""
+    barriers), and tensor cores (their semantics, wmma.py)."""
 
     device = "PYTHON"
     vector_width = 0
     supports_group_reduce = True
     supports_local_tile = True
+    supports_tensor_core = True
 
     def __init__(self) -> None:
         self.programs: dict[str, LinearProgram] = {}

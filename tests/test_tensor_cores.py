@@ -1,0 +1,319 @@
+"""Tensor cores (issue 14): the WMMA op for half/bfloat16 matmuls (tinyteach/wmma.py). The layout
+against the PTX ISA's fragment tables, the emulator's semantics against numpy, kernels on the
+PYTHON device against numpy's float32 matmul of the half inputs, the option (heuristic, DEBUG=3,
+NOOPT, refusals with reasons), CUDA source compiled to machine code for sm_80 and sm_90 (no GPU
+here: nothing runs), and viz's fragment drawing."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinyteach import Context, Tensor, clear_caches
+from tinyteach import search as search_module
+from tinyteach.device import DeviceUnavailable
+from tinyteach.dtype import dtypes, from_bfloat16_bits, to_bfloat16_bits
+from tinyteach.lower import lower
+from tinyteach.opt import KernelOptions, choose_options, options_for_renderer
+from tinyteach.realize import record_launches
+from tinyteach.render.cuda import CUDARenderer
+from tinyteach.render.opencl import OpenCLRenderer
+from tinyteach.render.wgsl import WGSLRenderer
+from tinyteach.runtime.python import (
+    PythonRenderer,
+    WarpDivergenceError,
+    _make_lanes,
+    _Run,
+    emulate,
+    plan_group_launch,
+    record_threads,
+)
+from tinyteach.schedule import create_schedule
+from tinyteach.uop import Ops
+from tinyteach.wmma import M16N8K16, why_no_tensor_core, wmma_reference
+
+
+def halves(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=shape).astype(np.float16)
+
+
+def last_kernel(tensor: Tensor):
+    items, _ = create_schedule([tensor.uop], "PYTHON")
+    return [item for item in items if item.kind == "kernel"][-1]
+
+
+# ---- the layout: PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" ----
+
+def ptx_a(lane: int, i: int) -> tuple[int, int]:
+    """The PTX table for A (.f16/.bf16), as the ISA writes it."""
+    group, thread = lane >> 2, lane % 4
+    row = group if i < 2 or 4 <= i < 6 else group + 8
+    column = thread * 2 + (i & 1) if i < 4 else thread * 2 + (i & 1) + 8
+    return row, column
+
+
+def ptx_b(lane: int, i: int) -> tuple[int, int]:
+    group, thread = lane >> 2, lane % 4
+    row = thread * 2 + (i & 1) if i < 2 else thread * 2 + (i & 1) + 8
+    return row, group
+
+
+def ptx_c(lane: int, i: int) -> tuple[int, int]:
+    group, thread = lane >> 2, lane % 4
+    row = group if i < 2 else group + 8
+    return row, thread * 2 + (i & 1)
+
+
+def test_layout_is_the_ptx_table_and_covers_each_element_once():
+    core = M16N8K16
+    a_table, b_table, c_table = core.tables
+    for lane in range(32):
+        assert [tuple(a_table[lane, i]) for i in range(8)] == [ptx_a(lane, i) for i in range(8)]
+        assert [tuple(b_table[lane, i]) for i in range(4)] == [ptx_b(lane, i) for i in range(4)]
+        assert [tuple(c_table[lane, i]) for i in range(4)] == [ptx_c(lane, i) for i in range(4)]
+    for table, rows, columns in ((a_table, 16, 16), (b_table, 16, 8), (c_table, 16, 8)):
+        cells = {tuple(cell) for cell in table.reshape(-1, 2)}
+        assert len(cells) == table.shape[0] * table.shape[1] == rows * columns
+        assert cells == {(r, c) for r in range(rows) for c in range(columns)}
+
+
+def test_wmma_reference_is_a_matmul_of_the_gathered_fragments():
+    rng = np.random.default_rng(1)
+    a_matrix = rng.normal(size=(3, 16, 16)).astype(np.float16)
+    b_matrix = rng.normal(size=(3, 16, 8)).astype(np.float16)
+    a_table, b_table, c_table = M16N8K16.tables
+    a = a_matrix[:, a_table[..., 0], a_table[..., 1]]  # (warps, lanes, 8): what lanes hold
+    b = b_matrix[:, b_table[..., 0], b_table[..., 1]]
+    d = wmma_reference(M16N8K16, a, b)
+    expected = np.einsum("wmk,wkn->wmn", a_matrix.astype(np.float64), b_matrix.astype(np.float64))
+    np.testing.assert_allclose(d, expected[:, c_table[..., 0], c_table[..., 1]], rtol=1e-6,
+                               atol=1e-5)
+
+
+# ---- kernels on the emulator ----
+
+MATMULS = {
+    "one_tile": (lambda a, b: a @ b, [(16, 16), (16, 8)]),
+    "odd": (lambda a, b: a @ b, [(37, 29), (29, 19)]),
+    "k_odd": (lambda a, b: a @ b, [(20, 17), (17, 12)]),
+    "transposed": (lambda a, b: a.T @ b.T, [(33, 18), (9, 33)]),
+    "batched": (lambda a, b: a @ b, [(3, 17, 21), (3, 21, 9)]),
+    "bias_relu": (lambda a, b, c: (a @ b + c).relu(), [(18, 20), (20, 10), (10,)]),
+    "float_out": (lambda a, b: a.float() @ b.float(), [(24, 40), (40, 16)]),
+}
+
+
+@pytest.fixture
+def forced_tensor_cores(monkeypatch):
+    """Every kernel that can use tensor cores does (the heuristic needs a whole tile)."""
+    clear_caches()
+
+    def options(backend, ast):
+        if getattr(backend.renderer, "supports_tensor_core", False) and \
+                why_no_tensor_core(ast) is None:
+            return KernelOptions(tensor_core=True)
+        return options_for_renderer(ast, backend.renderer)
+    monkeypatch.setattr(search_module, "heuristic_options", options)
+    yield
+    clear_caches()
+
+
+def float32_reference(build, arrays: list[np.ndarray]) -> np.ndarray:
+    """The same graph on NUMPY in float32 from the same half values (what the tensor core
+    computes: exact products, float32 sums)."""
+    return build(*(Tensor(a.astype(np.float32), device="NUMPY") for a in arrays)).numpy()
+
+
+@pytest.mark.parametrize("name", sorted(MATMULS))
+def test_tensor_core_matmul_on_python_matches_numpy(name, forced_tensor_cores):
+    build, shapes = MATMULS[name]
+    arrays = [halves(*shape, seed=k) for k, shape in enumerate(shapes)]
+    with record_launches() as launches:
+        got = build(*(Tensor(a, device="PYTHON") for a in arrays)).numpy()
+    assert any(launch.runner is not None and launch.runner.linear.options.tensor_core
+               for launch in launches)
+    expected = float32_reference(build, arrays)
+    if got.dtype == np.float16:  # one rounding to half at the end
+        np.testing.assert_allclose(got.astype(np.float32), expected, rtol=2e-3, atol=2e-3)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_tensor_cores_sum_in_float32_more_accurately_than_half_sums():
+    a, b = halves(16, 512, seed=3), halves(512, 8, seed=4)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    item = last_kernel(Tensor(a).float() @ Tensor(b).float())
+    out, arrays = np.zeros(16 * 8, np.float32), [a.reshape(-1), b.reshape(-1)]
+    emulate(lower(item.ast, KernelOptions(tensor_core=True)), [out, *arrays])
+    tensor_core_error = np.abs(out.reshape(16, 8) - exact).max()
+    half_sums = (Tensor(a, device="NUMPY") @ Tensor(b, device="NUMPY")).numpy()
+    assert tensor_core_error < 1e-4
+    assert tensor_core_error < np.abs(half_sums.astype(np.float64) - exact).max() / 10
+
+
+def test_the_program_is_one_warp_per_tile_with_four_accumulators():
+    item = last_kernel(Tensor(halves(37, 29)) @ Tensor(halves(29, 19)))
+    program = lower(item.ast, KernelOptions(tensor_core=True))
+    assert program.local_size == (32, 1, 1)
+    launch = plan_group_launch(program)
+    assert launch.groups == (3, 3, 1)  # ceil(19 / 8) x ceil(37 / 16) warps
+    nodes = [u for u in program.uops if u.op is Ops.WMMA]
+    assert [u.arg.element for u in nodes] == [0, 1, 2, 3]
+    assert len({u.src for u in nodes}) == 1 and len(nodes[0].src) == 12
+    loops = [u for u in program.uops if u.op is Ops.RANGE and u.arg[0] == "r"]
+    assert [loop.arg[2] for loop in loops] == [2]  # ceil(29 / 16) steps of k
+    assert sum(u.op is Ops.DEFINE_ACC for u in program.uops) == 4
+
+
+def test_warp_divergence_at_a_wmma_is_caught():
+    item = last_kernel(Tensor(halves(16, 16)) @ Tensor(halves(16, 8)))
+    program = lower(item.ast, KernelOptions(tensor_core=True))
+    launch = plan_group_launch(program)
+    arrays = [np.zeros(128, np.float16), halves(256).reshape(-1), halves(128).reshape(-1)]
+    run = _Run(program, launch, arrays, _make_lanes(launch, 0, 1), None)
+    wmma_at = next(pc for pc, u in enumerate(program.uops) if u.op is Ops.WMMA)
+    for u in program.uops[:wmma_at]:
+        if u.op is not Ops.RANGE and u.op is not Ops.END_RANGE:
+            run.step(0, u, {})
+        else:
+            run.values[u] = np.zeros(run.lanes.count, np.int32)
+    run.active[5] = False
+    with pytest.raises(WarpDivergenceError, match=r"thread \(5, 0, 0\).*m16n8k16"):
+        run.step(wmma_at, program.uops[wmma_at], {})
+
+
+# ---- the option ----
+
+def test_heuristic_offers_tensor_cores_only_where_they_exist():
+    half_matmul = last_kernel(Tensor(halves(64, 64)) @ Tensor(halves(64, 32)))
+    for renderer in (CUDARenderer(), PythonRenderer()):
+        assert options_for_renderer(half_matmul.ast, renderer) == KernelOptions(tensor_core=True)
+    for renderer in (OpenCLRenderer(), WGSLRenderer()):  # no tensor cores: the flag is off
+        assert not getattr(renderer, "supports_tensor_core", False)
+        assert not options_for_renderer(half_matmul.ast, renderer).tensor_core
+    floats = last_kernel(Tensor(np.ones((64, 64), np.float32)) @
+                         Tensor(np.ones((64, 32), np.float32)))
+    assert not options_for_renderer(floats.ast, CUDARenderer()).tensor_core
+    small = last_kernel(Tensor(halves(8, 64)) @ Tensor(halves(64, 32)))  # not one tile tall
+    assert not options_for_renderer(small.ast, CUDARenderer()).tensor_core
+    with Context(NOOPT=1):
+        assert choose_options(half_matmul.ast, 0, True, True, True) == KernelOptions()
+
+
+def test_tensor_cores_are_listed_and_refused_with_reasons():
+    item = last_kernel(Tensor(halves(16, 16)) @ Tensor(halves(16, 8)))
+    program = lower(item.ast, KernelOptions(tensor_core=True))
+    assert any("tensor cores" in line and "m16n8k16" in line for line in program.applied_opts)
+    with pytest.raises(ValueError, match="do not combine"):
+        KernelOptions(tensor_core=True, local_tile=16)
+    floats = last_kernel(Tensor(np.ones((16, 16), np.float32)) @
+                         Tensor(np.ones((16, 8), np.float32)))
+    with pytest.raises(ValueError, match="float16"):
+        lower(floats.ast, KernelOptions(tensor_core=True))
+    row_sum = last_kernel(Tensor(halves(16, 16)).sum(axis=1))
+    with pytest.raises(ValueError, match="matmul-like"):
+        lower(row_sum.ast, KernelOptions(tensor_core=True))
+    with pytest.raises(NotImplementedError, match="no tensor cores|cannot render WMMA"):
+        OpenCLRenderer().render(item.name, program)
+
+
+def test_engine_uses_tensor_cores_on_python_with_debug_3(capsys):
+    clear_caches()
+    a, b = halves(32, 48, seed=5), halves(48, 16, seed=6)
+    with Context(DEBUG=3):
+        got = (Tensor(a, device="PYTHON") @ Tensor(b, device="PYTHON")).numpy()
+    assert "tensor cores: a warp of 32 threads" in capsys.readouterr().out
+    expected = a.astype(np.float32) @ b.astype(np.float32)
+    np.testing.assert_allclose(got.astype(np.float32), expected, rtol=2e-3, atol=2e-3)
+
+
+# ---- CUDA: mma.sync through inline PTX, compiled to machine code (nothing runs here) ----
+
+def cuda_compiler(arch: str):
+    from tinyteach.runtime.cuda import CUDACompiler, cuda_include_directory
+    if cuda_include_directory() is None:
+        pytest.skip("cuda_fp16.h not found (no CUDA toolkit)")
+    try:
+        return CUDACompiler(arch)
+    except DeviceUnavailable as error:
+        pytest.skip(str(error))
+
+
+@pytest.mark.parametrize("name", sorted(MATMULS))
+def test_cuda_tensor_core_kernels_compile_for_sm80_and_sm90(name):
+    build, shapes = MATMULS[name]
+    item = last_kernel(build(*(Tensor(halves(*shape)) for shape in shapes)))
+    source = CUDARenderer().render(item.name, lower(item.ast, KernelOptions(tensor_core=True)))
+    assert source.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 1
+    assert "mma_m16n8k16_f16(wmma0, wmma0_a, wmma0_b);" in source
+    for arch in ("sm_80", "sm_90"):
+        kernel = cuda_compiler(arch).compile(source)
+        assert kernel.cubin is not None  # ptxas accepted the mma for this architecture
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in kernel.ptx
+        assert kernel.launch.local_size == (32, 1, 1)
+
+
+def bfloat16_matmul(m: int, k: int, n: int, seed: int = 0):
+    """A bfloat16 matmul's kernel (it sums in float32: REDUCE_AXIS(CAST(MUL))) and its inputs
+    as float32 arrays of bfloat16 values."""
+    rng = np.random.default_rng(seed)
+    a = from_bfloat16_bits(to_bfloat16_bits(rng.normal(size=(m, k)).astype(np.float32)))
+    b = from_bfloat16_bits(to_bfloat16_bits(rng.normal(size=(k, n)).astype(np.float32)))
+    x = Tensor(a, device="NUMPY").cast(dtypes.bfloat16).realize()
+    y = Tensor(b, device="NUMPY").cast(dtypes.bfloat16).realize()
+    return last_kernel(x @ y), a, b
+
+
+def test_cuda_bfloat16_tensor_cores_compile():
+    item, _, _ = bfloat16_matmul(20, 33, 12)
+    assert options_for_renderer(item.ast, CUDARenderer()) == KernelOptions(tensor_core=True)
+    source = CUDARenderer().render(item.name, lower(item.ast, KernelOptions(tensor_core=True)))
+    assert "#include <cuda_bf16.h>" in source and "__nv_bfloat16 wmma0_a[8]" in source
+    kernel = cuda_compiler("sm_80").compile(source)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in kernel.ptx
+    assert kernel.cubin is not None
+
+
+def test_bfloat16_tensor_cores_on_the_emulator_match_numpy():
+    item, a, b = bfloat16_matmul(20, 33, 12, seed=2)
+    out = np.zeros(20 * 12, dtypes.bfloat16.np)
+    words = [to_bfloat16_bits(a).reshape(-1), to_bfloat16_bits(b).reshape(-1)]
+    emulate(lower(item.ast, KernelOptions(tensor_core=True)), [out, *words])
+    expected = a.astype(np.float64) @ b.astype(np.float64)  # then rounded once to bfloat16
+    np.testing.assert_allclose(from_bfloat16_bits(out).reshape(20, 12), expected,
+                               rtol=2 ** -8, atol=1e-6)
+
+
+# ---- viz: the fragments from the record ----
+
+def test_viz_draws_which_lane_holds_which_element():
+    from viz import threads
+    item = last_kernel(Tensor(halves(16, 16)) @ Tensor(halves(16, 8)))
+    program = lower(item.ast, KernelOptions(tensor_core=True))
+    arrays = [np.zeros(128, np.float16), halves(256), halves(128)]
+    trace = emulate(program, arrays, item.name, record=True)
+    figure = threads.fragment_layout(trace)
+    text = figure.text.splitlines()
+    a_rows = text[text.index("A (lane holding each element):") + 1:][:16]
+    d_rows = text[text.index("D (lane holding each element):") + 1:][:16]
+    for row in range(16):
+        assert [int(v) for v in a_rows[row].split()] == \
+            [next(lane for lane in range(32) for i in range(8) if ptx_a(lane, i) == (row, k))
+             for k in range(16)]
+        assert [int(v) for v in d_rows[row].split()] == \
+            [next(lane for lane in range(32) for i in range(4) if ptx_c(lane, i) == (row, c))
+             for c in range(8)]
+    assert figure.svg is not None and figure.svg.count("<rect") == 16 * 16 + 16 * 8 + 16 * 8
+    assert threads.fragment_layout(trace).svg == figure.svg  # deterministic
+    plain = emulate(lower(last_kernel(Tensor(halves(4, 4)) * 2).ast), [np.zeros(16, np.float16),
+                                                                       halves(16)], record=True)
+    with pytest.raises(ValueError, match="no tensor-core instruction"):
+        threads.fragment_layout(plain)
+
+
+def test_record_threads_keeps_fragments_of_an_engine_run(forced_tensor_cores):
+    with record_threads() as traces:
+        (Tensor(halves(16, 16), device="PYTHON") @ Tensor(halves(16, 8), device="PYTHON")).numpy()
+    fragments = [e for trace in traces for e in trace.fragments]
+    assert sorted(e.element for e in fragments) == [0, 1, 2, 3]
+    assert all(e.instruction == "m16n8k16" and e.shape == (16, 8, 16) for e in fragments)
+

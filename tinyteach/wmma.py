@@ -1,0 +1,351 @@
+"""The GPU chapter (part 3): tensor cores — a warp multiplies small matrices in one instruction.
+
+What this teaches:
+- a *tensor core* multiplies a small matrix by another in one instruction. It is not one
+  thread's instruction but a *warp's*: the 32 threads of a warp execute it together, and each
+  holds a few elements of each matrix in its registers, its *fragments*. NVIDIA's
+  `mma.sync.aligned.m16n8k16` (sm_80 and later) multiplies A (16x16, half or bfloat16) by
+  B (16x8) and gives D = A @ B (16x8, float32): each thread holds 8 elements of A, 4 of B and
+  4 of D;
+- which thread holds which element is the instruction's *layout* (PTX ISA, "Matrix Fragments
+  for mma.m16n8k16"). Lane `l` is in group `g = l // 4` and is thread `t = l % 4` of its
+  group; its D elements are rows g and g + 8, columns 2t and 2t + 1 (`c_cell` below). The
+  layout is data here (`TensorCore`): the lowering, the emulator (runtime/python.py), the CUDA
+  renderer and viz/threads.py all read the same functions;
+- a matmul-like kernel (a sum over k of X * Y, both half or bfloat16 read from memory, the
+  plan of opt.local_tile_plan) is lowered so that each work-group is one warp computing one
+  16 x 8 tile of outputs: per step of 16 along k, every thread loads its 8 + 4 fragment
+  elements straight from global memory (elements past an edge load as 0, so any size works),
+  the warp runs one WMMA, and each thread adds its 4 results to 4 float32 accumulators.
+  Products of halves are exact in float32 and the sums are float32: a half matmul on tensor
+  cores is *more* accurate than one that sums in half;
+- in the IR, a `WMMA` node is one element of a thread's D fragment (the program stays scalar:
+  the linearizer, the accumulators and the emulator need nothing new). The 4 WMMA nodes that
+  share their sources are one instruction: the CUDA renderer issues it once, the emulator
+  computes the warp's whole product.
+
+tinygrad: its WMMA UOp takes vector fragments and returns a vector (with GEP to take elements
+apart) and the TC optimization upcasts and permutes axes to build them; here the fragment
+elements are plain scalar loads, and the tile is fixed (one warp, one 16 x 8 x 16 tile).
+
+Builds on: uop.py, view.py, opt.py (the matmul plan). Used by: lower.py (the `tensor_core`
+option), render/cuda.py (mma.sync), runtime/python.py (the semantics), viz/threads.py.
+
+>>> M16N8K16.c_cell(5, 2)  # lane 5 holds D[row 9, column 2] as its element 2
+(9, 2)
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import numpy as np
+
+from tinyteach.dtype import DType, dtypes, from_bfloat16_bits
+from tinyteach.opt import TilePlan, kernel_value, local_tile_plan
+from tinyteach.uop import MOVEMENT, Ops, UOp
+from tinyteach.view import Index, Valid, index_const
+
+Cell = Callable[..., tuple]  # (lane, element) -> (row, column); lane an int or an index UOp
+
+
+# ---- the instruction and its layout ----
+
+def _a_cell(lane, i: int) -> tuple:
+    """Element i (0..7) of lane's A fragment is A[row, k]: pairs of k, rows g and g + 8."""
+    return (lane // 4 + 8 * ((i // 2) % 2), (lane % 4) * 2 + i % 2 + 8 * (i // 4))
+
+
+def _b_cell(lane, i: int) -> tuple:
+    """Element i (0..3) of lane's B fragment is B[k, column g]."""
+    return ((lane % 4) * 2 + i % 2 + 8 * (i // 2), lane // 4)
+
+
+def _c_cell(lane, j: int) -> tuple:
+    """Element j (0..3) of lane's C/D fragment is D[row, column]."""
+    return (lane // 4 + 8 * (j // 2), (lane % 4) * 2 + j % 2)
+
+
+@dataclass(frozen=True, repr=False)
+class TensorCore:
+    """One tensor-core instruction: D (m x n, float32) = A (m x k) @ B (k x n) on a warp of
+    `threads` threads. `a_cell(lane, i)` is the (row, k) of the i-th A element that `lane`
+    holds; `b_cell` gives (k, column), `c_cell` (row, column) of D."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    threads: int
+    a_elements: int
+    b_elements: int
+    c_elements: int
+    a_cell: Cell
+    b_cell: Cell
+    c_cell: Cell
+
+    def __repr__(self) -> str:
+        return self.name
+
+    @cached_property
+    def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The layout as arrays: [lane, element] -> (row, column) for A, B and C."""
+        def table(cell: Cell, elements: int) -> np.ndarray:
+            return np.array([[cell(lane, i) for i in range(elements)]
+                             for lane in range(self.threads)])
+        return (table(self.a_cell, self.a_elements), table(self.b_cell, self.b_elements),
+                table(self.c_cell, self.c_elements))
+
+
+M16N8K16 = TensorCore("m16n8k16", 16, 8, 16, 32, 8, 4, 4, _a_cell, _b_cell, _c_cell)
+TENSOR_CORES = (M16N8K16,)
+FRAGMENT_DTYPES = tuple(d for d in (dtypes.float16, getattr(dtypes, "bfloat16", None))
+                        if d is not None)  # bfloat16 where dtype.py has it
+
+
+@dataclass(frozen=True)
+class WMMAArg:
+    """The arg of a WMMA node: the instruction, the dtype of A and B, the accumulator's dtype,
+    and which element of the thread's D fragment this node is."""
+
+    core: TensorCore
+    dtype_in: DType
+    dtype_acc: DType
+    element: int
+
+    @property
+    def instruction(self) -> WMMAArg:
+        """The arg shared by the WMMA nodes of one instruction (element 0's)."""
+        return replace(self, element=0)
+
+
+def wmma_reference(core: TensorCore, a: np.ndarray, b: np.ndarray,
+                   dtype_in: DType = dtypes.float16) -> np.ndarray:
+    """What one WMMA computes, from the fragments: `a[w, lane, i]` and `b[w, lane, i]` for
+    warps w; returns `d[w, lane, j]`. The layout puts each lane's elements into the matrices,
+    which are multiplied in float32 (products of halves or bfloat16s are exact in float32).
+    bfloat16 fragments come as their 16-bit words (dtype.py's host format)."""
+    a_table, b_table, c_table = core.tables
+    warps = a.shape[0]
+    if dtype_in.name == "bfloat16":
+        a, b = from_bfloat16_bits(a), from_bfloat16_bits(b)
+    a_matrix = np.zeros((warps, core.m, core.k), dtype=np.float32)
+    b_matrix = np.zeros((warps, core.k, core.n), dtype=np.float32)
+    a_matrix[:, a_table[..., 0], a_table[..., 1]] = a.astype(np.float32)
+    b_matrix[:, b_table[..., 0], b_table[..., 1]] = b.astype(np.float32)
+    d_matrix = a_matrix @ b_matrix
+    return d_matrix[:, c_table[..., 0], c_table[..., 1]]
+
+
+# ---- which kernels can use it ----
+
+@dataclass(frozen=True)
+class TensorCorePlan:
+    """A matmul-like kernel (opt.TilePlan) whose X and Y are read from buffers of `dtype_in`."""
+
+    tile: TilePlan
+    core: TensorCore
+    dtype_in: DType
+
+
+def fragment_dtype(operand: UOp) -> DType | None:
+    """The dtype a tensor core can read `operand` in: a buffer of half or bfloat16 seen through
+    movement ops and casts to a wider float (which change no value). None otherwise."""
+    node = operand
+    while node.op in MOVEMENT or (node.op is Ops.CAST and dtypes.is_float(node.dtype)
+                                  and node.dtype.itemsize >= node.src[0].dtype.itemsize):
+        node = node.src[0]
+    if node.op is Ops.DEFINE_GLOBAL and node.dtype in FRAGMENT_DTYPES:
+        return node.dtype
+    return None
+
+
+def product_plan(ast: UOp) -> TilePlan | None:
+    """opt.local_tile_plan, also where a widening cast sits between the sum and the product (a
+    bfloat16 matmul sums in float32: REDUCE_AXIS(CAST(MUL)); tinygrad's TC matches it too).
+    The plan is then made on the kernel with the cast left out: its X, Y and axes are the
+    kernel's own, and the sum is float32 either way (`TensorCoreLowering.reduce`)."""
+    tile = local_tile_plan(ast)
+    if tile is not None:
+        return tile
+    reduces = [n for n in kernel_value(ast).toposort if n.op is Ops.REDUCE_AXIS]
+    if len(reduces) != 1:
+        return None
+    source = reduces[0].src[0]
+    widening = source.op is Ops.CAST and source.src[0].op is Ops.MUL and \
+        dtypes.is_float(source.dtype) and source.dtype.itemsize >= source.src[0].dtype.itemsize
+    return local_tile_plan(ast.substitute({source: source.src[0]})) if widening else None
+
+
+def why_no_tensor_core(ast: UOp) -> str | None:
+    """None when `tensor_core_plan` has a plan for this kernel, else the reason in words."""
+    tile = product_plan(ast)
+    if tile is None:
+        return ("a tensor core needs a matmul-like kernel: one sum over one axis of a product "
+                "X * Y, X constant along the output's last axis, Y along the one before")
+    x_dtype, y_dtype = fragment_dtype(tile.x), fragment_dtype(tile.y)
+    names = "/".join(d.name for d in FRAGMENT_DTYPES)
+    if x_dtype is None or x_dtype != y_dtype:
+        return (f"a tensor core reads both operands from {names} buffers (through movement "
+                f"ops and widening casts only); got {tile.x.dtype.name} and {tile.y.dtype.name}")
+    if not dtypes.is_float(tile.reduce.dtype):
+        return "a tensor core sums floats"
+    return None
+
+
+def tensor_core_plan(ast: UOp) -> TensorCorePlan | None:
+    """The plan of a kernel that M16N8K16 can compute, or None (`why_no_tensor_core` says why).
+    Any sizes: the edges of the tiles are padded with zeros."""
+    if why_no_tensor_core(ast) is not None:
+        return None
+    tile = product_plan(ast)
+    assert tile is not None
+    dtype_in = fragment_dtype(tile.x)
+    assert dtype_in is not None
+    return TensorCorePlan(tile, M16N8K16, dtype_in)
+
+
+def worth_a_tensor_core(ast: UOp) -> bool:
+    """The heuristic's rule: a half or bfloat16 matmul at least one tile big on every axis."""
+    plan = tensor_core_plan(ast)
+    if plan is None:
+        return False
+    shape, core, tile = plan.tile.reduce.src[0].shape, plan.core, plan.tile
+    return shape[tile.m_axis] >= core.m and shape[tile.n_axis] >= core.n and \
+        shape[tile.k_axis] >= core.k
+
+
+# ---- lowering: outputs, fragments and the instruction ----
+
+def _lane(core: TensorCore) -> UOp:
+    return UOp(Ops.SPECIAL, dtypes.int32, (), ("l", 0, core.threads))
+
+
+def _below(index: UOp, size: int) -> UOp | None:
+    return None if index.vmax < size else index.lt(size)
+
+
+def _and(a: UOp | None, b: UOp | None) -> UOp | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return a & b
+
+
+def _guarded(value: UOp, condition: Valid) -> UOp:
+    return value if condition is None else condition.where(value, UOp.const(value.dtype, 0))
+
+
+@dataclass
+class TensorCoreLowering:
+    """How one kernel's outputs and its one reduction run on warps (lower.py asks it).
+
+    The output's last two axes longer than 1 are tiled by 16 (rows) and 8 (columns): one
+    work-group per tile (loops over groups, kind 'w'), other output axes a work-group each.
+    Thread `lane` computes the 4 outputs of its D fragment (`output_indices`, one per
+    element); the reduction becomes a loop over steps of 16 along k (`reduce`)."""
+
+    plan: TensorCorePlan
+    shape: tuple[int, ...]  # the kernel's output shape
+
+    @cached_property
+    def tile_loops(self) -> dict[int, UOp]:
+        """A loop over work-groups for each output axis longer than 1 (the last two count
+        tiles, the others elements)."""
+        core, kept = self.plan.core, self.kept_output_axes
+        loops = {}
+        for axis in kept:
+            per_group = {kept[-2]: core.m, kept[-1]: core.n}.get(axis, 1)
+            loops[axis] = UOp(Ops.RANGE, dtypes.int32, (), ("w", axis,
+                                                             -(-self.shape[axis] // per_group)))
+        return loops
+
+    @property
+    def kept_output_axes(self) -> list[int]:
+        return [axis for axis, size in enumerate(self.shape) if size > 1]
+
+    @cached_property
+    def output_indices(self) -> list[Index]:
+        """One output index per element j of the D fragment: (row, column) from `c_cell`."""
+        core, kept, lane = self.plan.core, self.kept_output_axes, _lane(self.plan.core)
+        indices = []
+        for j in range(core.c_elements):
+            row, column = core.c_cell(lane, j)
+            offsets = {kept[-2]: self.tile_loops[kept[-2]] * core.m + row,
+                       kept[-1]: self.tile_loops[kept[-1]] * core.n + column}
+            indices.append(tuple(offsets.get(axis, self.tile_loops.get(axis, index_const(0)))
+                                 for axis in range(len(self.shape))))
+        return indices
+
+    def _source_index(self, m_entry: UOp, n_entry: UOp, k_entry: UOp) -> list[UOp]:
+        """An index into the reduction's source: m, n and k as given, other axes longer than 1
+        follow the output's axes in order (opt.local_tile_plan checked they match)."""
+        tile = self.plan.tile
+        source_shape = tile.reduce.src[0].shape
+        batch = iter(self.tile_loops[axis] for axis in self.kept_output_axes[:-2])
+        entries = {tile.m_axis: m_entry, tile.n_axis: n_entry, tile.k_axis: k_entry}
+        index = []
+        for axis, size in enumerate(source_shape):
+            if axis in entries:
+                index.append(entries[axis])
+            else:
+                index.append(next(batch) if size > 1 else index_const(0))
+        return index
+
+    def fragment_tasks(self, k_step: UOp) -> list[tuple[UOp, Index, Valid]]:
+        """What to lower for this thread's fragments at step `k_step`: its A elements (X at
+        (row, k)), then its B elements (Y at (k, column)), each valid inside the matrices."""
+        core, tile, kept = self.plan.core, self.plan.tile, self.kept_output_axes
+        lane, zero = _lane(core), index_const(0)
+        shape = tile.reduce.src[0].shape
+        rows, columns = self.tile_loops[kept[-2]] * core.m, self.tile_loops[kept[-1]] * core.n
+        tasks = []
+        for i in range(core.a_elements):
+            row, k = core.a_cell(lane, i)
+            m_entry, k_entry = rows + row, k_step * core.k + k
+            valid = _and(_below(m_entry, shape[tile.m_axis]), _below(k_entry, shape[tile.k_axis]))
+            tasks.append((tile.x, tuple(self._source_index(m_entry, zero, k_entry)), valid))
+        for i in range(core.b_elements):
+            k, column = core.b_cell(lane, i)
+            n_entry, k_entry = columns + column, k_step * core.k + k
+            valid = _and(_below(n_entry, shape[tile.n_axis]), _below(k_entry, shape[tile.k_axis]))
+            tasks.append((tile.y, tuple(self._source_index(zero, n_entry, k_entry)), valid))
+        return tasks
+
+    def k_steps(self, number: int) -> UOp:
+        """The loop over steps of k (a reduction loop, ridx`number`)."""
+        k_size = self.plan.tile.reduce.src[0].shape[self.plan.tile.k_axis]
+        return UOp(Ops.RANGE, dtypes.int32, (), ("r", number, -(-k_size // self.plan.core.k)))
+
+    def reduce(self, node: UOp, output_index: Index, k_step: UOp,
+               values: list[UOp], tasks: list[tuple[UOp, Index, Valid]]) -> UOp:
+        """The lowered reduction for the output at `output_index`: the sum over the k steps of
+        this thread's element of the warp's WMMA, in float32, cast to the reduction's dtype.
+        `values` are the lowered `fragment_tasks` (padding outside the matrices reads 0)."""
+        plan, element = self.plan, self.output_indices.index(output_index)
+        fragments = tuple(_guarded(value, valid).cast(plan.dtype_in)
+                          for value, (_, _, valid) in zip(values, tasks))
+        arg = WMMAArg(plan.core, plan.dtype_in, dtypes.float32, element)
+        wmma = UOp(Ops.WMMA, dtypes.float32, fragments, arg)
+        total = UOp(Ops.REDUCE, dtypes.float32, (wmma, k_step), Ops.ADD)
+        return total.cast(node.dtype)
+
+
+def tensor_core_lowering(ast: UOp) -> TensorCoreLowering:
+    """The lowering of a kernel under KernelOptions(tensor_core=True); a ValueError says why a
+    kernel cannot have one."""
+    reason = why_no_tensor_core(ast)
+    if reason is not None:
+        raise ValueError(reason)
+    plan = tensor_core_plan(ast)
+    assert plan is not None
+    return TensorCoreLowering(plan, kernel_value(ast).shape)
+
+
+def instructions(uops: list[UOp]) -> dict[tuple[tuple[UOp, ...], WMMAArg], list[UOp]]:
+    """The WMMA nodes of a program by instruction (the same sources and instruction arg)."""
+    found: dict[tuple[tuple[UOp, ...], WMMAArg], list[UOp]] = {}
+    for u in uops:
+        if u.op is Ops.WMMA:
+            found.setdefault((u.src, u.arg.instruction), []).append(u)
+    return found
