@@ -332,3 +332,15 @@ def test_cuda_driver_params_carry_the_variables_after_the_buffers() -> None:
     pointers = [params.pointers[k] for k in range(4)]
     assert [ctypes.c_void_p.from_address(p).value for p in pointers[:2]] == [0x1000, 0x2000]
     assert [ctypes.c_int32.from_address(p).value for p in pointers[2:]] == [7, 42]
+
+
+def test_schedule_with_vars_gives_the_items_and_the_values() -> None:
+    from tinyteach.realize import run_schedule
+    x = Tensor(A, device="CPU").realize()
+    y = (x.shrink(((0, variable().bind(6)), None)) * 4).sum(1)
+    items, var_vals = y.schedule_with_vars()
+    assert var_vals == {"i": 6}
+    assert [item.var_vals for item in items if item.kind == "kernel"] == [{"i": 6}]
+    assert not any(n.op is Ops.BIND for item in items for n in item.ast.toposort)
+    run_schedule(items)
+    np.testing.assert_allclose(y.numpy(), (A[:6] * 4).sum(1), rtol=1e-5)
