@@ -45,9 +45,9 @@ class TinyImpl:
 
     # ---- basics ----
 
-    def tensor(self, array: np.ndarray) -> Any:
+    def tensor(self, array: np.ndarray, requires_grad: bool | None = None) -> Any:
         """A fresh, realized tensor holding a copy of `array`."""
-        return self.Tensor(array.copy()).realize()
+        return self.Tensor(array.copy(), requires_grad=requires_grad).realize()
 
     def sync(self, _: Any = None) -> None:
         self.device.synchronize()
@@ -95,8 +95,9 @@ class TinyImpl:
         i (mod the batch count) and returns the loss as a float (which synchronizes)."""
         model, params = self._mlp(data) if kind == "mlp" else self._cnn(data)
         opt = self.optim.Adam(params, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8)
-        xs = [self.tensor(x) for x in data[f"{kind}_x"]]
-        ys = [self.tensor(y) for y in data[f"{kind}_y"]]
+        # the batches are data, as a dataset gives them: no gradient (torch computes none)
+        xs = [self.tensor(x, requires_grad=False) for x in data[f"{kind}_x"]]
+        ys = [self.tensor(y, requires_grad=False) for y in data[f"{kind}_y"]]
 
         @self.lib.TinyJit
         def jitted(x: Any, y: Any) -> Any:
@@ -108,7 +109,18 @@ class TinyImpl:
                 self.Tensor.realize(loss, *opt.schedule_step())
             return loss
 
+        self.jitted = jitted
         return lambda i: float(jitted(xs[i % len(xs)], ys[i % len(ys)]).item())
+
+    def kernel_rows(self, repeats: int) -> list[dict[str, Any]] | None:
+        """Each kernel of the last captured training step, timed alone (benchmarks/kernels.py);
+        None where the framework records no launches (tinygrad)."""
+        captured = getattr(getattr(self, "jitted", None), "captured", None)
+        launches = getattr(captured, "launches", None)
+        if self.name != "tinyteach" or not launches:
+            return None
+        from benchmarks.kernels import kernel_table
+        return kernel_table(launches, repeats)
 
     # ---- kernels ----
 

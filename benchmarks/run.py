@@ -132,6 +132,18 @@ def versions() -> dict[str, str]:
     return found
 
 
+def print_kernel_tables(results: report.Results) -> None:
+    """Where each training step's time goes: one table per (workload, framework) that
+    recorded its kernels (tinyteach's steady runs)."""
+    from benchmarks.kernels import format_kernel_table
+    for (workload, run), by_framework in results.items():
+        for framework, entry in by_framework.items():
+            rows = entry.get("extra", {}).get("kernels")
+            if rows:
+                print(f"\nkernels of one {workload} step ({framework}, {run} run):")
+                print(format_kernel_table(rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -139,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--kernels", action="store_true",
+                        help="print each training step's kernels, slowest first (always in "
+                             "the JSON: extra.kernels)")
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds before one worker process is given up (default 600)")
     args = parser.parse_args(argv)
@@ -169,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     if agreement:
         print("\nsame computation (losses vs torch, same data/init/Adam):")
         print("\n".join(agreement))
+
+    if args.kernels:
+        print_kernel_tables(results)
 
     if args.json:
         dump = {"meta": {"load_before": load_before, "load_after": load_after,

@@ -128,10 +128,14 @@ def train_steady(impl: Any, kind: str, data: Data, quick: bool) -> dict[str, Any
         losses.append(step(i))
         times.append(time.perf_counter() - start)
     kernels = read() / steps if impl.counts_kernels else None
+    extra = {"warmup_ms": [ms(t) for t in warm_times], "step_ms": [ms(t) for t in times],
+             "losses": losses, "peak_rss_mb_before_training": rss_before}
+    rows = impl.kernel_rows(5 if quick else 15) if hasattr(impl, "kernel_rows") else None
+    if rows is not None:  # where the step's time goes, kernel by kernel (benchmarks/kernels.py)
+        extra["kernels"] = rows
     return {"metrics": {"ms_step": ms(statistics.median(times)), "kernels_step": kernels,
                         "peak_rss_mb": peak_rss_mb()},
-            "extra": {"warmup_ms": [ms(t) for t in warm_times], "step_ms": [ms(t) for t in times],
-                      "losses": losses, "peak_rss_mb_before_training": rss_before}}
+            "extra": extra}
 
 
 # ---- single kernels ----

@@ -271,3 +271,18 @@ def test_viz_schedule_draws_one_kernel_and_its_row_fusions():
     assert "schedule: 1 kernel" in figure.text
     assert "the max over each row (axes (1,)) is computed in the same kernel" in figure.text
     assert "the sum over each row (axes (1,)) is computed in the same kernel" in figure.text
+
+
+def test_other_kernels_open_every_output_loop_first():
+    """A matmul whose rows are one upcast tile (4 rows, upcast by 4: a loop of one iteration,
+    which the index simplifier drops) keeps the usual placement: all output loops, then the
+    reduction inside them."""
+    from tinyteach.opt import KernelOptions
+    a = Tensor(inputs((4, 64), special=False), device="CPU").realize()
+    b = Tensor(inputs((64, 8), special=False), device="CPU").realize()
+    (item,) = schedule_of(a @ b)
+    program = lower(item.ast, KernelOptions(upcasts=((0, 4),)))
+    uops = program.uops
+    output_loops = [k for k, u in enumerate(uops) if u.op is Ops.RANGE and u.arg[0] == "g"]
+    first_accumulator = next(k for k, u in enumerate(uops) if u.op is Ops.DEFINE_ACC)
+    assert len(output_loops) == 2 and max(output_loops) < first_accumulator

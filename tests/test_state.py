@@ -135,6 +135,8 @@ def sample_tensors() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     arrays = {}
     for dtype in ALL_DTYPES:
+        if dtype == dtypes.bfloat16:
+            continue  # no numpy type to compare with: tests/test_bfloat16.py round-trips it
         if dtype == dtypes.bool:
             arrays[dtype.name] = rng.uniform(size=(2, 3)) > 0.5
         elif dtypes.is_float(dtype):
@@ -214,7 +216,7 @@ def test_truncated_and_corrupt_files_give_clear_errors(tmp_path: Path) -> None:
 def test_inconsistent_headers_are_rejected(tmp_path: Path) -> None:
     entry = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
     bad_headers = {
-        "unsupported dtype": {"w": {**entry, "dtype": "BF16"}},
+        "unsupported dtype": {"w": {**entry, "dtype": "F8_E4M3"}},
         "needs 8": {"w": {**entry, "data_offsets": [0, 4]}},
         "lists of ints": {"w": {**entry, "shape": [-2]}},
         "needs 'dtype'": {"w": {"shape": [2]}},

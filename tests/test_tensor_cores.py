@@ -209,6 +209,9 @@ def test_tensor_cores_are_listed_and_refused_with_reasons():
                          Tensor(np.ones((16, 8), np.float32)))
     with pytest.raises(ValueError, match="float16"):
         lower(floats.ast, KernelOptions(tensor_core=True))
+    half_to_bfloat16 = last_kernel(Tensor(halves(16, 16)).cast(dtypes.bfloat16) @
+                                   Tensor(halves(16, 8)).cast(dtypes.bfloat16))
+    assert why_no_tensor_core(half_to_bfloat16.ast) is not None  # that cast rounds: no fragment
     row_sum = last_kernel(Tensor(halves(16, 16)).sum(axis=1))
     with pytest.raises(ValueError, match="matmul-like"):
         lower(row_sum.ast, KernelOptions(tensor_core=True))

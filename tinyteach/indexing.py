@@ -8,6 +8,11 @@ What this teaches:
   becomes a one-hot row (`index == arange(n)`), and a sum over the axis picks the element. It
   costs n times more arithmetic than a real gather, but needs no new primitive op.
 
+- scatter is the same one-hot run backwards: `index == arange(n)` says which source element
+  lands where, and a masked sum (or product, max, min) over the sources combines them;
+- a data-dependent shape (`masked_select`, `nonzero`) realizes the count first: one number
+  comes back to the host, then the selection is a masked sum into that many slots.
+
 `TensorIndexing` is the last part of chapter 1: a mixin with `__getitem__`, on top of all the
 others (it needs arange, comparisons and sums), which tensor.py assembles into Tensor.
 
@@ -15,7 +20,7 @@ Builds on: tensor_nn.py and the parts below it. Used by: tensor.py (`Tensor.__ge
 """
 from __future__ import annotations
 
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from tinyteach.dtype import dtypes
 from tinyteach.tensor_core import CoreTensor, broadcast_shape
@@ -34,6 +39,82 @@ class TensorIndexing(TensorNN):
         if isinstance(index, tuple):
             return getitem(self, tuple(self._index_tensor(item) for item in index))
         return getitem(self, self._index_tensor(index))
+
+    # ---- scatter: the one-hot of gather, summed the other way ----
+
+    def scatter(self, dim: int, index: Self, src: Self | float | int,
+                reduce: Literal["add", "multiply"] | None = None) -> Self:
+        """A copy with src's values written along `dim` where `index` points (PyTorch's and
+        tinygrad's): for dim=1, out[i][index[i][j]] = src[i][j]. Where two sources hit one
+        place the last one wins (as PyTorch on the CPU); `reduce` adds or multiplies them into
+        the value there instead. `src` may be a number."""
+        if reduce not in (None, "add", "multiply"):
+            raise ValueError(f"scatter: reduce must be 'add' or 'multiply', not {reduce!r}")
+        scatter_ = _Scatter(self, dim, index, src)
+        if reduce == "add":
+            return scatter_.put(scatter_.region + scatter_.combine("sum"))
+        if reduce == "multiply":
+            return scatter_.put(scatter_.region * scatter_.combine("prod"))
+        return scatter_.put(scatter_.hit.where(scatter_.combine("last"), scatter_.region))
+
+    def scatter_reduce(self, dim: int, index: Self, src: Self,
+                       reduce: Literal["sum", "prod", "mean", "amax", "amin"],
+                       include_self: bool = True) -> Self:
+        """A copy with the sources that `index` sends to each place combined by `reduce`,
+        with the value already there when `include_self` (PyTorch's and tinygrad's). Places
+        no source reaches keep their value. An integer mean rounds down, as PyTorch."""
+        if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+            raise ValueError(f"scatter_reduce: reduce must be one of sum, prod, mean, amax, "
+                             f"amin, not {reduce!r}")
+        scatter_ = _Scatter(self, dim, index, src)
+        region, hit = scatter_.region, scatter_.hit
+        if reduce == "mean":
+            total = scatter_.combine("sum") + (region if include_self else region.zeros_like())
+            count = scatter_.count + int(include_self)
+            mean = total.div(count.maximum(1), rounding_mode="floor") if \
+                dtypes.is_int(self.dtype) else (total / count.maximum(1)).cast(self.dtype)
+            return scatter_.put(hit.where(mean, region))
+        combined = scatter_.combine(reduce)
+        if include_self:
+            together = {"sum": region + combined, "prod": region * combined,
+                        "amax": region.maximum(combined), "amin": region.minimum(combined)}
+            combined = together[reduce]
+        return scatter_.put(hit.where(combined, region))
+
+    # ---- data-dependent shapes: the count is realized first ----
+
+    def masked_select(self, mask: Self) -> Self:
+        """The elements where `mask` is True, in order, as a 1-d tensor (PyTorch's); mask and
+        tensor broadcast together. Its length depends on the data: the count of True is
+        computed first, then each selected element goes to its slot, slot = (running count of
+        True) - 1, by a masked sum."""
+        shape = broadcast_shape(self.shape, mask.shape)
+        values, chosen = self.expand(shape).flatten(), mask.cast(dtypes.bool).expand(shape)
+        chosen = chosen.flatten()
+        count = int(chosen.sum().item())
+        if count == 0:
+            return values.shrink(((0, 0),))
+        slot = chosen.cast(dtypes.int32).cumsum() - 1
+        lands = chosen.unsqueeze(1) & (slot.unsqueeze(1) ==
+                                       type(self).arange(count, device=self.device))
+        return lands.where(values.unsqueeze(1), 0).sum(0, dtype=self.dtype)
+
+    def nonzero(self) -> Self:
+        """The index of every nonzero element, one row of `ndim` coordinates each, in row-major
+        order: shape (count, ndim), as PyTorch's `nonzero()` (int32 here: tinyteach's index
+        dtype). Each axis's coordinate is an arange broadcast over the tensor, then
+        `masked_select` picks those of the nonzero elements."""
+        nonzero = self != 0
+        if self.ndim == 0:
+            count = int(nonzero.cast(dtypes.int32).item())
+            return type(self).zeros(count, 0, dtype=dtypes.int32, device=self.device)
+        columns = []
+        for axis, size in enumerate(self.shape):
+            shape = [1] * self.ndim
+            shape[axis] = size
+            coordinate = type(self).arange(size, device=self.device).reshape(shape)
+            columns.append(coordinate.expand(self.shape).masked_select(nonzero))
+        return columns[0].stack(*columns[1:], dim=1)
 
     def _index_tensor(self, item: Any) -> Any:
         if not isinstance(item, list):
@@ -166,3 +247,64 @@ def _advanced(x: T, positions: list[int], indices: list[T]) -> T:
     first = positions[0]
     order = list(range(first)) + list(range(lead, lead + len(batch))) + list(range(first, lead))
     return picked.permute(order)
+
+
+class _Scatter:
+    """What every scatter needs, with `dim` moved last: the part of the tensor that `index`
+    covers (`region`: index's size on the other axes, the whole `dim`), the one-hot `lands`
+    (..., k, n) of each source element on its place, the sources (..., k, 1), which places
+    are reached (`hit`) and by how many (`count`)."""
+
+    def __init__(self, target: TensorIndexing, dim: int, index: TensorIndexing,
+                 src: TensorIndexing | float | int):
+        self.target, self.axis = target, target._axis(dim)
+        if index.ndim != target.ndim or dtypes.is_float(index.dtype):
+            raise ValueError(f"scatter: index must be an integer tensor with {target.ndim} "
+                             f"dims, not {index.dtype.name} with {index.ndim}")
+        if not isinstance(src, CoreTensor):
+            src = type(target).full(index.shape, src, dtype=target.dtype, device=target.device)
+        if src.ndim != index.ndim or any(i > s for i, s in zip(index.shape, src.shape)) or \
+                any(i > t for a, (i, t) in enumerate(zip(index.shape, target.shape))
+                    if a != self.axis):
+            raise ValueError(f"scatter: index {index.shape} must fit in src {src.shape} and, "
+                             f"outside dim {self.axis}, in the tensor {target.shape}")
+        n = target.shape[self.axis]
+        check_index_range(index, n, self.axis)
+        index = (index < 0).where(index + n, index)
+        self.bounds = [(0, size) if a != self.axis else (0, n)
+                       for a, size in enumerate(index.shape)]
+        self.region = target.shrink(self.bounds)
+        sources = src.cast(target.dtype).shrink([(0, size) for size in index.shape])
+        places = index.transpose(self.axis, -1).unsqueeze(-1)              # (..., k, 1)
+        self.lands = places == type(target).arange(n, device=target.device)  # (..., k, n)
+        self.sources = sources.transpose(self.axis, -1).unsqueeze(-1)       # (..., k, 1)
+        self.count = self._back(self.lands.cast(dtypes.int32).sum(-2))
+        self.hit = self.count > 0
+
+    def _back(self, values: Any) -> Any:
+        """(..., n) with dim last -> the region's layout."""
+        return values.transpose(self.axis, -1)
+
+    def combine(self, how: str) -> Any:
+        """The sources at each place, summed, multiplied, maxed, mined, or the last one."""
+        lands, sources, dtype = self.lands, self.sources, self.target.dtype
+        if how == "sum":
+            return self._back(lands.where(sources, 0).sum(-2, dtype=dtype))
+        if how == "prod":
+            return self._back(lands.where(sources, 1).prod(-2, dtype=dtype))
+        if how in ("amax", "amin"):
+            lowest = dtype.min if how == "amax" else dtype.max
+            picked = lands.where(sources, lowest)
+            return self._back(picked.max(-2) if how == "amax" else picked.min(-2))
+        # "last": a place takes the last source that lands on it (no later one does)
+        later = lands.cast(dtypes.int32).flip(-2).cumsum(-2).flip(-2) - lands.cast(dtypes.int32)
+        return self._back((lands & (later == 0)).where(sources, 0).sum(-2, dtype=dtype))
+
+    def put(self, region: Any) -> Any:
+        """The whole tensor, with `region` in the part that index covers."""
+        target = self.target
+        padding = [(0, size - end) for size, (_, end) in zip(target.shape, self.bounds)]
+        if not any(after for _, after in padding):
+            return region
+        inside = type(target).ones(*region.shape, dtype=dtypes.bool, device=target.device)
+        return inside.pad(padding).where(region.pad(padding), target)

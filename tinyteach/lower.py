@@ -70,7 +70,7 @@ from tinyteach.opt import (
     local_tile_plan,
 )
 from tinyteach.rewrite import graph_rewrite, sum_terms, symbolic
-from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, sint, variables_of
+from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, sint, sym_max, variables_of
 from tinyteach.view import (
     Index,
     Valid,
@@ -654,10 +654,20 @@ class _Linearizer:
         return acc
 
 
+SIMD_MIN_LOOP = 16  # shorter loops are not split into vector lanes (see below)
+
+
 def _sums_over_contiguous_memory(group: list[UOp], loop: UOp) -> bool:
     """Can the innermost loop's float sums be split into vector lanes? Only when every load in
     it walks memory one element at a time (or stays put), without padding guards. Reordering a
-    float sum changes rounding, as it does in tinygrad; never for max, never for ints."""
+    float sum changes rounding, as it does in tinygrad; never for max, never for ints.
+
+    And only when the loop is long (SIMD_MIN_LOOP): each time it ends, every accumulator's
+    lanes are added up. A convolution's 3-tap loop over kernel columns, split into 8 lanes,
+    spent more on those sums than on its multiply-adds: its 16 accumulators were summed
+    across lanes after every 3 steps (the CNN's conv kernels ran 4-6x slower with it)."""
+    if sym_max(loop.arg[2]) < SIMD_MIN_LOOP:  # (a symbolic loop: by its largest count)
+        return False
     if not all(r.arg is Ops.ADD and r.dtype.kind == "float" and r.dtype.count == 1
                for r in group):
         return False
@@ -716,8 +726,10 @@ def _loops_of_row_reductions(nodes: list[UOp], global_loops: list[UOp],
     """The output loops that the kernel's row reductions depend on, where some reduction
     depends on fewer output loops than the kernel has (softmax's max depends on the row, not
     on the column); None when every reduction depends on every output loop (the usual
-    kernel), so nothing changes for it."""
-    loops = frozenset(global_loops)
+    kernel), so nothing changes for it. (A loop of one iteration does not count: the index
+    simplifier may drop it from a reduction that still runs once per output.)"""
+    loops = frozenset(loop for loop in global_loops
+                      if isinstance(loop.arg[2], UOp) or loop.arg[2] > 1)  # (symbolic: counts)
     per_row = [ranges_of(node, memo) & loops for node in nodes if node.op is Ops.REDUCE]
     per_row = [depends for depends in per_row if depends != loops]
     if not per_row:

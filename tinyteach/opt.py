@@ -29,12 +29,17 @@ What this teaches:
   PYTHON emulator, which runs their semantics): a matmul-like kernel reading half or bfloat16
   gives each 16x8 tile of outputs a warp of 32 threads that runs one `mma` per 16 steps of the
   reduction, summing in float32 (wmma.py);
+- **output blocks**: a kernel with a short sum per output and a big output (a convolution's
+  window gradient: 9 or 25 taps per pixel, each a sum over the channels) is bound by writing
+  its output; its short innermost axes are upcast whole, so each iteration stores a block of
+  consecutive outputs (`_output_block`);
 - optimizations never change results beyond float rounding (a tile still sums in order), every
   one is optional (`NOOPT=1` turns them all off) and visible (`DEBUG=3` lists them, viz shows
   them), so you can compare a kernel before and after.
 
 The choice is a hand-written heuristic (`choose_options`); `BEAM=n` replaces it by a timed
-search (search.py), and pack.py copies big matmul operands into the order the tile reads them.
+search (search.py), and pack.py copies big matmul operands into the order the tile reads them
+(and a convolution's weights channels last: its channel tiles).
 
 Builds on: uop.py. Used by: lower.py (applies the options), render/ (the parallel pragma).
 
@@ -61,6 +66,9 @@ WIDE_UPCAST = 8            # for the innermost axis: one AVX register of float32
 MAX_UPCAST_GRAPH = 120     # bigger kernels (convolutions, fused backward passes) stay untiled:
                            # a tile copies the kernel's whole body 16 times
 MAX_UPCAST_AXES = 2        # 4x4 = 16 accumulators fit in registers
+SHORT_REDUCE = 64          # a sum this short (or shorter) per output: writing the output dominates
+BLOCK_AXIS = 7             # output axes this short may be upcast whole (a window's taps) ...
+MAX_BLOCK = 49             # ... into a block of at most this many consecutive outputs
 PARALLEL_MIN_WORK = 1 << 20  # operations below which waking threads costs more than it saves
 GROUP_THREADS = 16         # threads of a work-group that share one reduction (a power of two)
 GROUP_MIN_REDUCE = 32      # shorter reductions stay one thread per output
@@ -185,6 +193,9 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
         vectored = _vector_tile(shape, vector_width)
         if vectored is not None:
             return _with_threads(vectored, shape, reduces)
+    block = _output_block(shape, reduces) if len(value.toposort) <= MAX_UPCAST_GRAPH else None
+    if block is not None:
+        return block  # one thread: under gcc's OpenMP the block ran 5x slower (measured)
     upcasts: list[tuple[int, int]] = []
     if reduces and len(value.toposort) <= MAX_UPCAST_GRAPH:
         # tile the output axes (innermost last): each loaded value serves several accumulators.
@@ -206,6 +217,26 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
 def _worth_a_tensor_core(ast: UOp) -> bool:
     from tinyteach.wmma import worth_a_tensor_core  # wmma.py builds on this module's TilePlan
     return worth_a_tensor_core(ast)
+
+
+def _output_block(shape: tuple[int, ...], reduces: list[UOp]) -> KernelOptions | None:
+    """A kernel with a short sum and a big output (a convolution's window gradient: for every
+    pixel of every window, a sum over the output channels) spends its time writing the output.
+    When the output's innermost axes are short (a window's 3x3 or 5x5 taps), upcast them whole:
+    each loop iteration then computes a block of consecutive outputs and stores it in order.
+    (A 4x4 tile over other axes wrote 16 outputs far apart: 6-10x slower.)"""
+    if not reduces or prod(reduces[0].src[0].shape) // max(prod(shape), 1) > SHORT_REDUCE:
+        return None
+    block: list[tuple[int, int]] = []
+    for axis in reversed(range(len(shape))):
+        if shape[axis] == 1:
+            continue
+        if shape[axis] > BLOCK_AXIS or prod(f for _, f in block) * shape[axis] > MAX_BLOCK:
+            break
+        block.append((axis, shape[axis]))
+    if len(block) < 2 or prod(shape) < PARALLEL_MIN_WORK // SHORT_REDUCE:
+        return None
+    return KernelOptions(tuple(sorted(block)))
 
 
 def can_group_reduce(ast: UOp) -> bool:

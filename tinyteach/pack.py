@@ -15,20 +15,37 @@ It only pays for big operands: the copy reads and writes `b` once, and a small `
 weights) stays in cache without it. `NOOPT=1` turns it off; DEBUG=3 shows the extra kernel and
 why it is there.
 
+**Channel tiles: a convolution as a matmul over a packed operand.** A convolution is a sum of
+products, `out[n, co, y, x] = sum over (ci, ky, kx) of window[n, ci, y+ky, x+kx] *
+w[co, ci, ky, kx]`: a matmul whose rows are the output pixels and whose columns are the output
+channels. Its last output axis (x, 11 or 26 pixels) fills no vector, but the channel axis does
+(8, 16, 32 channels), and along it the window stays put while `w` moves by a whole filter
+(72 floats). So `plan_channel_tile` packs the factor that moves (`w`, as (ci, ky, kx, co)),
+computes the output channels last, (y, x, n, co), where the vector tile reads 16 channels of
+`w` as two vectors and one window value for all of them, and copies the result back into
+(n, co, y, x). The same plan serves both gradients of a convolution (the weight gradient's
+channel axis is co again; the packed factor is the upstream gradient, fused elementwise ops
+and all) and x @ w.T (an MLP layer, whose output is channels-last already: no copy back).
+Three kernels instead of one, so only for long sums (more than opt.SHORT_REDUCE per output).
+`CHANNEL_TILES=0` turns channel tiles off alone.
+
 Builds on: opt.py (which kernels get a vector tile), schedule.py (ScheduleItem).
 Used by: realize.build_schedule, between scheduling and running (so viz draws the packing
 kernels too).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes
-from tinyteach.helpers import NOOPT, LRUCache, prod, remember
-from tinyteach.opt import buffer_reads, choose_options, kernel_value, step_along
+from tinyteach.helpers import NOOPT, ContextVar, LRUCache, prod, remember
+from tinyteach.lower import lower_ast, vectorize
+from tinyteach.opt import SHORT_REDUCE, buffer_reads, choose_options, kernel_value, step_along
+from tinyteach.rewrite import graph_rewrite, symbolic
 from tinyteach.schedule import ScheduleItem
-from tinyteach.uop import MOVEMENT, Ops, UOp
+from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
+from tinyteach.view import view_index
 
 PACK_MIN_ELEMENTS = 1 << 20   # 4 MB of float32: smaller operands stay in cache unpacked
 PACK_MIN_ROW_BYTES = 1024     # a row step this long strides across cache sets
@@ -58,10 +75,11 @@ def pack_operands(items: list[ScheduleItem]) -> list[ScheduleItem]:
     for item in items:
         width = _vector_width(item) if not item.ast.has_symbols else 0  # (a symbolic size:
         plan = plan_packing(item.ast, width) if width else None        # no packing)
-        if plan is None:
-            packed.append(item)
+        if plan is not None:
+            packed.extend(_packed_pair(item, plan))
             continue
-        packed.extend(_packed_pair(item, plan))
+        channels = plan_channel_tile(item.ast, width) if width and CHANNEL_TILES else None
+        packed.extend([item] if channels is None else _channel_items(item, channels))
     return packed
 
 
@@ -83,6 +101,241 @@ def _packed_pair(item: ScheduleItem, plan: PackPlan) -> tuple[ScheduleItem, Sche
                           item.boundary_reason, item.fusions, reasons, item.old_contents_read,
                           item.node, item.input_nodes)
     return pack, kernel
+
+
+# ---- channel tiles: a convolution as a matmul over a packed operand ----
+
+CHANNEL_MIN_WORK = 1 << 16    # multiply-adds below which three kernels cost more than one
+CHANNEL_TILES = ContextVar("CHANNEL_TILES", 1)  # 0: no channel tiles (the rest of packing stays)
+
+
+@dataclass(frozen=True)
+class ChannelPlan:
+    """How a kernel gets vectors along a channel axis: `pack_ast` evaluates one factor of its
+    product (from the kernel's `inputs`) with that axis last, into `packed_size` elements;
+    `kernel_ast` reads them and computes the output with that axis last too (in a new buffer
+    when `unpack_ast` is not None, which then copies it into the output's own order)."""
+
+    inputs: tuple[int, ...]   # the kernel's inputs the packing copy reads (it may fuse ops)
+    pack_ast: UOp
+    packed_size: int
+    kernel_ast: UOp           # reads the packed operand as a new last input
+    kernel_slots: tuple[int, ...]  # for each of its buffers: the item's buffer number (or
+    #                                len(item.buffers): the packed copy)
+    unpack_ast: UOp | None
+    dtype: DType
+    channel_size: int
+
+
+_channel_plans: LRUCache[tuple[UOp, int], ChannelPlan | None] = LRUCache("pack.channels",
+                                                                           limit=10_000)
+
+
+def plan_channel_tile(ast: UOp, vector_width: int) -> ChannelPlan | None:
+    """The channel tile a kernel profits from, or None (remembered per kernel)."""
+    return remember(_channel_plans, (ast, vector_width),
+                    lambda: _channel_plan(ast, vector_width))
+
+
+def _channel_plan(ast: UOp, width: int) -> ChannelPlan | None:
+    """A sum of products X * Y where Y varies along an output axis (the channel: output channels
+    of a convolution, the columns of x @ w.T) and X does not: pack Y with that axis last, and
+    the kernel's inner loop reads `width` channels of Y as one vector and one X value for all of
+    them, as the vector matmul tile does (opt._vector_tile). The output is computed with the
+    channel axis last as well, then copied back into its own order (a convolution's output is
+    channels-first). Only for long sums: the copies are paid once per kernel."""
+    options = choose_options(ast, width)
+    if options.vector_width and vectorize(lower_ast(ast, options)) is not None:
+        return None  # a vector tile already (and not one that falls back to scalars: a padded
+        #              image's guard that differs from lane to lane, as in a transposed conv)
+    value = kernel_value(ast)
+    found = _product_reduction(value)
+    if found is None:
+        return None
+    reduce, x, y = found
+    work = prod(reduce.src[0].shape)
+    if work // max(prod(reduce.shape), 1) <= SHORT_REDUCE or work < CHANNEL_MIN_WORK:
+        return None
+    shape = reduce.src[0].shape
+    used = {side: _axes_used(side, shape) for side in (x, y)}
+    best = None
+    for packed, other in ((y, x), (x, y)):
+        packed_axes, other_axes = used[packed], used[other]
+        if packed_axes is None or other_axes is None:
+            continue
+        cost = prod(shape[a] for a in packed_axes)  # the packed copy's elements
+        for axis, size in enumerate(reduce.shape):
+            if size > 1 and size % width == 0 and axis not in reduce.arg[1] and \
+                    axis in packed_axes and axis not in other_axes and \
+                    (best is None or cost < best[0]):
+                best = (cost, axis, packed, other_axes)
+    if best is None:
+        return None
+    _, axis, packed, other_axes = best
+    return _build_channel_plan(ast, value, reduce, axis, packed, other_axes)
+
+
+def _product_reduction(value: UOp) -> tuple[UOp, UOp, UOp] | None:
+    """(reduce, X, Y) when the kernel stores one float sum of a product, directly or through
+    reshapes that only add or drop size-1 axes, and neither factor holds a reduction."""
+    reduce = value
+    while reduce.op is Ops.RESHAPE:
+        reduce = reduce.src[0]
+    if reduce.op is not Ops.REDUCE_AXIS or reduce.arg[0] is not Ops.ADD or \
+            not dtypes.is_float(reduce.dtype) or reduce.src[0].op is not Ops.MUL:
+        return None
+    if [n for n in value.shape if n > 1] != [n for n in reduce.shape if n > 1]:
+        return None
+    x, y = reduce.src[0].src
+    if any(n.op is Ops.REDUCE_AXIS for n in x.toposort + y.toposort):
+        return None
+    return reduce, x, y
+
+
+def _axes_used(node: UOp, shape: tuple[int, ...]) -> set[int] | None:
+    """The axes of `shape` that `node`'s value may depend on: those whose loop appears in a
+    buffer position or a padding condition it reaches (simplified first). None when it reads
+    something this cannot follow (a gather's index, an op that is not a view or ALU)."""
+    loops = tuple(UOp(Ops.RANGE, dtypes.int32, (), ("r", k, n)) for k, n in enumerate(shape))
+    expressions: list[UOp] = []
+    stack: list[tuple[UOp, tuple[UOp, ...]]] = [(node, loops)]
+    seen: set[tuple[UOp, tuple[UOp, ...]]] = set()
+    while stack:
+        current, index = stack.pop()
+        if (current, index) in seen:
+            continue
+        seen.add((current, index))
+        if current.op is Ops.DEFINE_GLOBAL:
+            expressions.extend(index)
+        elif current.op in MOVEMENT:
+            inner, condition = view_index(current, index)
+            expressions.extend([] if condition is None else [condition])
+            stack.append((current.src[0], inner))
+        elif current.op in ALU:
+            stack.extend((source, index) for source in current.src)
+        elif current.op is not Ops.CONST:
+            return None
+    reached: set[UOp] = set()
+    for expression in expressions:
+        simplified = graph_rewrite(expression, symbolic)
+        if any(n.op is Ops.LOAD for n in simplified.toposort):
+            return None
+        reached.update(n for n in simplified.toposort if n.op is Ops.RANGE)
+    return {k for k, loop in enumerate(loops) if loop in reached}
+
+
+def _build_channel_plan(ast: UOp, value: UOp, reduce: UOp, axis: int, packed: UOp,
+                        other_axes: set[int]) -> ChannelPlan | None:
+    """Pack `packed` (evaluated over the axes it uses, channel axis last) into a new input of
+    the kernel, and store the kernel's value channels last."""
+    if any(n.op is Ops.DEFINE_GLOBAL and n.arg[0] == 0 for n in value.toposort):
+        return None  # the kernel reads its own output (an in-place update)
+    shape = reduce.src[0].shape
+    kept = sorted(_axes_used(packed, shape) or ())
+    operand = packed.shrink(tuple((0, n) if a in kept else (0, 1) for a, n in enumerate(shape)))
+    operand = operand.reshape(tuple(shape[a] for a in kept))
+    order = tuple(k for k, a in enumerate(kept) if a != axis) + (kept.index(axis),)
+    defines = sorted({n for n in packed.toposort if n.op is Ops.DEFINE_GLOBAL},
+                     key=lambda n: n.arg[0])
+    renumbered = {d: UOp(Ops.DEFINE_GLOBAL, d.dtype, (), (k + 1, d.arg[1]))
+                  for k, d in enumerate(defines)}
+    copied = operand.substitute(renumbered).permute(order)
+    size = prod(copied.shape)
+    pack_ast = _store_ast(UOp(Ops.DEFINE_GLOBAL, packed.dtype, (), (0, size)), copied)
+    number = 1 + max(n.arg[0] for n in ast.toposort if n.op is Ops.DEFINE_GLOBAL)
+    panels = UOp(Ops.DEFINE_GLOBAL, packed.dtype, (), (number, size))
+    inverse = tuple(order.index(k) for k in range(len(order)))
+    reread = panels.reshape(copied.shape).permute(inverse).reshape(
+        tuple(n if a in kept else 1 for a, n in enumerate(shape))).expand(shape)
+    new_value = value.substitute({packed: reread})
+    kernel_ast, unpack_ast = _channels_last_output(ast, new_value, reduce, axis, other_axes)
+    kernel_ast, slots = _dense_inputs(kernel_ast, number)
+    return ChannelPlan(tuple(d.arg[0] for d in defines), pack_ast, size, kernel_ast, slots,
+                       unpack_ast, packed.dtype, reduce.shape[axis])
+
+
+def _dense_inputs(ast: UOp, panels: int) -> tuple[UOp, tuple[int, ...]]:
+    """Number the kernel's inputs 0, 1, 2, ... again (an input only the packed factor read is
+    gone: the engine passes buffers by position). Returns the AST and, for each new number,
+    the old one (`panels` stands for the packed copy)."""
+    defines = sorted({n for n in ast.toposort if n.op is Ops.DEFINE_GLOBAL},
+                     key=lambda n: n.arg[0])
+    renumbered = {d: UOp(Ops.DEFINE_GLOBAL, d.dtype, (), (k, d.arg[1]))
+                  for k, d in enumerate(defines)}
+    return ast.substitute(renumbered), tuple(d.arg[0] for d in defines)
+
+
+def _store_ast(output: UOp, value: UOp) -> UOp:
+    return UOp(Ops.SINK, dtypes.bool, (UOp(Ops.STORE, value.dtype, (output, value)),))
+
+
+def _channels_last_output(ast: UOp, value: UOp, reduce: UOp, axis: int,
+                          other_axes: set[int]) -> tuple[UOp, UOp | None]:
+    """The kernel storing `value` with the channel axis last, and the copy back into the
+    output's order (None when the channel axis is last already, as in x @ w.T).
+
+    Before the channel axis comes a block of 8 (or 4) rows along which the other operand moves:
+    opt._vector_tile computes 8 rows x 16 channels per iteration. The rows are the innermost
+    such axis, split in place: (n, y, x // 4, 4, co) for a 20-pixel row, (n // 8, y, x, 8, co)
+    for an 11-pixel one. Neighbouring pixels share cache lines; 8 images 72 KB apart (a
+    multiple of 4 KB) fall into the same cache sets and evict each other (5 GFLOP/s)."""
+    output = ast.src[0].src[0]
+    # the value's axes of size > 1 are the reduction's, in order (_product_reduction)
+    value_axes = [a for a, n in enumerate(value.shape) if n > 1]
+    reduce_axes = [a for a, n in enumerate(reduce.shape) if n > 1]
+    channel = value_axes[reduce_axes.index(axis)]
+    rows = [value_axes[k] for k, a in enumerate(reduce_axes) if a != axis and
+            reduce.shape[a] % 4 == 0 and a in other_axes]
+    rows = rows[-1:]  # the innermost: neighbouring pixels (8 images are far apart in memory,
+    #                   rows 4 KB apart even fall into the same cache sets)
+    last = [rows[0], channel] if rows else [channel]
+    order = tuple(a for a in range(len(value.shape)) if a not in last) + tuple(last)
+    if [a for a in order if value.shape[a] > 1] == value_axes:
+        return _store_ast(output, value), None  # the same order: store as it is
+    split = value
+    if rows:
+        row = rows[0]
+        block = 8 if value.shape[row] % 8 == 0 else 4
+        split = value.reshape((*value.shape[:row], value.shape[row] // block, block,
+                               *value.shape[row + 1:]))
+        kept = [a + (a > row) for a in range(len(value.shape)) if a != channel]
+        order = (*kept, row + 1, channel + (channel > row))
+    permuted = split.permute(order)
+    kernel_ast = _store_ast(output, permuted)
+    result = UOp(Ops.DEFINE_GLOBAL, value.dtype, (), (1, output.arg[1]))
+    inverse = tuple(order.index(k) for k in range(len(order)))
+    back = result.reshape(permuted.shape).permute(inverse).reshape(value.shape)
+    return kernel_ast, _store_ast(UOp(Ops.DEFINE_GLOBAL, value.dtype, (), output.arg), back)
+
+
+def _channel_items(item: ScheduleItem, plan: ChannelPlan) -> list[ScheduleItem]:
+    """The packing copy, the kernel reading it (into a channels-last buffer when the output is
+    unpacked after), and the copy back into the output."""
+    panels = Buffer(item.device, plan.packed_size, plan.dtype)
+    name = f"pack_c{plan.channel_size}_{plan.packed_size}"
+    sources = ", ".join(f"input {number}" for number in plan.inputs)
+    pack = ScheduleItem(
+        "kernel", name, plan.pack_ast, [panels, *(item.buffers[n] for n in plan.inputs)],
+        item.device, f"packing: a factor of {item.name} ({sources}) copied with its channel "
+        f"axis last, so the kernel reads {plan.channel_size} channels as vectors",
+        ["a permute, made contiguous"],
+        [f"input {k + 1}: input {n} of {item.name}" for k, n in enumerate(plan.inputs)])
+    every = [*item.buffers, panels]
+    buffers = [every[slot] for slot in plan.kernel_slots]
+    reasons = [f"input {k + 1}: the channels-last copy {name}" if slot == len(item.buffers)
+               else f"input {k + 1}: input {slot} of the kernel before packing"
+               for k, slot in enumerate(plan.kernel_slots[1:])]
+    if plan.unpack_ast is None:
+        return [pack, replace(item, ast=plan.kernel_ast, buffers=buffers, input_reasons=reasons)]
+    channels_last = Buffer(item.device, item.output.size, item.output.dtype)
+    kernel = replace(item, ast=plan.kernel_ast, buffers=[channels_last, *buffers[1:]],
+                     input_reasons=reasons, boundary_reason="channels last, for the unpacking "
+                     f"copy into {item.name}'s output", node=None, input_nodes=[])
+    unpack = ScheduleItem(
+        "kernel", f"unpack_{item.name}", plan.unpack_ast, [item.output, channels_last],
+        item.device, item.boundary_reason, ["a permute back into the output's order"],
+        [f"input 1: {item.name}'s result, channels last"], [], item.node, item.input_nodes)
+    return [pack, kernel, unpack]
 
 
 def _vector_width(item: ScheduleItem) -> int:

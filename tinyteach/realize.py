@@ -199,10 +199,10 @@ def _tier_note(runner: Runner) -> str:
     """` (tcc)` when this launch ran a fast tier's build (the CPU's tiers, runtime/cpu.py: tcc
     or cc -O0 first, while cc -O2 builds the kernel in the background); nothing when it ran
     the optimized build, so a line reads the same whenever the disk cache was warm."""
-    program = runner.program
-    if getattr(program, "tier", "optimized") == "optimized":
+    tier = getattr(runner.program, "tier", "optimized")
+    if tier == "optimized":
         return ""
-    return f" ({getattr(program, 'tier_name', program.tier)})"
+    return f" ({getattr(runner.program, 'tier_name', tier)})"
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
@@ -233,33 +233,14 @@ def precompile(items: list[ScheduleItem]) -> None:
 
 
 def _compile_together(backend: Backend, group: list[ScheduleItem]) -> None:
-    """Lower and render each kernel, then compile them all at once. The reductions go first:
-    a compiler that can start builds early (`compile_early`: the CPU's, for the kernels that
-    must wait for their optimized build, which are reductions) starts them as soon as those
-    are rendered, and builds them on another core while Python lowers the rest."""
     names = _unique_names([item.name for item in group])  # one library: no two alike
-    reductions = [k for k, item in enumerate(group) if _has_reduction(item.ast)]
-    others = [k for k, item in enumerate(group) if not _has_reduction(item.ast)]
-    start_early = getattr(backend.compiler, "compile_early", None)
-    lowered: dict[int, tuple[LinearProgram, str]] = {}
-    for part in (reductions, others):
-        for k in part:
-            item = group[k]
-            linear = lower(item.ast, search.options_for(backend, item.name, item.ast))
-            lowered[k] = linear, backend.renderer.render(names[k], linear)
-        if part is reductions and start_early is not None:
-            start_early([lowered[k][1] for k in reductions])
-    linears = [lowered[k][0] for k in range(len(group))]
-    sources = [lowered[k][1] for k in range(len(group))]
+    linears = [lower(item.ast, search.options_for(backend, item.name, item.ast)) for item in group]
+    sources = [backend.renderer.render(name, linear) for name, linear in zip(names, linears)]
     binaries = backend.compiler.compile_many(sources)  # type: ignore[union-attr]
     for item, name, linear, source, binary in zip(group, names, linears, sources, binaries):
         runner = Runner(name, backend.name, backend.program(name, binary), item.ast, linear,
                         source, estimate_ops(item.ast))
         runner_cache[(item.device, item.ast, item.name)] = runner
-
-
-def _has_reduction(ast: UOp) -> bool:
-    return any(node.op is Ops.REDUCE_AXIS for node in ast.toposort)
 
 
 def _unique_names(names: list[str]) -> list[str]:

@@ -7,6 +7,10 @@ What this teaches:
   other (an elementwise node used by two kernels is simply recomputed in both — it is cheap);
 - a reduction must be stored in its own buffer when its result is broadcast back over the axes it
   reduced (softmax's max), feeds another reduction, or is needed by more than one kernel;
+- ... except a chain of reductions over the same short rows (`fuses_along_rows`: rows of at most
+  MAX_FUSED_ROW_BYTES, the innermost axes, a device whose output loops are loops): softmax and
+  layernorm become one kernel that computes each row's reductions once, before the row's
+  outputs (lower.py places them), reading the row again from cache. FUSE_ROWS=0 turns it off;
 - `assign` writes into a buffer that already exists, so every kernel reading its old value runs
   first; when assigns read each other's old values (SGD over both `x` and `W` of `x @ W`), no
   order works, and one old value is copied into a fresh buffer before anything is overwritten;
@@ -352,9 +356,11 @@ def fuses_along_rows(reduce: UOp, users: dict[UOp, list[UOp]], realized: dict[UO
     row is at most MAX_FUSED_ROW_BYTES, the rows are the innermost axes, the device loops over
     outputs, and everything between it and its kernel's output stays on the same rows
     (`_stays_on_rows`): then lower.py computes it once per row, before that row's outputs."""
-    if not FUSE_ROWS or not above <= ROW_FUSION_OPS or reduce.has_symbols:
-        return False  # (a row of a symbolic size keeps the stored path)
     source_shape, axes = reduce.src[0].shape, reduce.arg[1]
+    if any(isinstance(size, UOp) for size in source_shape):
+        return False  # (a reduction over a symbolic shape keeps the stored path)
+    if not FUSE_ROWS or not above <= ROW_FUSION_OPS:
+        return False
     if row_bytes(reduce) > MAX_FUSED_ROW_BYTES or not rows_are_innermost(source_shape, axes):
         return False
     return not output_loops_are_threads(device) and _stays_on_rows(reduce, users, realized)

@@ -94,9 +94,12 @@ def neighbours(options: KernelOptions, shape: tuple[int, ...], body_nodes: int =
     """Every KernelOptions one step away: one axis's upcast factor changed (or removed), or
     threads switched. Other fields of `options` are kept (`dataclasses.replace`).
     A group reduction takes no upcasts, vectors or threads: its neighbours are the other group
-    sizes, the other way to combine, and no group at all."""
+    sizes, the other way to combine, and no group at all. Local tiles and tensor cores neither:
+    see `_tile_changes`."""
     if options.group:
         return _group_changes(options)
+    if options.local_tile or options.tensor_core:
+        return _tile_changes(options)
     found = [*_upcast_changes(options, shape, body_nodes), _threads_switched(options),
              _vectors_off(options)]
     return [o for o in dedup(found) if o is not None and o != options and _is_valid(o, shape)]
@@ -108,6 +111,16 @@ def _group_changes(options: KernelOptions) -> list[KernelOptions]:
     other = "serial" if options.group_combine == "tree" else "tree"
     return [*(dataclasses.replace(options, group=size) for size in sizes),
             dataclasses.replace(options, group_combine=other), KernelOptions()]
+
+
+def _tile_changes(options: KernelOptions) -> list[KernelOptions]:
+    """A local tile's neighbours: half and twice the tile (4 to 16 on a side: at most 256
+    threads, which every GPU allows) and no tile. Tensor cores (a search starts from them
+    where the heuristic chose them): the kernel without them."""
+    if options.tensor_core:
+        return [KernelOptions()]
+    sizes = [size for size in (options.local_tile // 2, options.local_tile * 2) if 4 <= size <= 16]
+    return [*(KernelOptions(local_tile=size) for size in sizes), KernelOptions()]
 
 
 def _upcast_changes(options: KernelOptions, shape: tuple[int, ...],

@@ -70,6 +70,7 @@ from tinyteach.uop import (
     sym_prod,
     sym_shape_eval,
     sym_sub,
+    toposort_of,
 )
 
 Scalar = int | float | bool
@@ -503,7 +504,8 @@ class CoreTensor:
             y = type(self)(y, self.device, requires_grad=False)
         if not isinstance(y, CoreTensor):
             dtype = scalar_dtype(self.dtype, y)
-            if dtype == self.dtype and (not float_result or dtypes.is_float(dtype)):
+            if isinstance(y, (bool, int, float)) and dtype == self.dtype and \
+                    (not float_result or dtypes.is_float(dtype)):
                 # `x + 1`, the common case: the constant is made at x's shape and dtype at
                 # once, one Tensor instead of three (building them is most of an eager realize)
                 constant = self._const(y)
@@ -879,21 +881,36 @@ def _still_lazy(tensors: list[CoreTensor]) -> list[CoreTensor]:
 
 
 def _assigned_buffers(tensors: list[CoreTensor]) -> set[int]:
-    """The ids of the Buffers that the graphs of `tensors` assign to."""
-    targets: set[int] = set()
-    for tensor in tensors:
-        for node in tensor.uop.toposort:
-            if node.op is Ops.ASSIGN and (base := base_buffer(node.src[0])) is not None:
-                targets.add(id(base.arg))
-    return targets
+    """The ids of the Buffers that the graphs of `tensors` assign to. (One walk over all the
+    graphs together: an optimizer step's assigns share the whole backward graph.)"""
+    roots = [tensor.uop for tensor in tensors]
+    if not roots:
+        return set()
+    order = roots[0].toposort if len(roots) == 1 else toposort_of(roots)
+    return {id(base.arg) for node in order
+            if node.op is Ops.ASSIGN and (base := base_buffer(node.src[0])) is not None}
 
 
 def _reads_old_contents(graph: UOp, targets: set[int]) -> bool:
     """Whether `graph` reads one of the `targets` buffers, and could still be computed: a graph
     that reads a buffer an earlier assign overwrote cannot (the scheduler says so when it is
     realized), and must not stop this realize."""
-    buffers = [node.arg for node in graph.toposort if node.op is Ops.BUFFER]
+    buffers = _buffers_read(graph)
     return any(id(b) in targets for b in buffers) and not any(b.overwritten for b in buffers)
+
+
+# the buffers each live tensor's graph reads, found once per graph: a training step realizes
+# several times (each realize that assigns asks every live lazy tensor), and a gradient's graph
+# is the whole backward pass. Weak keys: the entry goes with the graph.
+_BUFFERS_READ: weakref.WeakKeyDictionary[UOp, tuple[Buffer, ...]] = weakref.WeakKeyDictionary()
+
+
+def _buffers_read(graph: UOp) -> tuple[Buffer, ...]:
+    found = _BUFFERS_READ.get(graph)
+    if found is None:
+        found = tuple(node.arg for node in graph.toposort if node.op is Ops.BUFFER)
+        _BUFFERS_READ[graph] = found
+    return found
 
 
 def _shape_from_maybe_negative(args: tuple[Any, ...]) -> tuple[int, ...]:

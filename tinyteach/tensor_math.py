@@ -31,8 +31,9 @@ Builds on: tensor_movement.py (part 5). Used by: tensor_nn.py and everything abo
 """
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Self, TypeVar
 
 from tinyteach.dtype import DType, dtypes
@@ -973,3 +974,32 @@ def _integer_tensor_power(base: TM, power: TM) -> TM:
         return result
     return ((power < 0) & (base.abs() != 1)).where(0, result)
 
+
+
+# ---- bfloat16: a composed function rounds once ----
+# A function built from several primitives (exp is EXP2 of a product, sigmoid four ops) would
+# round to bfloat16 after each of them. PyTorch computes the whole function in float32 and
+# rounds its result once; so do these: on a bfloat16 tensor they run on its float32 values
+# (exact) and cast the result back. (The primitives themselves already compute in float32.)
+BFLOAT16_COMPOSED = ("exp", "log", "rsqrt", "cos", "tan", "sigmoid", "tanh", "gelu", "silu",
+                     "swish", "elu", "softplus", "pow", "log10", "asin", "acos", "atan", "sinh",
+                     "cosh", "atanh", "asinh", "acosh", "erf", "celu", "selu", "hardsigmoid",
+                     "hardswish", "quick_gelu", "mish", "softsign", "logsigmoid", "lerp",
+                     "logaddexp", "div")
+
+
+def in_float32_for_bfloat16(method: Callable[..., Any]) -> Callable[..., Any]:
+    """`method`, computed in float32 when called on a bfloat16 tensor (bfloat16 tensor
+    arguments too) and rounded back to bfloat16 once."""
+    @functools.wraps(method)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.dtype != dtypes.bfloat16:
+            return method(self, *args, **kwargs)
+        wide = [a.float() if isinstance(a, TensorMovement) and a.dtype == dtypes.bfloat16
+                else a for a in args]
+        return method(self.float(), *wide, **kwargs).cast(dtypes.bfloat16)
+    return wrapped
+
+
+for _name in BFLOAT16_COMPOSED:
+    setattr(TensorMath, _name, in_float32_for_bfloat16(getattr(TensorMath, _name)))

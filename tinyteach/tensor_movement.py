@@ -26,6 +26,7 @@ Used by: tensor_math.py and everything above.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any, Self, TypeVar
 
@@ -197,6 +198,34 @@ class TensorMovement(TensorCreation):
                 x = _EDGE_PADS[mode](x, axis, before, after)
         return x
 
+    def rearrange(self, formula: str, **sizes: int) -> Self:
+        """einops' rearrange (tinygrad's): `x.rearrange("b c (h p) -> b (h c) p", p=2)`. Three
+        movement ops: a reshape that splits the left side's groups into single axes (sizes
+        from `sizes`, one unknown per group), a permute into the right side's order, and a
+        reshape that merges the right side's groups. `...` stands for the axes not named;
+        `1` or `()` is an axis of size 1."""
+        if formula.count("->") != 1:
+            raise ValueError(f"rearrange needs exactly one '->' in {formula!r}")
+        left, right = (_parse_side(side) for side in formula.split("->"))
+        named = sum(1 for group in left if group != ["..."])
+        if named > self.ndim or (named < self.ndim and ["..."] not in left):
+            raise ValueError(f"rearrange: {formula!r} names {named} axes, the tensor has "
+                             f"{self.ndim}")
+        rest = self.ndim - named
+        left, right = _expand_ellipsis(left, rest), _expand_ellipsis(right, rest)
+        atoms = [name for group in left for name in group]
+        if sorted(atoms) != sorted(name for group in right for name in group) or \
+                len(set(atoms)) != len(atoms):
+            raise ValueError(f"rearrange: the two sides of {formula!r} must name the same "
+                             f"axes, each once")
+        size_of: dict[str, int] = {}
+        for group, size in zip(left, self.shape):
+            size_of.update(_group_sizes(group, size, sizes))
+        x = self.reshape([size_of[name] for name in atoms])
+        order = [name for group in right for name in group]
+        x = x.permute([atoms.index(name) for name in order])
+        return x.reshape([math.prod(size_of[name] for name in group) for group in right])
+
     def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Self:
         """Shift elements along `dims`, wrapping around: the last `s` move to the front (a
         shrink of each part and a cat). Without dims, the flattened tensor is rolled."""
@@ -364,6 +393,62 @@ def _tensor_list(first: Any, rest: tuple[Any, ...]) -> list[Any]:
     if not rest and isinstance(first, (list, tuple)):
         return list(first)
     return [first, *rest]
+
+
+def _parse_side(side: str) -> list[list[str]]:
+    """'b (h w) 1 ...' -> [['b'], ['h', 'w'], [], ['...']]: each axis is a group of names."""
+    groups: list[list[str]] = []
+    current: list[str] | None = None
+    for token in re.findall(r"\.\.\.|…|\(|\)|[^\s()]+", side):
+        if token == "(":
+            if current is not None:
+                raise ValueError(f"rearrange: nested parentheses in {side!r}")
+            current = []
+        elif token == ")":
+            if current is None:
+                raise ValueError(f"rearrange: unbalanced parentheses in {side!r}")
+            groups.append(current)
+            current = None
+        else:
+            name = "..." if token == "…" else token
+            if name != "..." and name != "1" and not name.isidentifier():
+                raise ValueError(f"rearrange: {name!r} is not an axis name")
+            if current is not None:
+                current.extend([] if name == "1" else [name])
+            else:
+                groups.append([] if name == "1" else [name])
+    if current is not None:
+        raise ValueError(f"rearrange: unbalanced parentheses in {side!r}")
+    return groups
+
+
+def _expand_ellipsis(groups: list[list[str]], count: int) -> list[list[str]]:
+    """'...' becomes `count` axes with names of their own (inside a group too)."""
+    names = [f"...{k}" for k in range(count)]
+    expanded: list[list[str]] = []
+    for group in groups:
+        if group == ["..."]:
+            expanded.extend([name] for name in names)
+        else:
+            expanded.append([part for name in group
+                             for part in (names if name == "..." else [name])])
+    return expanded
+
+
+def _group_sizes(group: list[str], size: int, given: dict[str, int]) -> dict[str, int]:
+    """The size of each name in a group that has `size` elements in all."""
+    unknown = [name for name in group if name not in given]
+    known = math.prod(given[name] for name in group if name in given)
+    if len(unknown) > 1:
+        raise ValueError(f"rearrange: give the sizes of all but one of {group}")
+    if unknown:
+        if known == 0 or size % known:
+            raise ValueError(f"rearrange: an axis of size {size} cannot split into {group} "
+                             f"with sizes {given}")
+        return {name: given.get(name, size // known) for name in group}
+    if known != size:
+        raise ValueError(f"rearrange: {group} has {known} elements, the axis {size}")
+    return {name: given[name] for name in group}
 
 
 def check_index_range(index: CoreTensor, size: int, axis: int) -> None:

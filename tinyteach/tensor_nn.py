@@ -34,7 +34,7 @@ from typing import Any, Self, TypeVar
 from tinyteach.dtype import DType, dtypes, least_upper_dtype
 from tinyteach.helpers import TRAINING
 from tinyteach.tensor_core import padding_pairs, pool
-from tinyteach.tensor_math import TensorMath
+from tinyteach.tensor_math import TensorMath, in_float32_for_bfloat16
 
 N = TypeVar("N", bound="TensorNN")  # the helper functions return what they were given
 
@@ -105,6 +105,81 @@ class TensorNN(TensorMath):
                 total = total + term * coefficient
             x = total
         return x
+
+    def qr(self) -> tuple[Self, Self]:
+        """The QR decomposition of the last two axes: self = Q @ R, Q with orthonormal columns,
+        R upper triangular, reduced as PyTorch's default (Q m x k, R k x n, k = min(m, n));
+        leading axes are a batch. Householder reflections, as LAPACK (so the signs agree with
+        PyTorch's): step j reflects column j's part below the diagonal onto the axis,
+        H = I - 2 v v^T / (v^T v) with v = x + sign(x_0) |x| e_0, applied as a matmul
+        (R <- H R, Q <- Q H); a column already zero below the diagonal is left alone."""
+        if self.ndim < 2:
+            raise ValueError(f"qr needs a matrix (2 or more axes), got shape {self.shape}")
+        m, n = self.shape[-2:]
+        x = self if dtypes.is_float(self.dtype) else self.float()
+        batch = x.shape[:-2]
+        q = type(self).eye(m, dtype=x.dtype, device=self.device).expand(*batch, m, m)
+        r = x
+        rows = type(self).arange(m, device=self.device)
+        for j in range(min(m - 1, n)):
+            below = (rows >= j).cast(x.dtype)                       # (m,): rows j..m-1
+            column = _part(r, -1, j, j + 1).squeeze(-1) * below      # (..., m)
+            head = _part(column, -1, j, j + 1).squeeze(-1)
+            norm = column.square().sum(-1).sqrt()
+            sign = (head >= 0).where(1.0, -1.0)
+            v = column + (rows == j).cast(x.dtype) * (sign * norm).unsqueeze(-1)
+            vv = v.square().sum(-1)
+            tail = (column.square().sum(-1) - head.square()) > 0
+            scale = tail.where(2 / vv.maximum(1e-30), 0.0)          # 0: nothing to reflect
+            reflector = v.unsqueeze(-1) * v.unsqueeze(-2) * scale.unsqueeze(-1).unsqueeze(-1)
+            h = type(self).eye(m, dtype=x.dtype, device=self.device) - reflector
+            r, q = (h @ r).realize(), (q @ h).realize()  # (realized: each step reads the last)
+        k = min(m, n)
+        return _part(q, -1, 0, k), _part(r, -2, 0, k).triu()
+
+    def svd(self, full_matrices: bool = True) -> tuple[Self, Self, Self]:
+        """The singular value decomposition of the last two axes, self = U @ diag(S) @ Vh, as
+        PyTorch's torch.linalg.svd: S descending; U m x m and Vh n x n (full_matrices) or
+        m x k and k x n (k = min(m, n)). One-sided Jacobi (Hestenes): plane rotations of
+        pairs of columns, each chosen to make the two orthogonal, sweep after sweep
+        (`SVD_SWEEPS`), applied to U (starting as the matrix) and V (starting as I) as a
+        matmul by a rotation matrix; then S is the columns' lengths, U the columns over
+        them. The singular vectors are unique only up to sign (and within equal values):
+        check U @ diag(S) @ Vh, not U itself, against another library."""
+        if self.ndim < 2:
+            raise ValueError(f"svd needs a matrix (2 or more axes), got shape {self.shape}")
+        m, n = self.shape[-2:]
+        if m < n:  # the columns of the transpose: A^T = V S U^T
+            u, singular, vh = self.transpose(-2, -1).svd(full_matrices)
+            return vh.transpose(-2, -1), singular, u.transpose(-2, -1)
+        x = self if dtypes.is_float(self.dtype) else self.float()
+        batch = x.shape[:-2]
+        # U on top of V, rotated together: one matmul per rotation. The pair (p, q) enters as
+        # two one-hot vectors, data rather than constants, so every rotation is the same
+        # graph and its kernels are compiled once (the plan cache, chapter 9)
+        eye = type(self).eye(n, dtype=x.dtype, device=self.device)
+        both = x.cat(eye.expand(*batch, n, n), dim=-2).contiguous().realize()
+        units = [_part(eye, 0, k, k + 1).reshape(n).contiguous().realize() for k in range(n)]
+        for _ in range(SVD_SWEEPS):
+            if _off_diagonal(_part(both, -2, 0, m)) < SVD_TOLERANCE:
+                break
+            for p in range(n):
+                for q in range(p + 1, n):
+                    rotation = _jacobi_rotation(_part(both, -2, 0, m), units[p], units[q])
+                    both = both @ rotation
+                    both = both.realize()
+        u, v = _part(both, -2, 0, m), _part(both, -2, m, m + n)
+        lengths = u.square().sum(-2).sqrt()                            # (..., n)
+        order = lengths.argsort(-1, descending=True)
+        singular = lengths.gather(-1, order)
+        columns = order.unsqueeze(-2).expand(*batch, m, n)
+        u = u.gather(-1, columns) / singular.maximum(1e-30).unsqueeze(-2)
+        v = v.gather(-1, order.unsqueeze(-2).expand(*batch, n, n))
+        if full_matrices and m > n:  # complete U: the reflections of QR([U | I]) after U's
+            basis = u.cat(type(self).eye(m, dtype=x.dtype, device=self.device)
+                          .expand(*batch, m, m), dim=-1)
+            u = u.cat(_part(basis.qr()[0], -1, n, m), dim=-1)
+        return u, singular, v.transpose(-2, -1)
 
     # ---- convolution and pooling: sliding windows (tensor_math.pool), then one reduce ----
 
@@ -233,6 +308,41 @@ class TensorNN(TensorMath):
         hit = windows == values.reshape(*values.shape, *[1] * len(kernel))
         first = hit.where(position_windows, math.prod(spatial)).min(axes)
         return values, first.detach()
+
+    def max_unpool2d(self, indices: Self, kernel_size: int | Sequence[int] = 2,
+                     stride: int | Sequence[int] | None = None,
+                     dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+                     output_size: Sequence[int] | None = None) -> Self:
+        """The inverse of max_pool2d(return_indices=True) (PyTorch's and tinygrad's): each
+        value goes back to the place `indices` says it came from (an index into the output's
+        flattened spatial axes), zeros elsewhere. A scatter as a masked sum: one-hot places
+        (index == arange(output size)) select the values, summed over the inputs. The output
+        size is (in - 1) * stride - 2 * padding + dilation * (kernel - 1) + 1 per axis, or
+        `output_size` (its last axes)."""
+        kernel = _pool_kernel(kernel_size)
+        dims = len(kernel)
+        strides = _ints(stride or kernel, dims, "stride")
+        dilations, pads = _ints(dilation, dims, "dilation"), _ints(padding, dims, "padding", False)
+        if indices.shape != self.shape:
+            raise ValueError(f"max_unpool2d: indices {indices.shape} must have the shape of the "
+                             f"input {self.shape}")
+        spatial_in = self.shape[-dims:]
+        spatial = tuple(output_size[-dims:]) if output_size is not None else tuple(
+            (n - 1) * s - 2 * p + d * (k - 1) + 1
+            for n, s, p, d, k in zip(spatial_in, strides, pads, dilations, kernel))
+        batch = self.shape[:-dims]
+        count = math.prod(spatial)
+        found = indices.numpy()  # an index past the output would select nothing: a silent 0
+        if found.size and (found.min() < 0 or found.max() >= count):
+            raise RuntimeError(f"max_unpool2d: index {int(found.max())} does not fit an output of "
+                               f"size {'x'.join(map(str, spatial))} (give output_size)")
+        values = self.reshape(*batch, math.prod(spatial_in), 1)
+        places = indices.reshape(*batch, math.prod(spatial_in), 1)
+        one_hot = places == type(self).arange(count, device=self.device)
+        # overlapping windows send one input twice: the last one that lands counts (PyTorch)
+        hits = one_hot.cast(dtypes.int32)
+        last = one_hot & (hits.flip(-2).cumsum(-2).flip(-2) - hits == 0)
+        return last.where(values, 0).sum(-2, dtype=self.dtype).reshape(*batch, *spatial)
 
     def interpolate(self, size: Sequence[int], mode: str = "linear",
                     align_corners: bool = False) -> Self:
@@ -646,6 +756,48 @@ def _resample_axis(x: N, out: int, mode: str, align_corners: bool) -> N:
         (column == high).where(rows * weight, 0.0)
     return mixed.sum(-1)
 
+SVD_SWEEPS = 30  # at most this many Jacobi sweeps over all column pairs
+SVD_TOLERANCE = 1e-7  # done when every pair of columns has |cos(angle)| below this
+
+
+def _part(x: N, axis: int, start: int, end: int) -> N:
+    """x[..., start:end, ...] along one axis (a shrink: indexing is a part above this one)."""
+    bounds: list[tuple[int, int] | None] = [None] * x.ndim
+    bounds[axis] = (start, end)
+    return x.shrink(bounds)
+
+
+def _off_diagonal(u: N) -> float:
+    """The largest |cosine| between two distinct columns of u (0: all orthogonal)."""
+    gram = u.transpose(-2, -1) @ u
+    lengths = gram.diagonal(dim1=-2, dim2=-1).maximum(1e-30).sqrt()
+    cosine = gram / (lengths.unsqueeze(-1) * lengths.unsqueeze(-2))
+    n = u.shape[-1]
+    off = 1 - type(u).eye(n, dtype=u.dtype, device=u.device)
+    return float((cosine.abs() * off).max().item())
+
+
+def _jacobi_rotation(u: N, unit_p: N, unit_q: N) -> N:
+    """The n x n rotation (batched) that makes columns p and q of u orthogonal (`unit_p`,
+    `unit_q`: one-hot vectors of p and q): with a, b the columns' squared lengths and g their
+    dot product, zeta = (b - a) / 2g, t = sign(zeta) / (|zeta| + sqrt(1 + zeta^2)),
+    c = 1 / sqrt(1 + t^2), s = c t; the identity where g = 0."""
+    n = u.shape[-1]
+    col_p, col_q = (u * unit_p).sum(-1), (u * unit_q).sum(-1)
+    a, b, g = col_p.square().sum(-1), col_q.square().sum(-1), (col_p * col_q).sum(-1)
+    turn = g.abs() > 1e-30
+    zeta = (b - a) / (2 * turn.where(g, 1.0))
+    t = (zeta >= 0).where(1.0, -1.0) / (zeta.abs() + (1 + zeta.square()).sqrt())
+    t = turn.where(t, 0.0)
+    c = 1 / (1 + t.square()).sqrt()
+    s = c * t
+    pp_qq = unit_p.reshape(n, 1) * unit_p + unit_q.reshape(n, 1) * unit_q
+    pq_qp = unit_p.reshape(n, 1) * unit_q - unit_q.reshape(n, 1) * unit_p
+    scalar = (*u.shape[:-2], 1, 1)
+    eye = type(u).eye(n, dtype=u.dtype, device=u.device)
+    return eye + (c - 1).reshape(scalar) * pp_qq + s.reshape(scalar) * pq_qp
+
+
 def _ints(value: int | Sequence[int], dims: int, what: str,
           positive: bool = True) -> tuple[int, ...]:
     """An int for every spatial axis, or one per axis (stride, dilation); `positive` checks
@@ -806,3 +958,8 @@ def _conv_padding(padding: int | Sequence[int], dims: int) -> list[tuple[int, in
     raise ValueError(f"padding {padding} does not fit {dims} spatial axes")
 
 
+
+
+# bfloat16 softmax and log_softmax in float32, rounded once (see tensor_math.bfloat16_composed)
+for _name in ("softmax", "log_softmax"):
+    setattr(TensorNN, _name, in_float32_for_bfloat16(getattr(TensorNN, _name)))

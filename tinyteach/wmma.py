@@ -154,7 +154,7 @@ def fragment_dtype(operand: UOp) -> DType | None:
     movement ops and casts to a wider float (which change no value). None otherwise."""
     node = operand
     while node.op in MOVEMENT or (node.op is Ops.CAST and dtypes.is_float(node.dtype)
-                                  and node.dtype.itemsize >= node.src[0].dtype.itemsize):
+                                  and node.dtype.itemsize > node.src[0].dtype.itemsize):
         node = node.src[0]
     if node.op is Ops.DEFINE_GLOBAL and node.dtype in FRAGMENT_DTYPES:
         return node.dtype
@@ -174,7 +174,7 @@ def product_plan(ast: UOp) -> TilePlan | None:
         return None
     source = reduces[0].src[0]
     widening = source.op is Ops.CAST and source.src[0].op is Ops.MUL and \
-        dtypes.is_float(source.dtype) and source.dtype.itemsize >= source.src[0].dtype.itemsize
+        dtypes.is_float(source.dtype) and source.dtype.itemsize > source.src[0].dtype.itemsize
     return local_tile_plan(ast.substitute({source: source.src[0]})) if widening else None
 
 

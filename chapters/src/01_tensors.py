@@ -181,6 +181,40 @@ print(ints.dtype, (ints * 2).dtype, (ints * 0.5).dtype, (ints / 2).dtype)
 assert (ints / 2).tolist() == [0.5, 1.0, 1.5]
 assert np.array_equal((Tensor([7, -7]) // 2).numpy(), np.array([7, -7]) // 2)  # floors, as numpy
 
+# %% [markdown] id="tensors-42"
+# ### bfloat16: the top half of a float32
+#
+# `bfloat16` keeps a float32's sign and all 8 bits of its exponent (so the same range, up to
+# about 3.4e38) and only 7 of the 23 mantissa bits: the 16 bits a float32 has on top. (float16
+# has 5 exponent bits and 10 mantissa bits: more digits, but nothing above 65504.) It sits
+# beside float16 in the lattice: `float16 + bfloat16` gives float32, which holds both.
+#
+# numpy has no bfloat16, so tinyteach stores each value as its 16-bit word (a uint16 buffer,
+# tagged as bfloat16). Coming back to float32 is exact: the word becomes the float's top half.
+# Going to bfloat16 drops the low 16 bits and rounds to the nearest word, ties to the even one:
+# add 0x7FFF, plus 1 if the lowest kept bit is set, and the carry reaches the kept half exactly
+# when it should. Every op on bfloat16 converts its operands to float32, computes there and
+# rounds the result back, as PyTorch does (the C and OpenCL kernels call two small conversion
+# functions). The cell checks the words and one sum against PyTorch's bfloat16:
+
+# %% id="tensors-43"
+import torch
+
+from tinyteach.dtype import to_bfloat16_bits
+
+values = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, 1 / 3, 65504.0, 3e38, -0.0], np.float32)
+words = to_bfloat16_bits(values).view(np.uint16)
+torch_words = torch.tensor(values).bfloat16().view(torch.int16).numpy().view(np.uint16)
+for value, word in zip(values, words):
+    top_half = int(np.array(value, np.float32).view(np.uint32)) >> 16
+    print(f"{value:>14.8g} -> 0x{word:04X}  (top half 0x{top_half:04X})  "
+          f"back: {Tensor([value]).bfloat16().item():.8g}")
+assert np.array_equal(words, torch_words)
+print(least_upper_dtype(dtypes.float16, dtypes.bfloat16), least_upper_dtype(dtypes.int32,
+                                                                           dtypes.bfloat16))
+ours = (Tensor(values[:4]).bfloat16() * 3 + 1).numpy()
+assert np.array_equal(ours, (torch.tensor(values[:4]).bfloat16() * 3 + 1).float().numpy())
+
 # %% [markdown] id="tensors-25"
 # ## Indexing is movement
 #

@@ -99,8 +99,9 @@ assert RENDERERS["WGSL"].where("c", "a", "b").startswith("select(")
 #
 # The tables are class attributes, and a language is a table merged over its parent's:
 # `code_for_op = {**CStyleRenderer.code_for_op, Ops.MAX: wgsl_max, ...}`. An entry that a
-# language does not change is the parent's function itself — integer division, for example,
-# is written once for all four. It must never trap (C's `x/0` kills the process), so it guards
+# language does not change is the parent's function — integer division, for example, is written
+# once for all four (C and OpenCL wrap every entry, so that bfloat16 math is done in float32;
+# for other dtypes the wrapper hands over to the parent's function). It must never trap (C's `x/0` kills the process), so it guards
 # the divisor, except when the divisor is a literal that cannot be 0 or -1, as in index
 # arithmetic:
 
@@ -111,7 +112,11 @@ for language in ("C", "WGSL"):
     four = renderer.render_const(4, int32)
     print(f"{language:5} a/b  {snippet(renderer, Ops.IDIV, 'a', 'b', dtype=int32)}")
     print(f"{language:5} a/4  {snippet(renderer, Ops.IDIV, 'a', four, dtype=int32)}")
-assert all(r.code_for_op[Ops.IDIV] is c.code_for_op[Ops.IDIV] for r in RENDERERS.values())
+from tinyteach.render import CStyleRenderer
+
+shared = CStyleRenderer.code_for_op[Ops.IDIV]
+assert all(snippet(r, Ops.IDIV, "a", "b", dtype=int32) == shared(r, ["a", "b"], [int32] * 2, int32)
+           for r in RENDERERS.values())
 
 # %% [markdown] id="codegen-38"
 # A renderer keeps nothing of the kernel it is writing: the names it gave, the loop depth and,
@@ -228,6 +233,132 @@ y.realize()
 np.testing.assert_allclose(y.numpy(), np.maximum(np.sqrt(x.numpy() * 2 + 1), x.numpy()),
                            rtol=1e-6)
 
+
+# %% [markdown] id="codegen-39"
+# ## A convolution is a matmul, once its operands are in order
+#
+# The optimizer of chapter 7 gives a matmul a *vector tile*: 8 rows times 16 columns of the
+# output per loop iteration, each step loading 16 consecutive numbers of `b` as one vector and one
+# number of `a` for all of them. A convolution is the same sum of products:
+#
+# `out[n, co, y, x] = sum over (ci, ky, kx) of image[n, ci, y+ky, x+kx] * w[co, ci, ky, kx]`
+#
+# — a matmul whose rows are the output pixels `(n, y, x)`, whose columns are the output channels
+# `co` and whose sum runs over a window `(ci, ky, kx)` (chapter 4's window view of the image).
+# But read off the memory, it is not a vector tile: the output's last axis is `x`, whose 16 pixels
+# do not sit next to each other in `w`, and along the channel axis, the one to vectorize, `w`
+# jumps a whole filter (`ci*ky*kx` = 72 floats) and so does the output (a `y*x` plane). So the
+# scheduler's one kernel gets a scalar tile:
+
+# %% id="codegen-40"
+import time
+
+from tinyteach.realize import build_schedule
+
+images = Tensor(rng.standard_normal((8, 8, 18, 18)).astype(np.float32)).realize()
+filters = Tensor(rng.standard_normal((16, 8, 3, 3)).astype(np.float32)).realize()
+conv = images.conv2d(filters)
+plain, _ = create_schedule([conv.uop], "CPU")      # the scheduler's one kernel
+packed = build_schedule([conv.uop], "CPU").items   # after packing (pack.py): what realize runs
+
+
+def inner_loop(item):
+    """The C of a kernel's innermost loop: where it spends its time."""
+    renderer = Device["CPU"].renderer
+    source = renderer.render(item.name, lower(item.ast, vector_width=renderer.vector_width))
+    lines = source.splitlines()
+    start = max(k for k, line in enumerate(lines) if "for (int ridx" in line)
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = next(k for k in range(start + 1, len(lines))
+               if lines[k].startswith(" " * indent + "}"))
+    return "\n".join(line[indent:] for line in lines[start:end + 1])
+
+
+print(plain[0].name)
+print(inner_loop(plain[0]))
+
+# %% [markdown] id="codegen-41"
+# Sixteen scalar accumulators, 17 loads for 16 multiply-adds. Packing (the `pack.py` section of
+# chapter 7) fixes the layout instead of the loop. Its *channel tile* turns the one kernel into
+# three:
+#
+# 1. copy `w` with its channel axis last, `(ci, ky, kx, co)`: a filter tap of all 16 output
+#    channels is now 16 consecutive floats;
+# 2. compute the output with the channel axis last as well, `(n, y, x, co)`, with the pixels
+#    `x` in blocks of 8 as the tile's rows: now the kernel *is* a vector matmul tile;
+# 3. copy the result back into the `(n, co, y, x)` order the rest of the graph reads.
+
+# %% id="codegen-42"
+for item in packed:
+    print(f"{item.name:26} {item.boundary_reason}")
+after = inner_loop(packed[1])
+print(after)
+assert [item.name.split("_")[0] for item in packed] == ["pack", "r", "unpack"]
+assert "float_vec16" in after and "float_vec16" not in inner_loop(plain[0])
+
+# %% [markdown] id="codegen-43"
+# One vector load of 16 channels of `w` (`val1`) and 8 numbers of the image, neighbouring
+# pixels, feed 8 vector multiply-adds: 128 of the sum's products per step instead of 16. The copies
+# are small next to the work: `w` has 1,152 floats, the output 32,768, and the kernel does
+# 2.4 million multiply-adds. The numbers are those of a plain convolution (numpy's sliding
+# windows, multiplied and summed by `einsum`):
+
+# %% id="codegen-44"
+from numpy.lib.stride_tricks import sliding_window_view
+
+windows = sliding_window_view(images.numpy(), (3, 3), axis=(2, 3))  # (n, ci, y, x, ky, kx)
+expected = np.einsum("ncyxij,ocij->noyx", windows, filters.numpy())
+np.testing.assert_allclose(conv.numpy(), expected, rtol=1e-4, atol=1e-4)
+
+# %% [markdown] id="codegen-45"
+# How much it pays, measured on this machine (the book renders for a 16-lane CPU; the timing
+# compiles each kernel for the lanes this CPU really has, and runs on one thread). The figure
+# varies from machine to machine and run to run:
+
+# %% id="codegen-46"
+# NBVAL_IGNORE_OUTPUT
+from tinyteach.runtime.cpu import native_macros, native_vector_width
+
+backend = Device["CPU"]
+native = CRenderer(native_vector_width(native_macros(backend.compiler.compiler)),
+                   fused_multiply_add=backend.renderer.fused_multiply_add)
+
+
+def fastest(items, repeats=20):
+    """Seconds to run these kernels once each, in order (the best of `repeats` tries)."""
+    programs = []
+    for item in items:
+        source = native.render(item.name, lower(item.ast, vector_width=native.vector_width))
+        source = source.replace("#pragma omp parallel for", "")  # one thread: a fair compare
+        programs.append(backend.program(item.name, backend.compiler.compile(source)))
+        for buffer in item.buffers:
+            _ = buffer.storage  # allocated outside the clock
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for program, item in zip(programs, items):
+            program(*item.buffers)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+multiply_adds = 8 * 16 * 16 * 16 * 8 * 3 * 3
+print(f"vector lanes on this CPU: {native.vector_width}")
+for label, items in (("one kernel, scalar tile", plain),
+                     ("pack, vector tile, unpack", packed)):
+    took = fastest(items)
+    print(f"{label:26} {took * 1e3:6.3f} ms  {2 * multiply_adds / took / 1e9:5.1f} GFLOP/s")
+
+# %% [markdown] id="codegen-47"
+# The same plan serves both gradients of a convolution. For the weights' gradient the channel
+# axis is again `co`, and the packed factor is the upstream gradient (with the ReLU's and the
+# pooling's backward fused into it: the copy evaluates them once, where the kernel would redo
+# them for each of the 9 taps). The input's gradient is different: tinyteach computes it as the
+# gradient of the window view, a sum over the output channels for each pixel of each window,
+# whose time goes to *writing* 9 (or 25) numbers per input pixel. There the optimizer upcasts
+# the short tap axes whole, so each iteration stores a block of consecutive outputs (opt.py's
+# `_output_block`). `NOOPT=1` turns all of this off, `CHANNEL_TILES=0` only the channel tiles,
+# and `DEBUG=3` names the packing kernels and why they are there.
 
 # %% [markdown] id="codegen-24"
 # ## Try it

@@ -335,6 +335,64 @@ assert GlobalCounters.kernel_count == 2
 z = Tensor(rng.standard_normal((16, 16)).astype(np.float32))
 (z.softmax(1) * 2).realize()
 
+# %% [markdown] id="dev-70"
+# ## Two builds of each new kernel: tiered compilation
+#
+# A training step's first run brings dozens of new kernels, and `cc -O2` needs 50-100 ms of CPU
+# for each. So the CPU device builds a schedule's new kernels twice, as the JIT of a virtual
+# machine does (`runtime/cpu.py`): a **fast tier** first — tcc, which builds a kernel in a few
+# milliseconds, or `cc -O0` where tcc is missing — and the kernel runs that build at once, while
+# `cc -O2` builds the optimized library in a background thread. When it is done, each program
+# swaps its function pointer: later launches, and JIT graphs, run the optimized code.
+#
+# Tiering must never change a number. An unoptimized build does each float operation as
+# written, in the order written; so does `cc -O2`, except where the source lets it reorder: a
+# sum split into vector lanes (`#pragma omp simd reduction`) or a fused multiply-add. A kernel
+# with either skips the fast tier and waits for its optimized build.
+#
+# `DEBUG=2` shows the tiers: a note names the build before a fast-tier launch, and the launch
+# line ends with the tier in parentheses; a launch of an optimized build has no mark. (We hold
+# the background thread for a moment so the first launch surely finds the fast build; the
+# empty cache directory makes every kernel new.)
+
+# %% id="dev-71"
+import threading
+
+import tinyteach.runtime.cpu as cpu
+from tinyteach.realize import record_launches
+
+saved = os.environ.get("TINYTEACH_CACHE")
+with tempfile.TemporaryDirectory() as directory:
+    os.environ["TINYTEACH_CACHE"] = directory
+    runner_cache.clear()  # forget this session's programs: both kernels are built anew
+    w = Tensor(np.arange(4096, dtype=np.float32) / 4096).realize()
+    release = threading.Event()
+    cpu.background().submit(release.wait, 60)  # the optimized builds wait behind this
+    with Context(DEBUG=2), record_launches() as launches:
+        Tensor.realize((w * 0.375).exp2(), (w * 0.375).sum())
+    tiers = [launch.runner.program.tier for launch in launches]  # before the swap
+    release.set()
+    cpu.wait_for_optimized_builds()
+    print("after the swap:")
+    with Context(DEBUG=2):
+        (w * 0.375).exp2().realize()
+if saved is None:
+    del os.environ["TINYTEACH_CACHE"]
+else:
+    os.environ["TINYTEACH_CACHE"] = saved
+waited = [cpu.needs_optimized_build(launch.runner.source) for launch in launches]
+assert waited == [False, True] and tiers[0] != "optimized" and tiers[1] == "optimized"
+assert launches[0].runner.program.tier == "optimized"  # swapped in
+np.testing.assert_allclose(launches[0].buffers[0].numpy(),
+                           np.exp2(np.arange(4096, dtype=np.float32) / 4096 * 0.375), rtol=1e-6)
+
+# %% [markdown] id="dev-72"
+# The elementwise kernel ran its tcc build first; the sum, whose optimized build splits it into
+# vector lanes, waited for `cc -O2`. `CPU_TIERED=0` (or `Context(CPU_TIERED=0)`) turns the fast
+# tier off. Both tiers give the same bits for every kernel that is tiered:
+# `tests/test_cpu_tiers.py` compares NaN, ±inf, -0.0, subnormals, casts and integer division by
+# zero byte for byte.
+
 # %% [markdown] id="dev-48"
 # ## A device with memory of its own: OPENCL
 #

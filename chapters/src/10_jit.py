@@ -86,7 +86,7 @@ captured = layer.captured
 for launch in captured.launches:
     print(f"{launch.item.name:10} {len(launch.buffers)} buffers")
 print("input slots (launch, argument, input):", captured.input_slots)
-assert len(captured.launches) == 4 and captured.input_slots == [(0, 1, 0)]
+assert len(captured.launches) == 2 and captured.input_slots == [(0, 1, 0)]
 
 # %% [markdown] id="jit-09"
 # The captured launches are ordinary schedule items, so viz draws them like any schedule:
@@ -248,9 +248,9 @@ assert [float(result.numpy()[0]) for result in kept] == [2.0, 4.0, 6.0, 8.0]
 # ### Buffer lifetimes
 #
 # An eager call allocates a fresh buffer for every result the scheduler stores (chapter 6), and
-# frees each one as soon as nothing refers to it: the softmax's max and sum die when the call
-# returns, and their memory goes back to the allocator's pool (chapter 9) for the next call to
-# reuse. A capture keeps them all alive for as long as the JIT lives: memory held between calls, in
+# frees each one as soon as nothing refers to it: the product `x @ weight` (the softmax's input)
+# dies when the call returns, and its memory goes back to the allocator's pool (chapter 9) for
+# the next call to reuse. A capture keeps them all alive for as long as the JIT lives: memory held between calls, in
 # exchange for replays that allocate nothing. Here is what `layer`'s capture holds, besides the
 # input it swaps in (each launch's argument 0 is the buffer it writes):
 
@@ -281,7 +281,7 @@ print("eager calls share an output buffer:",
       any(a is b for a, b in zip(*eager_outputs)))
 first, second = layer(x), layer(x)
 print("two replays return the same buffer:", buffer_of(first) is buffer_of(second))
-assert len(held) == 5 and buffer_of(first) is buffer_of(second)
+assert len(held) == 3 and buffer_of(first) is buffer_of(second)
 
 
 # %% [markdown] id="jit-23"

@@ -236,29 +236,16 @@ def _lars_ratio(param: Tensor, grad: Tensor, tcoef: float, weight_decay: float) 
 
 def newton_schulz(g: Tensor, steps: int, coefficients: Sequence[float],
                   eps: float = 1e-7) -> Tensor:
-    """Push every singular value of the matrix g towards 1, keeping its singular vectors.
+    """Push every singular value of the matrix g towards 1, keeping its singular vectors:
+    tinygrad's `Tensor.newton_schulz(steps, params, eps)`, which this calls.
 
     g is divided by its Frobenius norm (so every singular value is at most 1), then each step
     applies the odd polynomial with the given coefficients (a, b, c, ...):
         A = G @ G.T;   G <- a*G + b*A@G + c*A@A@G + ...
     which maps a singular value s to a*s + b*s^3 + c*s^5 + ... Muon's (3.4445, -4.775, 2.0315)
     sends any s in (0, 1] into about [0.7, 1.2] in five steps. A tall matrix is transposed
-    first, so A is the smaller of the two Gram matrices. Batched over leading axes.
-    tinygrad: Tensor.newton_schulz(steps, params, eps)."""
-    if g.ndim < 2:
-        raise ValueError(f"newton_schulz needs a matrix (2 or more axes), got shape {g.shape}")
-    if g.shape[-2] > g.shape[-1]:
-        return newton_schulz(g.transpose(-2, -1), steps, coefficients, eps).transpose(-2, -1)
-    norm = g.square().sum(axis=(-2, -1), keepdim=True).sqrt()
-    x = g / (norm + eps)
-    for _ in range(steps):
-        gram = x @ x.transpose(-2, -1)
-        term, total = x, coefficients[0] * x
-        for coefficient in coefficients[1:]:
-            term = gram @ term
-            total = total + coefficient * term
-        x = total
-    return x
+    first, so A is the smaller of the two Gram matrices. Batched over leading axes."""
+    return g.newton_schulz(steps, coefficients, eps)
 
 
 def _check_non_negative(**values: float) -> None:

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyteach.dtype import DType, dtypes
+from tinyteach.dtype import BFLOAT16_WORDS, DType, dtypes, to_bfloat16_bits
 from tinyteach.helpers import prod
 from tinyteach.schedule import is_contiguous_buffer
 from tinyteach.tensor import Tensor
@@ -145,7 +145,8 @@ def _state_dict_problems(targets: Mapping[str, Tensor], given: Mapping[str, Tens
 SAFETENSORS_DTYPES: dict[str, DType] = {
     "BOOL": dtypes.bool, "U8": dtypes.uint8, "I8": dtypes.int8, "I16": dtypes.int16,
     "U16": dtypes.uint16, "I32": dtypes.int32, "U32": dtypes.uint32, "I64": dtypes.int64,
-    "U64": dtypes.uint64, "F16": dtypes.float16, "F32": dtypes.float32, "F64": dtypes.float64,
+    "U64": dtypes.uint64, "F16": dtypes.float16, "BF16": dtypes.bfloat16, "F32": dtypes.float32,
+    "F64": dtypes.float64,
 }
 _NAME_OF_DTYPE = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 
@@ -163,7 +164,10 @@ def safe_save(tensors: Mapping[str, Tensor], path: str | os.PathLike[str],
         if tensor.dtype not in _NAME_OF_DTYPE:
             raise TypeError(f"safe_save: {name} has dtype {tensor.dtype}, which safetensors "
                             f"(as tinyteach writes it) does not support")
-        data = np.ascontiguousarray(tensor.numpy()).astype(tensor.dtype.np.newbyteorder("<"))
+        values = tensor.numpy()  # (bfloat16: its float32 values, exactly; written as words)
+        if tensor.dtype == dtypes.bfloat16:
+            values = to_bfloat16_bits(values)
+        data = np.ascontiguousarray(values).astype(tensor.dtype.np.newbyteorder("<"))
         raw = data.tobytes()
         header[name] = {"dtype": _NAME_OF_DTYPE[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + len(raw)]}
@@ -243,7 +247,7 @@ class TorchLoadError(pickle.UnpicklingError):
 
 
 # The storage classes torch.save names, and the numpy type of their elements. bfloat16 has no
-# numpy type: its 16 bits are the top half of a float32, so it is read as uint16 and widened.
+# numpy type: it is read as uint16 words, which become a bfloat16 tensor (dtype.py).
 TORCH_STORAGES: dict[str, str] = {
     "FloatStorage": "<f4", "DoubleStorage": "<f8", "HalfStorage": "<f2",
     "BFloat16Storage": "bfloat16", "LongStorage": "<i8", "IntStorage": "<i4",
@@ -271,8 +275,8 @@ def torch_load(path: str | os.PathLike[str], device: str | None = None) -> Any:
     A checkpoint is a pickle, and unpickling can call any function a file names. So, as
     PyTorch's `weights_only=True`, only the few names a tensor checkpoint needs are allowed
     (OrderedDict, torch's tensor rebuilders, storage types and dtypes); any other name raises
-    TorchLoadError before it is imported, let alone called. bfloat16 comes back as float32
-    (tinyteach has no bfloat16); complex and quantized tensors are refused."""
+    TorchLoadError before it is imported, let alone called. bfloat16 stays bfloat16 (its
+    words); complex and quantized tensors are refused."""
     path = str(path)
     if not zipfile.is_zipfile(path):
         raise TorchLoadError(f"torch_load: {path} is not a zip file; torch_load reads the zip "
@@ -351,12 +355,12 @@ class _CheckpointUnpickler(pickle.Unpickler):
             raise TorchLoadError(f"torch_load: storage {name} holds {len(raw)} bytes, fewer "
                                  f"than {count} elements of {storage_type.name}")
         values = np.frombuffer(raw, dtype=dtype, count=count).astype(dtype.newbyteorder("="))
-        return _widen_bfloat16(values) if storage_type.element == "bfloat16" else values
+        return _as_bfloat16(values) if storage_type.element == "bfloat16" else values
 
 
-def _widen_bfloat16(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) as float32: the same bits, followed by 16 zero bits."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+def _as_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns read as uint16, tagged as bfloat16 words (dtype.BFLOAT16_WORDS)."""
+    return bits.astype(BFLOAT16_WORDS)
 
 
 def _elements(storage: np.ndarray, offset: int, size: tuple[int, ...],
@@ -389,7 +393,7 @@ def _rebuild_tensor_v3(storage: np.ndarray, offset: int, size: tuple[int, ...],
     element = "u2" if dtype.element == "bfloat16" else dtype.element
     typed = storage.view(np.dtype(element))
     values = _elements(typed, offset, tuple(size), tuple(stride))
-    values = _widen_bfloat16(values) if dtype.element == "bfloat16" else values
+    values = _as_bfloat16(values) if dtype.element == "bfloat16" else values
     return Tensor(values, device=device)
 
 

@@ -25,8 +25,6 @@ What this teaches:
   (tests/test_cpu_tiers.py compares NaN, ±inf, -0.0, subnormals, casts and integer division
   by zero byte for byte). In the MLP's first step, 7 of 31 kernels are built at once; tcc
   builds the other 24 in tens of milliseconds, where gcc -O2 spends ~0.7 s of CPU on them.
-  Those 7 are reductions: realize.py lowers a schedule's reductions first and hands them to
-  `compile_early`, so gcc builds them while Python lowers the other kernels;
 
 Settings: `CC` chooses the compiler (gcc or clang; default: cc, then gcc, then clang),
 `TINYTEACH_CACHE` moves the cache (default ~/.cache/tinyteach), `CPU_TIERED=0` (or
@@ -304,8 +302,6 @@ class ClangStyleCompiler(Compiler):
         self.fast = FastCompiler(compiler, self.flags)
         self.optimized_tier = f"{Path(compiler).name} -O2"
         self.nice = shutil.which("nice")  # background builds yield the cores to the kernels
-        self._early: dict[str, Future[Path]] = {}  # compile_early's builds, by source
-        self._early_pool: ThreadPoolExecutor | None = None
 
     def library_path(self, source: str) -> Path:
         """Where the cache keeps the optimized library of `source`."""
@@ -338,32 +334,14 @@ class ClangStyleCompiler(Compiler):
         the builds it is given)."""
         return bool(CPU_TIERED) and not BEAM >= 1
 
-    def compile_early(self, sources: list[str]) -> None:
-        """Start now the optimized builds of those `sources` that must wait for them
-        (needs_optimized_build), grouped as `compile_many` would group them; `compile_many`
-        later collects their libraries instead of starting gcc then. realize.py calls this
-        once the schedule's reductions are rendered, so gcc builds them while Python lowers
-        the other kernels (which start on the fast tier anyway)."""
-        waiting = [s for s in sources if needs_optimized_build(s) and s not in self._early
-                   and not self.library_path(s).exists()]
-        if not waiting:
-            return
-        if self._early_pool is None:  # the threads only wait for compiler processes
-            self._early_pool = ThreadPoolExecutor(os.cpu_count() or 1,
-                                                  thread_name_prefix="tinyteach-compile")
-        for group in chunks_of(waiting, per_process=1):
-            future = self._early_pool.submit(self.compile, "\n".join(group))
-            self._early.update(dict.fromkeys(group, future))
-
     def compile_many(self, sources: list[str]) -> list[Path | TieredBinary]:
         """Several kernels (with different function names) in a few shared objects: one
         compiler process per core instead of one per kernel, all running at once. Kernels
         that may reorder (needs_optimized_build) are grouped apart from the others; with
         tiering, the others' groups that are not in the cache start on the fast tier and are
         optimized in the background. Each kernel's program loads its group's library."""
-        early = {s: self._early.pop(s) for s in sources if s in self._early}
         exact = [s for s in sources if not needs_optimized_build(s)]
-        reordering = [s for s in sources if needs_optimized_build(s) and s not in early]
+        reordering = [s for s in sources if needs_optimized_build(s)]
         # the reordering kernels are waited for: spread them over every core
         groups = chunks_of(reordering, per_process=1) + chunks_of(exact)
         late = [g for g in groups if self.tiering() and not needs_optimized_build(g[0])
@@ -375,8 +353,6 @@ class ClangStyleCompiler(Compiler):
             binaries: dict[str, Path | TieredBinary] = fast.result()
         for group, library in zip(now, built):
             binaries.update(dict.fromkeys(group, library))
-        for source, future in early.items():  # started by compile_early: done, or nearly
-            binaries[source] = future.result()
         if DEBUG >= 2 and late:
             print(f"    CPU compile: {sum(map(len, late))} of {len(sources)} new kernels on the "
                   f"fast tier, {self.optimized_tier} builds them in the background")

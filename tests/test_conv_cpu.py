@@ -1,0 +1,182 @@
+"""Convolutions on the CPU (issue 16): channel tiles (pack.py), output blocks (opt.py) and the
+short-loop rule for vector lanes (lower.py) change how a convolution runs, never what it
+computes. Forward and both gradients are checked against PyTorch, with the optimizations on,
+off (NOOPT=1) and without channel tiles (CHANNEL_TILES=0), for odd sizes, strides, padding,
+dilation and groups."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinyteach import Context, Tensor
+from tinyteach.device import Device
+from tinyteach.lower import lower
+from tinyteach.opt import choose_options
+from tinyteach.pack import pack_operands, plan_channel_tile
+from tinyteach.realize import build_schedule
+
+torch = pytest.importorskip("torch")
+
+# (batch, in channels, out channels, height, width, kernel, stride, padding, dilation, groups)
+CASES = [
+    (4, 8, 16, 11, 11, 3, 1, 0, 1, 1),   # the benchmark CNN's second conv, smaller batch
+    (3, 3, 8, 13, 9, 3, 2, 1, 1, 1),     # odd sizes, stride 2, padding 1
+    (2, 4, 16, 12, 10, (3, 2), 1, (2, 1), 2, 1),  # rectangular kernel, dilation 2
+    (2, 8, 16, 9, 9, 3, 1, 1, 1, 2),     # two groups
+    (5, 1, 8, 14, 14, 5, 1, 0, 1, 1),    # one input channel (as a first layer)
+    (2, 6, 9, 7, 8, 3, 1, 1, 1, 3),      # channels that no vector width divides
+]
+
+
+def _arrays(case: tuple, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    batch, cin, cout, height, width, kernel, _, _, _, groups = case
+    kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, cin, height, width)).astype(np.float32)
+    w = rng.normal(size=(cout, cin // groups, kh, kw)).astype(np.float32) / 3
+    b = rng.normal(size=(cout,)).astype(np.float32)
+    return x, w, b
+
+
+def _torch_conv(case: tuple, x: np.ndarray, w: np.ndarray, b: np.ndarray,
+                upstream: np.ndarray) -> list[np.ndarray]:
+    *_, stride, padding, dilation, groups = case
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    out = torch.nn.functional.conv2d(tx, tw, tb, stride, padding, dilation, groups)
+    (out * torch.tensor(upstream)).sum().backward()
+    return [out.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy()]
+
+
+def _tiny_conv(case: tuple, x: np.ndarray, w: np.ndarray, b: np.ndarray,
+               upstream: np.ndarray) -> list[np.ndarray]:
+    *_, stride, padding, dilation, groups = case
+    tx, tw, tb = (Tensor(a, requires_grad=True) for a in (x, w, b))
+    out = tx.conv2d(tw, tb, groups=groups, stride=stride, dilation=dilation, padding=padding)
+    (out * Tensor(upstream)).sum().backward()
+    return [out.numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy()]
+
+
+SETTINGS = {"optimized": {}, "noopt": {"NOOPT": 1}, "no_channel_tiles": {"CHANNEL_TILES": 0}}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("case", CASES, ids=[f"case{k}" for k in range(len(CASES))])
+def test_conv_forward_and_gradients_match_torch(case, setting):
+    x, w, b = _arrays(case)
+    expected = _torch_conv(case, x, w, b, np.ones(1, np.float32))
+    upstream = np.random.default_rng(1).normal(size=expected[0].shape).astype(np.float32)
+    expected = _torch_conv(case, x, w, b, upstream)
+    with Context(**SETTINGS[setting]):
+        got = _tiny_conv(case, x, w, b, upstream)
+    for name, mine, theirs in zip(["output", "grad x", "grad w", "grad b"], got, expected):
+        assert mine.shape == theirs.shape, name
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def _kernels(tensors: list[Tensor]) -> list:
+    schedule = build_schedule([t.uop for t in tensors], "CPU")
+    return [item for item in schedule.items if item.kind == "kernel"]
+
+
+def test_conv_forward_gets_a_channel_tile():
+    """The benchmark's second conv: the weights are packed channels last, the kernel reads 16
+    output channels as vectors into a channels-last buffer, a copy puts it back in order."""
+    x, w, _ = _arrays(CASES[0])
+    out = Tensor(x).conv2d(Tensor(w))
+    names = [item.name for item in _kernels([out])]
+    assert names[0].startswith("pack_c16_") and names[-1].startswith("unpack_"), names
+    kernel = _kernels([out])[1]
+    options = choose_options(kernel.ast, Device["CPU"].renderer.vector_width)
+    assert options.vector_width > 0
+    source = Device["CPU"].renderer.render(kernel.name, lower(kernel.ast, options))
+    assert "_vec" in source  # vector loads and accumulators
+    np.testing.assert_allclose(out.numpy(), _torch_conv(CASES[0], x, w, np.zeros(16, np.float32),
+                                                        np.ones((4, 16, 9, 9), np.float32))[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("setting", [{"NOOPT": 1}, {"CHANNEL_TILES": 0}])
+def test_switched_off_packs_nothing(setting):
+    x, w, _ = _arrays(CASES[0])
+    out = Tensor(x).conv2d(Tensor(w))
+    with Context(**setting):
+        items = build_schedule([out.uop], "CPU").items
+        assert [item.name for item in items] == ["r_4_16_9_9_8_3_3"]
+        assert pack_operands(items) == items
+
+
+def test_no_channel_tile_without_a_channel_axis_of_whole_vectors():
+    """Nine output channels fill no vector: no packing (the kernel stays as it was)."""
+    x, w, _ = _arrays(CASES[5])
+    (item,) = _kernels([Tensor(x).conv2d(Tensor(w), groups=3, padding=1)])
+    assert not item.name.startswith(("pack", "unpack"))
+
+
+def test_short_sums_get_no_channel_tile():
+    """A sum of 9 per output (one input channel, 3x3): the copies would cost more than the
+    vectors save, so the kernel keeps its scalar tile."""
+    x = Tensor(np.ones((8, 1, 20, 20), np.float32))
+    w = Tensor(np.ones((8, 1, 3, 3), np.float32))
+    schedule = build_schedule([x.conv2d(w).uop], "CPU")
+    raw = [item for item in schedule.items if not item.name.startswith(("pack", "unpack"))]
+    assert len(raw) == len(schedule.items)
+    assert all(plan_channel_tile(item.ast, 8) is None for item in raw)
+
+
+def test_window_gradient_stores_blocks_of_consecutive_outputs():
+    """The gradient of a conv's window view (a sum over 16 output channels per element) has
+    its 3x3 taps upcast whole: each iteration writes 9 consecutive outputs."""
+    x, w, _ = _arrays(CASES[0])
+    tx = Tensor(x, requires_grad=True)
+    tx.conv2d(Tensor(w)).sum().backward()
+    assert tx.grad is not None
+    kernels = _kernels([tx.grad])
+    window = [k for k in kernels if k.ast.src[0].src[1].shape[-2:] == (3, 3)]
+    assert window, [k.name for k in kernels]
+    options = choose_options(window[0].ast, Device["CPU"].renderer.vector_width)
+    assert dict(options.upcasts).get(len(window[0].ast.src[0].src[1].shape) - 1) == 3
+
+
+def test_x_times_w_transposed_gets_a_channel_tile():
+    """x @ w.T (an MLP layer: both operands walk memory along the sum) reads w's rows as
+    vectors once w is packed with its output axis last."""
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(64, 200)).astype(np.float32), \
+        rng.normal(size=(48, 200)).astype(np.float32)
+    out = Tensor(a) @ Tensor(b).T
+    names = [item.name for item in _kernels([out])]
+    assert names[0].startswith("pack_c"), names
+    assert not any(name.startswith("unpack") for name in names)  # the columns are last already
+    np.testing.assert_allclose(out.numpy(), a @ b.T, rtol=1e-4, atol=1e-4)
+
+
+def test_short_loops_are_not_split_into_vector_lanes():
+    """A 3-tap loop over kernel columns: no `omp simd` (its lanes would be summed after every
+    3 steps); a 64-long contiguous sum keeps it."""
+    renderer = Device["CPU"].renderer
+    x = Tensor(np.ones((4, 8, 11, 11), np.float32))
+    w = Tensor(np.ones((16, 8, 3, 3), np.float32))
+    with Context(CHANNEL_TILES=0):
+        (item,) = _kernels([x.conv2d(w)])
+    source = renderer.render(item.name, lower(item.ast, vector_width=renderer.vector_width))
+    assert "omp simd" not in source
+    long_sum = _kernels([Tensor(np.ones((8, 64), np.float32)).sum(1)])[0]
+    source = renderer.render(long_sum.name, lower(long_sum.ast, vector_width=8))
+    assert "omp simd" in source
+
+
+def test_beam_search_keeps_channel_tiled_convolutions_correct(tmp_path, monkeypatch):
+    """BEAM times other options for the channel-tiled kernel (its candidates are checked against
+    the heuristic's output); the convolution still matches PyTorch."""
+    from tinyteach import clear_caches, search
+    monkeypatch.setattr(search, "beam_cache_dir", lambda: tmp_path / "beam")
+    clear_caches()
+    case = (2, 8, 16, 10, 10, 3, 1, 0, 1, 1)
+    x, w, b = _arrays(case)
+    upstream = np.ones((2, 16, 8, 8), np.float32)
+    expected = _torch_conv(case, x, w, b, upstream)
+    with Context(BEAM=1, CPU_TIERED=0):
+        tx, tw = Tensor(x), Tensor(w)
+        got = tx.conv2d(tw, Tensor(b)).numpy()
+    clear_caches()
+    np.testing.assert_allclose(got, expected[0], rtol=1e-4, atol=1e-4)
