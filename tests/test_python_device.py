@@ -139,10 +139,20 @@ def test_group_options_are_checked():
         KernelOptions(group=16, group_combine="butterfly")
     with pytest.raises(ValueError, match="upcasts"):
         KernelOptions(upcasts=((0, 4),), group=16)
-    two_reductions = Tensor(data(4, 64), device="PYTHON")
-    item = last_kernel(two_reductions.sum(axis=1) + two_reductions.max(axis=1))
-    with pytest.raises(ValueError, match="exactly one"):
+    rows, columns = Tensor(data(4, 64), device="PYTHON"), Tensor(data(64, 4), device="PYTHON")
+    item = last_kernel(rows.sum(axis=1) + columns.max(axis=0))
+    with pytest.raises(ValueError, match="the same axes of the same shape"):
         lower(item.ast, KernelOptions(group=16))
+
+
+def test_two_reductions_over_the_same_rows_are_two_group_reductions():
+    """A chain over the same rows (lower.py): one round of shared memory per reduction."""
+    array = data(4, 64)
+    x = Tensor(array, device="PYTHON")
+    item = last_kernel(x.sum(axis=1) + x.max(axis=1))
+    output, _ = run_with(item, KernelOptions(group=16))
+    np.testing.assert_allclose(output, array.sum(axis=1) + array.max(axis=1), rtol=1e-5)
+    assert len(lower(item.ast, KernelOptions(group=16)).locals) == 2
 
 
 # ---- the heuristic: only where the renderer supports it, never under NOOPT ----

@@ -68,6 +68,7 @@ from tinyteach.opt import (
     choose_options,
     index_value,
     local_tile_plan,
+    row_kernel_axis,
 )
 from tinyteach.rewrite import graph_rewrite, sum_terms, symbolic
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, sint, sym_max, variables_of
@@ -86,7 +87,8 @@ from tinyteach.wmma import TensorCoreLowering, tensor_core_lowering
 def make_range(kind: str, number: int, size: sint) -> UOp:
     """A loop counter: `kind` is 'g' for an output axis, 'r' for a reduced one, 'v' for vector
     lanes, 'w' for an output axis whose every element is computed by a whole work-group (a
-    group reduction: on a GPU, a loop over work-groups instead of threads)."""
+    group reduction: on a GPU, a loop over work-groups instead of threads), 'c' for the
+    columns of a row that each thread of the row's work-group stores (a plain loop)."""
     return UOp(Ops.RANGE, dtypes.int32, (), (kind, number, size))
 
 
@@ -102,6 +104,7 @@ class _Lowerer:
 
     group: int = 0
     group_combine: str = "tree"
+    rows: bool = False  # a kernel over whole rows: one work-group per row (row_output_index)
     tile: TilePlan | None = None  # a local tile: how the kernel splits (opt.local_tile_plan)
     tile_size: int = 0
     output_index: Index = ()  # the output element this thread computes (for a local tile)
@@ -147,6 +150,8 @@ class _Lowerer:
             return [(node.src[0], inner_index, and_valid(valid, condition))], \
                 lambda values: _guarded(values[0], condition)
         if node.op is Ops.REDUCE_AXIS:
+            if self.rows and valid is not None:  # (the column guard: the same row's reduction)
+                return [(node, index, None)], lambda values: values[0]
             return self._plan_reduce(node, index, valid)
         if node.op in ALU:
             return [(s, index, valid) for s in node.src], \
@@ -235,6 +240,8 @@ class _Lowerer:
                                                      (shared, lidx, partial)),))
         if self.group_combine == "serial":
             result = self._serial_combine(shared, barrier, reduce_op)
+            if self.rows:  # every thread of a row's group needs the result: thread 0 shares it
+                result = self._share_from_first(shared, result)
             self.group_results.append(result)
             return result
         half = threads // 2
@@ -259,6 +266,14 @@ class _Lowerer:
         value = UOp(Ops.LOAD, shared.dtype, (shared, loop, first, barrier))
         return UOp(Ops.REDUCE, shared.dtype, (value, loop), reduce_op)
 
+
+    def _share_from_first(self, shared: UOp, result: UOp) -> UOp:
+        """Thread 0 writes its serial result into element 0 (it alone read the partials since
+        the last barrier); after a barrier every thread reads it."""
+        first = local_thread_id(self.group).lt(1)
+        published = UOp(Ops.STORE, shared.dtype, (shared, index_const(0), result, first))
+        return UOp(Ops.LOAD, shared.dtype, (shared, index_const(0),
+                                            UOp(Ops.BARRIER, dtypes.bool, (published,))))
 
     # ---- a matmul-like reduction from tiles in shared memory ----
 
@@ -408,14 +423,18 @@ def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
     store = ast.src[0]
     output, value = store.src
     if options.group and not can_group_reduce(ast):
-        raise ValueError("a group reduction needs a kernel with exactly one (non-bool) "
-                         "reduction")
+        raise ValueError("a group reduction needs a kernel whose (non-bool) reductions all "
+                         "reduce the same axes of the same shape")
     tile = local_tile_plan(ast) if options.local_tile else None
     if options.local_tile and tile is None:
         raise ValueError("a local tile needs a matmul-like kernel: one sum over one axis of a "
                          "product X * Y, X constant along the output's last axis, Y along "
                          "the one before")
-    lowerer = _Lowerer(options.group, options.group_combine, tile, options.local_tile)
+    lowerer = _Lowerer(options.group, options.group_combine, tile=tile,
+                       tile_size=options.local_tile)
+    row_axis = row_kernel_axis(ast) if options.group else None
+    if row_axis is not None:
+        return _lower_rows(lowerer, ast, row_axis)
     lowerer.tensor_core = tensor_core_lowering(ast) if options.tensor_core else None
     indices = lowerer.tensor_core.output_indices if lowerer.tensor_core is not None \
         else output_indices(value.shape, options)
@@ -431,6 +450,43 @@ def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
                                                    *_group_store_sources(lowerer))))
     return graph_rewrite(UOp(Ops.SINK, dtypes.bool, tuple(stores)), symbolic,
                          memo=_symbolic_memo)
+
+
+# ---- a kernel over whole rows: one work-group per row ----
+
+def row_output_index(shape: tuple[int, ...], row_axis: int, threads: int) -> tuple[Index, Valid]:
+    """The output index of a kernel over whole rows (opt.row_kernel_axis), and where it exists.
+    Every other axis is a loop over work-groups ('w'): one group per row. Along the row,
+    thread `lidx0` of the group stores columns lidx0, lidx0 + T, lidx0 + 2T, ... (a 'c' loop
+    over steps of T): neighbouring threads store neighbouring columns. Where the row is not a
+    multiple of T, the last step's guard keeps the threads past its end from loading or
+    storing."""
+    steps = -(-shape[row_axis] // threads)
+    index: list[UOp] = []
+    for axis, size in enumerate(shape):
+        if axis == row_axis:
+            index.append(make_range("c", axis, steps) * threads + local_thread_id(threads))
+        else:
+            index.append(index_const(0) if size == 1 else make_range("w", axis, size))
+    inside = _below(index[row_axis], shape[row_axis]) if shape[row_axis] % threads else None
+    return tuple(index), inside
+
+
+def _lower_rows(lowerer: _Lowerer, ast: UOp, row_axis: int) -> UOp:
+    """A fused row chain (softmax, layernorm) on a GPU: each reduction of the chain is a group
+    reduction of the row's work-group (partials in shared memory, a barrier, a tree), computed
+    once per row; after the last barrier every thread stores its columns of the row."""
+    output, value = ast.src[0].src
+    lowerer.rows = True
+    index, inside = row_output_index(value.shape, row_axis, lowerer.group)
+    lowered = lowerer.lower(value, index, inside)
+    gate = () if inside is None else (inside,)
+    # the last barrier: every thread has read the row's results before the group's next row
+    # writes new partials over them
+    done = UOp(Ops.BARRIER, dtypes.bool, tuple(lowerer.group_results))
+    store = UOp(Ops.STORE, value.dtype, (output, linear_index(index, value.shape), lowered,
+                                         *gate, done))
+    return graph_rewrite(UOp(Ops.SINK, dtypes.bool, (store,)), symbolic, memo=_symbolic_memo)
 
 
 def _group_store_sources(lowerer: _Lowerer) -> tuple[UOp, ...]:
@@ -513,7 +569,8 @@ def _base_of_lane_index(index: UOp, lane: UOp) -> UOp | None:
 
 # ---- linearize: a graph with loops -> a straight-line program ----
 
-OUTPUT_KINDS = ("g", "w")  # loops over output elements: by thread ('g') or by work-group ('w')
+# loops over output elements: by thread ('g'), by work-group ('w'), by a thread of a row's group
+OUTPUT_KINDS = ("g", "w", "c")
 
 @dataclass
 class LinearProgram:
@@ -700,9 +757,11 @@ def linearize(lowered: UOp, options: KernelOptions = NO_OPTIONS) -> LinearProgra
         if node.op is Ops.REDUCE:
             linearizer.reductions.setdefault(node.src[1:], []).append(node)
     row_loops = _loops_of_row_reductions(nodes, global_loops, linearizer.range_memo)
-    if row_loops is not None and not thread_ids:
+    if any(loop.arg[0] == "c" for loop in global_loops):  # a work-group per row: rows first
+        row_loops = frozenset(loop for loop in global_loops if loop.arg[0] != "c")
+    if row_loops is not None:
         global_loops = _rows_first(global_loops, row_loops)
-        for node in [*defines, *shared]:
+        for node in [*defines, *shared, *thread_ids]:
             linearizer.uops.append(node)
             linearizer.placed.add(node)
         _place_loop_by_loop(linearizer, lowered, global_loops)

@@ -74,6 +74,11 @@ GROUP_THREADS = 16         # threads of a work-group that share one reduction (a
 GROUP_MIN_REDUCE = 32      # shorter reductions stay one thread per output
 GROUP_MAX_OUTPUTS = 4096   # more outputs than this already fill a GPU with one thread each
 GROUP_COMBINES = ("tree", "serial")
+# a kernel over whole rows (a fused softmax or layernorm, schedule.fuses_along_rows) takes one
+# work-group per row: ROW_GROUP_THREADS threads split the row, each at most ROW_STEPS columns
+ROW_GROUP_THREADS = 64
+ROW_STEPS = 32
+MAX_GROUP_ROW = ROW_GROUP_THREADS * ROW_STEPS  # 2,048 elements: longer rows are not fused
 LOCAL_TILE = 16            # a local tile: LOCAL_TILE x LOCAL_TILE threads (256, every GPU allows)
 
 
@@ -181,6 +186,8 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
     value = kernel_value(ast)
     shape = value.shape
     reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
+    if group_reduce and row_kernel_axis(ast) is not None:
+        return KernelOptions(group=row_group_threads(ast))
     if tensor_core and _worth_a_tensor_core(ast):
         return KernelOptions(tensor_core=True)
     if local_tile and worth_a_local_tile(ast):
@@ -240,10 +247,40 @@ def _output_block(shape: tuple[int, ...], reduces: list[UOp]) -> KernelOptions |
 
 
 def can_group_reduce(ast: UOp) -> bool:
-    """A group reduction needs exactly one reduction in the kernel, of floats or ints (a
-    kernel with two would need two rounds of shared memory: it keeps one thread per output)."""
+    """A group reduction needs a kernel whose reductions, of floats or ints, all reduce the
+    same axes of the same shape: one, or a chain over the same rows (softmax's max, then its
+    sum), each its own round of shared memory."""
     reduces = [n for n in kernel_value(ast).toposort if n.op is Ops.REDUCE_AXIS]
-    return len(reduces) == 1 and reduces[0].dtype != dtypes.bool
+    return bool(reduces) and all(r.dtype != dtypes.bool and r.arg[1] == reduces[0].arg[1] and
+                                 r.src[0].shape == reduces[0].src[0].shape for r in reduces)
+
+
+def row_kernel_axis(ast: UOp) -> int | None:
+    """The row axis of a kernel that computes whole rows from reductions over them (a fused
+    softmax or layernorm: the output has the reductions' source shape), or None. Such a kernel
+    takes one work-group per row (lower.row_output_index): the row is the last reduced axis,
+    the only one longer than 1 and the innermost, at most MAX_GROUP_ROW long."""
+    value = kernel_value(ast)
+    reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
+    if not reduces or not can_group_reduce(ast) or value.shape != reduces[0].src[0].shape:
+        return None
+    shape, axes = value.shape, reduces[0].arg[1]
+    long_axes = [axis for axis in axes if shape[axis] > 1]
+    if long_axes not in ([], [axes[-1]]) or shape[axes[-1]] > MAX_GROUP_ROW or \
+            any(size > 1 for size in shape[axes[-1] + 1:]):
+        return None
+    return axes[-1]
+
+
+def row_group_threads(ast: UOp) -> int:
+    """Threads of a row's work-group: ROW_GROUP_THREADS, or the power of two at or above a
+    shorter row (a row of 10 takes 16 threads)."""
+    axis = row_kernel_axis(ast)
+    length = 1 if axis is None else kernel_value(ast).shape[axis]
+    threads = 2
+    while threads < min(length, ROW_GROUP_THREADS):
+        threads *= 2
+    return threads
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ What this teaches:
 - a reduction must be stored in its own buffer when its result is broadcast back over the axes it
   reduced (softmax's max), feeds another reduction, or is needed by more than one kernel;
 - ... except a chain of reductions over the same short rows (`fuses_along_rows`: rows of at most
-  MAX_FUSED_ROW_BYTES, the innermost axes, a device whose output loops are loops): softmax and
+  MAX_FUSED_ROW_BYTES, the innermost axes, a device whose output loops are loops or a GPU whose
+  work-group holds the row, `fuses_rows_on`): softmax and
   layernorm become one kernel that computes each row's reductions once, before the row's
   outputs (lower.py places them), reading the row again from cache. FUSE_ROWS=0 turns it off;
 - `assign` writes into a buffer that already exists, so every kernel reading its old value runs
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import dtypes
-from tinyteach.helpers import ContextVar, prod
+from tinyteach.helpers import NOOPT, ContextVar, prod
 from tinyteach.uop import (
     ALU,
     MOVEMENT,
@@ -316,6 +317,10 @@ FUSE_ROWS = ContextVar("FUSE_ROWS", 1)
 # (8,192 float32) is still in the core's L1/L2 cache the next time. A longer row would come
 # from memory every time, as from three kernels, and leaves fewer rows to split across cores
 MAX_FUSED_ROW_BYTES = 32 * 1024
+# the longest row a GPU work-group takes whole (64 threads x 32 columns each): opt.MAX_GROUP_ROW,
+# which must agree (tests/test_fuse_rows.py checks; schedule.py may not import opt.py, a layer
+# above it)
+MAX_GROUP_ROW = 2048
 # the most nodes `fuses_along_rows` visits above one reduction before it gives up (and stores
 # it): the check stays linear in the size of the graph
 MAX_ROW_WALK = 256
@@ -353,17 +358,38 @@ def fuses_along_rows(reduce: UOp, users: dict[UOp, list[UOp]], realized: dict[UO
                      above: frozenset[Ops], device: str) -> bool:
     """May a reduction that is broadcast back over its rows, or feeds another reduction over
     the same rows, be computed in the kernel that reads it? Yes when FUSE_ROWS is on, its
-    row is at most MAX_FUSED_ROW_BYTES, the rows are the innermost axes, the device loops over
-    outputs, and everything between it and its kernel's output stays on the same rows
+    row is at most MAX_FUSED_ROW_BYTES, the rows are the innermost axes, the device can compute
+    a row's reductions once per row (`fuses_rows_on`: its output loops are loops, or a GPU
+    work-group per row), and everything between it and its kernel's output stays on the same rows
     (`_stays_on_rows`): then lower.py computes it once per row, before that row's outputs."""
     source_shape, axes = reduce.src[0].shape, reduce.arg[1]
     if any(isinstance(size, UOp) for size in source_shape):
         return False  # (a reduction over a symbolic shape keeps the stored path)
+    if reduce.has_symbols and output_loops_are_threads(device):
+        return False  # (a GPU row needs a work-group: a symbolic kernel gets no options)
     if not FUSE_ROWS or not above <= ROW_FUSION_OPS:
         return False
     if row_bytes(reduce) > MAX_FUSED_ROW_BYTES or not rows_are_innermost(source_shape, axes):
         return False
-    return not output_loops_are_threads(device) and _stays_on_rows(reduce, users, realized)
+    return fuses_rows_on(device, reduce) and _stays_on_rows(reduce, users, realized)
+
+
+def fuses_rows_on(device: str, reduce: UOp | None = None) -> bool:
+    """Can the device compute a row's reductions once per row in the kernel of its outputs?
+    A device whose output loops are loops can. A GPU whose renderer has work-groups with
+    shared memory (`supports_group_reduce`) can when the row fits one work-group: one long
+    reduced axis (the last), at most opt.MAX_GROUP_ROW elements (64 threads x 32 columns
+    each); the kernel then takes one work-group per row (lower.row_output_index). Not under
+    NOOPT (no work-groups: every thread would redo its row's reductions)."""
+    if not output_loops_are_threads(device):
+        return True
+    if NOOPT or not getattr(Device[device].renderer, "supports_group_reduce", False):
+        return False
+    if reduce is None:
+        return True
+    shape, axes = reduce.src[0].shape, reduce.arg[1]
+    long_axes = [axis for axis in axes if shape[axis] > 1]
+    return long_axes in ([], [axes[-1]]) and shape[axes[-1]] <= MAX_GROUP_ROW
 
 
 def is_row_result(node: UOp, realized: dict[UOp, str], device: str) -> bool:
@@ -371,7 +397,7 @@ def is_row_result(node: UOp, realized: dict[UOp, str], device: str) -> bool:
     sum * (1/n)? Broadcast back over the row, it is not recomputed per element: where its
     reduction fuses, lower.py computes it once per row; where that is stored, it is a little
     elementwise work on the stored result."""
-    if not FUSE_ROWS or node.op not in ALU or output_loops_are_threads(device):
+    if not FUSE_ROWS or node.op not in ALU or not fuses_rows_on(device):
         return False
     stack, seen = [node], 0
     while stack and seen < MAX_ROW_WALK:

@@ -155,8 +155,8 @@ drawing
 # Storing is the right rule when a row is long. Each of the three kernels reads the whole input
 # from memory, and a row of a million floats would come from memory again on each pass of a
 # single kernel too; the stored max and sum are small (one float per row). It is also the
-# right rule on a GPU, where every output element is its own thread: there, a reduction placed
-# in the output's kernel is computed again by every thread of the row.
+# right rule on a GPU kernel where every output element is its own thread: there, a reduction
+# placed in the output's kernel would be computed again by every thread of the row.
 #
 # ## One kernel per row, while the row is in cache
 #
@@ -169,8 +169,10 @@ drawing
 # - the row is at most `MAX_FUSED_ROW_BYTES` = 32 KiB (8,192 float32s: L1 and L2 hold it),
 # - the reduced axes are the innermost ones (softmax over the last axis; over the first axis,
 #   each column's max would sit inside the loop over rows),
-# - the device's output loops are loops, not GPU threads (CPU, NUMPY; OPENCL, WEBGPU, PYTHON
-#   and CUDA keep the first rule),
+# - the device can compute a row's reductions once per row (`fuses_rows_on`): on CPU and NUMPY
+#   the output loops are loops; a GPU with work-groups (OPENCL, WEBGPU, PYTHON, CUDA) gives each
+#   row a work-group whose threads share the reductions (chapter 8b's group reductions), for
+#   rows of at most `MAX_GROUP_ROW` = 2,048 elements,
 # - between the reduction and the kernel's output there are only elementwise ops, broadcasts
 #   back over the row and reductions over the same row.
 #
@@ -236,9 +238,9 @@ assert "gidx0 < 1024;" in loop_lines[1]   # 4,096 rows, 4 per iteration
 # %% [markdown] id="sched-53"
 # Memory traffic, as the engine counts it (`GlobalCounters.global_mem`, the bytes of every
 # buffer a kernel reads or writes): the three kernels read the 1 MiB input three times; the
-# fused kernel reads it once and writes the output. The limit and the GPU rule, checked:
-# a row of 8,193 floats and the same softmax on the PYTHON device (a GPU emulator) are three
-# kernels.
+# fused kernel reads it once and writes the output. The limits, checked: a row of 8,193 floats
+# is three kernels on the CPU; on the PYTHON device (a GPU emulator) a row of 2,048 is one
+# kernel, a work-group per row, and a row of 2,049 is three.
 
 # %% id="sched-54"
 big = random_tensor(1024, 256)
@@ -253,11 +255,13 @@ input_bytes = 1024 * 256 * 4
 assert traffic[1] == 2 * input_bytes and traffic[0] >= 4 * input_bytes
 
 long_rows = Tensor.empty(2, 8193)
-on_gpu = Tensor.empty(4, 10, device="PYTHON")
-print("row of 8,193 floats:", len(schedule_of(long_rows.softmax(1))), "kernels;",
-      "on PYTHON:", len(create_schedule([on_gpu.softmax(1).uop], "PYTHON")[0]), "kernels")
+print("CPU, a row of 8,193 floats:", len(schedule_of(long_rows.softmax(1))), "kernels")
 assert len(schedule_of(long_rows.softmax(1))) == 3
-assert len(create_schedule([on_gpu.softmax(1).uop], "PYTHON")[0]) == 3
+for length, kernels in ((2048, 1), (2049, 3)):
+    on_gpu = Tensor.empty(4, length, device="PYTHON")
+    gpu_items, _ = create_schedule([on_gpu.softmax(1).uop], "PYTHON")
+    print(f"PYTHON, a row of {length:,}:", [item.name for item in gpu_items])
+    assert len(gpu_items) == kernels
 
 # %% [markdown] id="sched-19"
 # ## Every reason, one at a time

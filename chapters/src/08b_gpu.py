@@ -17,7 +17,9 @@
 # - **the emulator's checks**: an access out of bounds, a barrier that some threads of a group
 #   skip, and a race on shared memory are errors that name the thread and the address;
 # - **matmul** with local tiles in shared memory, then on **tensor cores**: a warp of 32
-#   threads multiplies small matrices held in pieces across its threads, in one instruction.
+#   threads multiplies small matrices held in pieces across its threads, in one instruction;
+# - **fused softmax, the GPU way**: one work-group per row, a group reduction for each
+#   reduction of the chain, and every thread storing its columns: one kernel instead of three.
 #
 # Modules: [`tinyteach/runtime/python.py`](../tinyteach/runtime/python.py) (the emulator),
 # [`tinyteach/lower.py`](../tinyteach/lower.py) and [`tinyteach/opt.py`](../tinyteach/opt.py)
@@ -398,6 +400,89 @@ errors = {"tensor cores (float32 sums)": largest_error(long_matmul.ast,
 assert errors["tensor cores (float32 sums)"] < 1e-4
 assert errors["one thread per output, half sums"] > 1e-2
 print("largest error against float64: tensor cores < 1e-4, half sums > 1e-2")
+
+# %% [markdown] id="gpu-44"
+# ## Fused softmax, the GPU way
+#
+# Chapter 6 made softmax one kernel on the CPU: each row's max and sum are computed once, in
+# loops placed before the loop over the row's outputs. On a GPU an output element is a thread,
+# and a thread that computed its row's max and sum by itself would redo them for every element
+# of the row. The GPU way (Triton's fused softmax, tinygrad's GROUP) is **one work-group per
+# row**: the group's T threads split the row, and each reduction of the chain is a group
+# reduction: every thread combines its columns `lidx0, lidx0 + T, ...`, the partials meet in
+# shared memory, and a tree halves them, a barrier after each step. The max comes first, then
+# the sum of `exp(x - max)`, each in its own shared array; after one last barrier every thread
+# stores *its* columns of the row. The scheduler fuses the chain on a GPU when the row fits a
+# work-group: at most `MAX_GROUP_ROW` = 64 threads × 32 columns = 2,048 elements (a longer row
+# keeps three kernels). A softmax over rows of 200 on the emulator, with `FUSE_ROWS` on and off:
+
+# %% id="gpu-45"
+from tinyteach import GlobalCounters
+from tinyteach.helpers import Context
+from tinyteach.opt import MAX_GROUP_ROW, options_for_renderer
+
+scores = rng.normal(size=(8, 200)).astype(np.float32)
+expected = np.exp(scores - scores.max(1, keepdims=True))
+expected /= expected.sum(1, keepdims=True)
+kernels = {}
+for fuse_rows in (1, 0):
+    with Context(FUSE_ROWS=fuse_rows):
+        GlobalCounters.reset()
+        got = Tensor(scores, device="PYTHON").softmax(1).numpy()
+        kernels[fuse_rows] = GlobalCounters.kernel_count
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+print("kernels:", kernels[1], "fused,", kernels[0], "with FUSE_ROWS=0")
+assert kernels == {1: 1, 0: 3} and MAX_GROUP_ROW == 2048
+
+(row_kernel,) = create_schedule([Tensor(scores, device="PYTHON").softmax(1).uop], "PYTHON")[0]
+row_program = lower(row_kernel.ast, options_for_renderer(row_kernel.ast, OpenCLRenderer()))
+assert row_program.options.group == 64 and len(row_program.locals) == 2
+print(OpenCLRenderer().render(row_kernel.name, row_program))
+
+# %% [markdown] id="gpu-46"
+# The kernel reads from the top: `local0` and `local1` are the two reductions' shared arrays;
+# the loop over `gidx0` gives each work-group its rows (8 groups, one row each); `ridx0` is a
+# thread's share of the max (4 steps of 64 columns; in the last, columns 192 to 255, a guard
+# keeps the threads past column 199 out), then a barrier and a tree of six halving steps, each
+# ending at a barrier; the same for the sum. After one last barrier, the loop over `gidx1` is
+# a thread's 4 columns of the output. The emulator's record of one run shows each barrier
+# phase's shared-memory traffic per work-group: phase 0 writes the 64 partial maxima, each tree
+# step reads twice as many partials as it writes, down to one; in phase 7 every thread reads
+# the max (element 0) and writes its partial sum; phase 14 reads the sum:
+
+# %% id="gpu-47"
+from viz.threads import phase_traffic
+
+with record_threads() as traces:
+    got = Tensor(scores, device="PYTHON").softmax(1).numpy()
+np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+(row_trace,) = traces
+traffic = phase_traffic(row_trace)
+assert row_trace.barriers == 2 * 7 + 1 and traffic[0] == (0, 0, 64)
+assert [writes for _, _, writes in traffic[1:7]] == [32, 16, 8, 4, 2, 1]
+assert traffic[7] == (7, 64, 64) and traffic[-1] == (14, 64, 0)
+shared_traffic(row_trace)
+
+# %% [markdown] id="gpu-48"
+# The same kernel runs on every GPU device here: OpenCL (pocl), WebGPU (lavapipe) and the
+# emulator, each one kernel and each against numpy. log_softmax and layernorm are chains over
+# the same rows too, and so are their gradients (one kernel each as well; tests/test_gpu_rows.py
+# checks them against PyTorch, with rows of NaN and ±inf, rows of one element, rows that are
+# not a multiple of the group):
+
+# %% id="gpu-49"
+gpu_devices = [name for name in ("OPENCL", "WEBGPU", "PYTHON") if Device.is_available(name)]
+for name in gpu_devices:
+    GlobalCounters.reset()
+    on_device = Tensor(scores, device=name)
+    softmax, normed = on_device.softmax(1).numpy(), on_device.layernorm(1).numpy()
+    assert GlobalCounters.kernel_count == 2  # one kernel each
+    np.testing.assert_allclose(softmax, expected, rtol=1e-5, atol=1e-7)
+    centered = scores - scores.mean(1, keepdims=True)
+    np.testing.assert_allclose(normed, centered / np.sqrt(scores.var(1, keepdims=True) + 1e-5),
+                               rtol=1e-4, atol=1e-5)
+assert "PYTHON" in gpu_devices
+print("one kernel for softmax, one for layernorm, equal to numpy on the GPU devices here")
 
 # %% [markdown] id="gpu-35"
 # ## Where this goes next

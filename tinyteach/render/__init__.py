@@ -452,7 +452,7 @@ def _render_const(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
 
 def _render_range(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
     kind, number, size = u.arg
-    writer.names[u] = f"{'gidx' if kind in ('g', 'w') else 'ridx'}{number}"
+    writer.names[u] = f"{'gidx' if kind in ('g', 'w', 'c') else 'ridx'}{number}"
     pragma = writer.renderer.parallel_pragma()
     if kind == "g" and writer.program.options.parallel and pragma and writer.depth == 1:
         writer.emit(pragma)  # the outermost loop's iterations run on several cores

@@ -11,11 +11,13 @@ which lets it vectorize. Half floats use C's `_Float16`; math functions on them 
 bfloat16 has no C type: a value is its 16-bit word (`uint16_t`), and every op on it converts its
 operands to float with `tt_bf16_to_f32` (the word shifted into a float's top half), computes in
 float, and rounds the result back with `tt_f32_to_bf16` (to nearest, ties to even): two small
-functions at the top of the kernel (`BFLOAT16_C`), shared with OpenCL (`bfloat16_ops`).
+functions at the top of the kernel (`BFLOAT16_C`), shared with OpenCL (`in_float32`).
 
 Builds on: render/__init__.py.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -52,6 +54,7 @@ static inline uint16_t tt_f32_to_bf16(float f) {
 BFLOAT16_TO_FLOAT, FLOAT_TO_BFLOAT16 = "tt_bf16_to_f32", "tt_f32_to_bf16"
 
 
+@functools.cache  # one wrapper per (entry, op): the table keeps the entry itself
 def in_float32(code: CodeForOp, op: Ops) -> CodeForOp:
     """`code` for an op that may see bfloat16: its bfloat16 operands converted to float, the
     op written on floats, a bfloat16 result rounded back (WHERE moves the words as they are)."""
@@ -76,11 +79,6 @@ def in_float32(code: CodeForOp, op: Ops) -> CodeForOp:
     return render
 
 
-def bfloat16_ops(code_for_op: dict[Ops, CodeForOp]) -> dict[Ops, CodeForOp]:
-    """A renderer's op table with every op computing bfloat16 in float (`in_float32`)."""
-    return {op: in_float32(code, op) for op, code in code_for_op.items()}
-
-
 def bfloat16_literal(renderer: CStyleRenderer, value: float | int | bool) -> str:
     """A bfloat16 constant: its word, as the storage type."""
     word = int(to_bfloat16_bits(np.array(float(value), dtype=np.float32)).view(np.uint16))
@@ -92,9 +90,13 @@ class CRenderer(CStyleRenderer):
     device = "CPU"
     type_names = {**CStyleRenderer.type_names, dtypes.float16: "_Float16",
                   dtypes.bfloat16: "uint16_t"}
-    code_for_op = bfloat16_ops({**CStyleRenderer.code_for_op,
-                                **{op: typed_math_function(name, "(float)({})", "((_Float16){})")
-                                   for op, name in MATH_FUNCTIONS.items()}})
+    code_for_op = {**CStyleRenderer.code_for_op,
+                   **{op: typed_math_function(name, "(float)({})", "((_Float16){})")
+                      for op, name in MATH_FUNCTIONS.items()}}
+
+    def code(self, op: Ops) -> CodeForOp:
+        """The table's entry, computing bfloat16 in float (`in_float32`)."""
+        return in_float32(super().code(op), op)
 
     def render_const(self, value: float | int | bool, dtype: DType) -> str:
         if dtype == dtypes.bfloat16:

@@ -36,15 +36,15 @@ from __future__ import annotations
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
-from tinyteach.render import KernelWriter
+from tinyteach.render import CodeForOp, KernelWriter
 from tinyteach.render.c import (
     BFLOAT16_TO_FLOAT,
     FLOAT_TO_BFLOAT16,
     bfloat16_literal,
-    bfloat16_ops,
+    in_float32,
 )
 from tinyteach.render.gpu import GPURenderer, Launch, gpu_writer, launch_comment
-from tinyteach.uop import UOp
+from tinyteach.uop import Ops, UOp
 
 # (extension, dtype): the pragma a kernel needs before it may use the dtype
 EXTENSIONS = {dtypes.float16: "cl_khr_fp16", dtypes.float64: "cl_khr_fp64"}
@@ -70,7 +70,6 @@ class OpenCLRenderer(GPURenderer):
     type_names = {**GPURenderer.type_names, dtypes.int8: "char", dtypes.uint8: "uchar",
                   dtypes.uint16: "ushort", dtypes.uint32: "uint", dtypes.int64: "long",
                   dtypes.uint64: "ulong", dtypes.bfloat16: "ushort"}
-    code_for_op = bfloat16_ops(GPURenderer.code_for_op)
 
     def thread_id(self, dimension: int) -> str:
         return f"get_global_id({dimension})"
@@ -98,6 +97,10 @@ class OpenCLRenderer(GPURenderer):
         if value == dtype.min and value < 0:
             return f"({value + 1}{suffix}-1)"
         return f"{value}{suffix}"
+
+    def code(self, op: Ops) -> CodeForOp:
+        """The table's entry, computing bfloat16 in float (render/c.py's `in_float32`)."""
+        return in_float32(super().code(op), op)
 
     def render_const(self, value: float | int | bool, dtype: DType) -> str:
         if dtype == dtypes.bfloat16:
