@@ -259,3 +259,17 @@ def test_a_row_kernel_is_right_with_every_group_option(name, options):
     emulate(lower(item.ast, KernelOptions(**options)), [output, item.buffers[1].numpy()])
     expected = OPS[name][1](torch.tensor(values)).numpy().reshape(-1)
     np.testing.assert_allclose(output, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", GPU_DEVICES)
+def test_more_rows_than_groups_and_rows_along_three_group_dimensions(device):
+    """More rows than a launch has groups (each group strides over the rows), and a 4-d input
+    whose three row axes are the three group dimensions."""
+    from tinyteach.render.gpu import MAX_GROUPS
+    many = np.random.default_rng(3).standard_normal((MAX_GROUPS + 37, 5)).astype(np.float32)
+    got = Tensor(many, device=device).log_softmax(-1).numpy()
+    np.testing.assert_allclose(got, torch.log_softmax(torch.tensor(many), -1), rtol=1e-5,
+                               atol=1e-5)
+    blocks = np.random.default_rng(4).standard_normal((3, 5, 7, 9)).astype(np.float32)
+    got = Tensor(blocks, device=device).layernorm(-1, eps=1e-5).numpy()
+    np.testing.assert_allclose(got, torch_layernorm(torch.tensor(blocks)), rtol=1e-4, atol=1e-5)

@@ -561,8 +561,8 @@ def _name_part(size: int | UOp) -> str:
     return "".join(c for c in sym_str(size) if c.isalnum() or c == "_")
 
 
-def describe_fusions(value: UOp) -> list[str]:
-    """Plain words for what this kernel fused together."""
+def describe_fusions(value: UOp, device: str | None = None) -> list[str]:
+    """Plain words for what this kernel fused together (on `device`: its row limit)."""
     nodes = value.toposort
     reduces = [n for n in nodes if n.op is Ops.REDUCE_AXIS]
     inside = {n for r in reduces for n in r.src[0].toposort}
@@ -582,10 +582,10 @@ def describe_fusions(value: UOp) -> list[str]:
         notes.append(f"elementwise ops fused into one loop: {', '.join(alu_out)}")
     if views:
         notes.append(f"movement ops became index arithmetic: {', '.join(views)}")
-    return notes + describe_row_fusions(value)
+    return notes + describe_row_fusions(value, device)
 
 
-def describe_row_fusions(value: UOp) -> list[str]:
+def describe_row_fusions(value: UOp, device: str | None = None) -> list[str]:
     """Plain words for each reduction this kernel computes per row and reads again in the same
     kernel (broadcast back, or fed into another reduction): `fuses_along_rows` kept it here."""
     users: dict[UOp, list[UOp]] = defaultdict(list)
@@ -593,14 +593,18 @@ def describe_row_fusions(value: UOp) -> list[str]:
         for source in node.src:
             users[source].append(node)
     notes = []
+    how = "is read again from cache"
+    limit = _bytes_in_words(MAX_FUSED_ROW_BYTES)
+    if device is not None and output_loops_are_threads(device):  # one work-group per row
+        how, limit = "is split over one work-group, combined in shared memory", \
+            f"{MAX_GROUP_ROW:,} elements"
     for reduce in (n for n in value.toposort if n.op is Ops.REDUCE_AXIS):
         if not _read_again_in_kernel(reduce, users):
             continue
         kind = "sum" if reduce.arg[0] is Ops.ADD else "max"
         notes.append(f"the {kind} over each row (axes {reduce.arg[1]}) is computed in the same "
-                     f"kernel, once per row: the row ({_bytes_in_words(row_bytes(reduce))}) is "
-                     f"read again from cache (rows up to "
-                     f"{_bytes_in_words(MAX_FUSED_ROW_BYTES)} fuse; FUSE_ROWS=0 stores it)")
+                     f"kernel, once per row: the row ({_bytes_in_words(row_bytes(reduce))}) {how} "
+                     f"(rows up to {limit} fuse; FUSE_ROWS=0 stores it)")
     return notes
 
 
@@ -807,8 +811,9 @@ def _make_item(node: UOp, device: str, realized: dict[UOp, str],
     output = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, sym_max(sym_prod(node.shape))))
     ast = UOp(Ops.SINK, dtypes.bool, (UOp(Ops.STORE, node.dtype, (output, value)),))
     return ScheduleItem("kernel", kernel_name(value), ast, [buffer_of[node], *builder.inputs],
-                        device, realized[node], describe_fusions(value), builder.input_reasons,
-                        builder.old_contents_read, node, builder.input_nodes)
+                        device, realized[node], describe_fusions(value, device),
+                        builder.input_reasons, builder.old_contents_read, node,
+                        builder.input_nodes)
 
 
 def _make_copy(node: UOp, device: str, realized: dict[UOp, str],
