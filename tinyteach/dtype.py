@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import builtins  # inside `dtypes`, the names bool/int/float are dtypes
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 import numpy as np
@@ -44,6 +44,24 @@ class DType:
     name: str
     kind: Kind
     count: int = 1
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # a DType is in the key of every UOp, looked up ~100k times while a model is lowered:
+        # hash it once, and compare by identity first (the dtypes below are shared objects)
+        fields = (self.priority, self.itemsize, self.name, self.kind, self.count)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, DType):
+            return NotImplemented
+        return (self.priority, self.itemsize, self.name, self.kind, self.count) == \
+            (other.priority, other.itemsize, other.name, other.kind, other.count)
 
     def vec(self, count: int) -> DType:
         """A vector of `count` lanes of this scalar type (one SIMD register's worth)."""

@@ -42,6 +42,16 @@ class UPat:
     arg: Any = _ANY
     name: str | None = None
     dtype: DType | None = None
+    # computed once from the fields above (`match` runs for every node and every rule):
+    # the ops as a set (None: any op), and the ops that some source must have (see early_reject)
+    ops: frozenset[Ops] | None = field(init=False, repr=False, compare=False)
+    source_ops: frozenset[Ops] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ops = None if self.op is None else frozenset(_as_tuple(self.op))
+        single = [p.op for p in self.src or () if isinstance(p.op, Ops)]
+        object.__setattr__(self, "ops", ops)  # (a frozen dataclass is set this way)
+        object.__setattr__(self, "source_ops", frozenset(single))
 
     @staticmethod
     def var(name: str, dtype: DType | None = None) -> UPat:
@@ -59,33 +69,51 @@ class UPat:
         return UPat(Ops.CONST, arg=value)
 
     def match(self, node: UOp, bindings: dict[str, UOp]) -> bool:
-        if self.op is not None and node.op not in _as_tuple(self.op):
+        """Does `node` have this shape? If so, `bindings` gains the named parts; if not, it is
+        left as it was (a source order that failed takes back what it bound)."""
+        if self.ops is not None and node.op not in self.ops:
             return False
         if self.dtype is not None and node.dtype != self.dtype:
             return False
         if self.arg is not _ANY and not _same_arg(node.arg, self.arg):
             return False
+        bound = len(bindings)
         if self.name is not None:
-            if self.name in bindings and bindings[self.name] is not node:
+            earlier = bindings.get(self.name)
+            if earlier is not None and earlier is not node:
                 return False
             bindings[self.name] = node
-        if self.src is None:
+        if self.src is None or self._match_sources(node, bindings):
             return True
-        return self._match_sources(node, bindings)
+        _forget_since(bindings, bound)
+        return False
 
     def _match_sources(self, node: UOp, bindings: dict[str, UOp]) -> bool:
         assert self.src is not None
         if len(self.src) != len(node.src):
             return False
-        orders = [node.src]
-        if node.op in COMMUTATIVE and len(node.src) == 2:
-            orders.append(node.src[::-1])  # a+b matches a pattern written as b+a
-        for sources in orders:
-            attempt = dict(bindings)
-            if all(p.match(s, attempt) for p, s in zip(self.src, sources)):
-                bindings.update(attempt)
-                return True
-        return False
+        bound = len(bindings)
+        if _match_all(self.src, node.src, bindings):
+            return True
+        if node.op not in COMMUTATIVE or len(node.src) != 2:
+            return False
+        _forget_since(bindings, bound)
+        return _match_all(self.src, node.src[::-1], bindings)  # a+b matches b+a's pattern
+
+
+def _match_all(patterns: tuple[UPat, ...], nodes: tuple[UOp, ...],
+               bindings: dict[str, UOp]) -> bool:
+    for pattern, node in zip(patterns, nodes):
+        if not pattern.match(node, bindings):
+            return False
+    return True
+
+
+def _forget_since(bindings: dict[str, UOp], count: int) -> None:
+    """Undo a failed try: drop the names bound after the first `count` (a dict keeps the order
+    names were added in, and popitem takes the last one)."""
+    while len(bindings) > count:
+        bindings.popitem()
 
 
 def _as_tuple(op: Ops | tuple[Ops, ...]) -> tuple[Ops, ...]:
@@ -100,17 +128,25 @@ Rule = tuple[str, UPat, Callable[..., UOp | None]]
 
 
 class PatternMatcher:
-    """An ordered table of named rules; `rewrite` returns the first rule's result, or None."""
+    """An ordered table of named rules; `rewrite` returns the first rule's result, or None.
+
+    Two cheap tests skip most rules before any matching (tinygrad's PatternMatcher does the
+    same): the table is indexed by the root op, so a node only meets the rules written for its
+    op (or for any op), and a rule whose pattern names a source op the node's sources lack,
+    as `x+0` needs a CONST, is rejected early. Neither changes which rule fires first."""
 
     def __init__(self, name: str, rules: list[Rule]):
         self.name, self.rules = name, rules
         # the rules that can match each op, in table order (a rule for "any op" goes everywhere)
         self.rules_for: dict[Ops, list[Rule]] = {
-            op: [rule for rule in rules if rule[1].op is None or op in _as_tuple(rule[1].op)]
+            op: [rule for rule in rules if rule[1].ops is None or op in rule[1].ops]
             for op in Ops}
 
     def rewrite(self, node: UOp) -> tuple[str, UOp] | None:
+        source_ops = {source.op for source in node.src}
         for rule_name, pattern, build in self.rules_for[node.op]:
+            if not pattern.source_ops <= source_ops:
+                continue  # early reject: a source the pattern names is missing
             bindings: dict[str, UOp] = {}
             if pattern.match(node, bindings):
                 result = build(**bindings)
@@ -196,22 +232,22 @@ class _Rewriter:
         # REBUILD rebuilds it from rewritten sources and applies the rules, and FINISH takes
         # over what a rule's (now rewritten) result became, and tries the rules on that again.
         stack: list[tuple[UOp, int, UOp | None]] = [(root, _VISIT, None)]
+        done = self.done
         while stack:
             node, stage, result = stack.pop()
             if stage == _VISIT:
-                if node not in self.done:
+                if node not in done:
                     stack.append((node, _REBUILD, None))
-                    stack.extend((s, _VISIT, None) for s in reversed(node.src)
-                                 if s not in self.done)
+                    stack.extend([(s, _VISIT, None) for s in reversed(node.src) if s not in done])
             elif stage == _REBUILD:
-                if node not in self.done:
-                    new_sources = tuple(self.done[s] for s in node.src)
+                if node not in done:
+                    new_sources = tuple([done[s] for s in node.src])
                     current = node if new_sources == node.src else node.replace(src=new_sources)
                     self._apply_rules(node, current, stack)
             else:
                 assert result is not None
-                self._apply_rules(node, self.done[result], stack)
-        return self.done[root]
+                self._apply_rules(node, done[result], stack)
+        return done[root]
 
     def _apply_rules(self, node: UOp, current: UOp,
                      stack: list[tuple[UOp, int, UOp | None]]) -> None:

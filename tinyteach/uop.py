@@ -132,8 +132,10 @@ PRIMITIVE_OPS: tuple[Ops, ...] = SOURCES + UNARY + BINARY + TERNARY + REDUCE_OPS
 
 def _arg_key(arg: Any) -> Any:
     """A dict key for an arg that keeps 0.0 and -0.0 (and 1 and True) apart."""
-    if isinstance(arg, (float, bool, int)):
-        return (type(arg), repr(arg))
+    if isinstance(arg, float):
+        return (type(arg), repr(arg))  # the text tells -0.0 from 0.0, and one nan equals another
+    if isinstance(arg, int):
+        return (type(arg), arg)
     return arg
 
 

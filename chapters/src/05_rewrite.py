@@ -118,6 +118,36 @@ assert big.arg == np.int8(np.array(200).astype(np.int8))
 for name, _, _ in symbolic.rules:
     print(" ", name)
 
+# %% [markdown] id="rewrite-41"
+# `graph_rewrite` asks the table about every node, and most nodes match no rule, so the matcher
+# skips rules before it tries to match them (tinygrad's `PatternMatcher` does the same). The
+# rules are indexed by their pattern's op: `rules_for[Ops.MOD]` are the only rules a `MOD`
+# meets. And a rule whose pattern names an op among the sources, as `x+0 -> x` needs a `CONST`,
+# is skipped when no source has that op. Neither shortcut changes which rule fires first: both
+# only skip rules that could not match.
+
+# %% id="rewrite-42"
+node = i * 8 + j
+source_ops = {source.op for source in node.src}
+for_add = symbolic.rules_for[Ops.ADD]
+tried = [name for name, pattern, _ in for_add if pattern.source_ops <= source_ops]
+print(f"{len(symbolic.rules)} rules; {len(for_add)} for an ADD; for {expression(node)}, "
+      f"whose sources are {sorted(op.name for op in source_ops)}, {len(tried)} tried:", tried)
+
+
+def first_rule(e: UOp) -> str | None:
+    """The rule that fires at e when every rule is tried, in table order (no shortcuts)."""
+    for name, pattern, build in symbolic.rules:
+        bindings: dict[str, UOp] = {}
+        if pattern.match(e, bindings) and build(**bindings) not in (None, e):
+            return name
+    return None
+
+
+for e in [node, (i * 8 + j) % 8, i + 0, 3 + i, (i + 2) + 5, (i * 1) // 1, c * 2]:
+    found = symbolic.rewrite(e)
+    assert (found and found[0]) == first_rule(e), expression(e)
+
 # %% [markdown] id="rewrite-14"
 # The showcase rule: `(a*c + b) // c -> a + b // c`, and `b // c -> 0` when `0 ≤ b < c`. With
 # `0 ≤ gidx1 < 8`:

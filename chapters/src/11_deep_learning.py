@@ -136,7 +136,7 @@ assert v.grad.item() == -2.0 and norm.running_mean.numpy()[0] == np.float32(0.2)
 # %% id="dl-10"
 # %%tinyteach --show kernels
 adam = nn.optim.Adam(get_parameters(model), lr=1e-2)
-images = Tensor(rng.random((64, 1, 8, 8)).astype(np.float32))
+images = Tensor(rng.random((64, 1, 8, 8)).astype(np.float32), requires_grad=False)  # data
 labels = Tensor(rng.integers(0, 10, 64).astype(np.int32))
 with Tensor.train():
     adam.zero_grad()
@@ -169,7 +169,10 @@ Tensor.manual_seed(3)
 draw = np.random.default_rng(3)
 probe_model = MLP()
 probe_adam = nn.optim.Adam(get_parameters(probe_model), lr=1e-2)
-probe_images = Tensor(draw.random((64, 1, 8, 8)).astype(np.float32)).realize()
+# data, not parameters: requires_grad=False, or backward would compute the images' gradient
+# too (tinygrad's rule: a tensor the backward reaches gets a .grad unless it says False)
+probe_images = Tensor(draw.random((64, 1, 8, 8)).astype(np.float32),
+                      requires_grad=False).realize()
 probe_labels = Tensor(draw.integers(0, 10, 64).astype(np.int32)).realize()
 Tensor.realize(*get_parameters(probe_model))
 with record_launches() as first_launches:
@@ -218,11 +221,11 @@ FORWARD_AND_BACKWARD = [  # the kernels that are not updates, in the order they 
     ("r_64_64_64", "forward: images @ l1.weight.T (a sum of 64 products per output)"),
     ("r_1_64", "loss: how many labels count (labels != ignore_index), the mean's divisor"),
     ("r_10_10", "loss: arange(10), the class numbers the labels are compared with"),
-    ("r_64_10", "backward: per image, the sum over classes of d loss / d log-probability"),
     ("r_64_10_64", "forward: relu(hidden + l1.bias) @ l2.weight.T"),
     ("r_64_10", "forward: each image's largest logit (log_softmax subtracts it)"),
     ("r_64_10", "forward: the sum of exp(logit - max) per image (log_softmax's denominator)"),
-    ("E_64_10", "backward: the gradient of the logits (softmax minus one-hot, over N)"),
+    ("r_64_10_10", "backward: the gradient of the logits (softmax minus one-hot, over N), "
+                   "its per-image sum over classes computed in the same kernel (chapter 6)"),
     ("r_64_64_10", "backward: gradient of the hidden layer, d_logits @ l2.weight, through relu"),
     ("r_64_64_64", "backward: gradient of l1.weight, d_hidden.T @ images"),
     ("r_64_64", "backward: gradient of l1.bias, d_hidden summed over the batch"),
@@ -279,7 +282,9 @@ def buffer_name(buffer) -> str:
     return f"kernel {writer}'s output"
 
 
-for launch in step_launches[10:14]:
+first_update = next(number for number, launch in enumerate(step_launches)
+                    if optimizer_role(launch) is not None)
+for launch in step_launches[first_update:first_update + 4]:
     item = launch.item
     reads = [buffer_name(buffer) for buffer in item.buffers[1:]]
     if any(buffer.storage is item.output.storage for buffer in item.old_contents_read):
@@ -289,7 +294,7 @@ for launch in step_launches[10:14]:
 assert update_count == 1 + 3 * len(probe_adam.params)   # beta powers, then m, v, p for each
 assert all(launch.item.boundary_reason == "it is an output: realize() asked for it"
            for launch in step_launches if optimizer_role(launch) is not None)
-viz.schedule(step_launches[10:14])
+viz.schedule(step_launches[first_update:first_update + 4])
 
 # %% [markdown] id="dl-46"
 # ### The arange in every step
@@ -299,7 +304,7 @@ viz.schedule(step_launches[10:14])
 # needs no data from the host: a small `Tensor.arange` is a running sum of ones, minus one
 # (`tensor_create.py`), and a running sum is a reduction. That is kernel 3, `r_10_10`: for each
 # of 10 outputs, a sum over 10 padded ones. It stores 1, …, 10; the "− 1" and the comparison
-# with the labels are fused into the three kernels that read it (CMPNE is the comparison). The
+# with the labels are fused into the two kernels that read it (CMPNE is the comparison). The
 # same ten numbers are computed again in every step: they are a graph, not a constant.
 
 # %% id="dl-47"
@@ -311,7 +316,7 @@ readers = [launch.item for launch in step_launches
                   for buffer in launch.item.buffers[1:])]
 for item in readers:
     print(f"{item.name:9} reads it;", next(f for f in item.fusions if "CMPNE" in f))
-assert [item.name for item in readers] == ["r_64_10", "E_64_10", "r_1_64_10"]
+assert [item.name for item in readers] == ["r_64_10_10", "r_1_64_10"]
 
 # %% [markdown] id="dl-48"
 # The one-hot on its own, three labels against `arange(10)`: two kernels, the arange and a
@@ -408,7 +413,7 @@ losses = []
 progress = tqdm(range(STEPS), desc="training")
 for step in progress:
     chosen = batches.integers(0, len(x_train), BATCH)
-    loss = train_step(Tensor(x_train[chosen]), Tensor(y_train[chosen]))
+    loss = train_step(Tensor(x_train[chosen], requires_grad=False), Tensor(y_train[chosen]))
     losses.append(loss.item())
     if step % 50 == 0:
         progress.set_postfix(loss=f"{losses[-1]:.3f}")
@@ -564,7 +569,7 @@ def train(make_optimizer, steps=100, seed=2):
 
     for _ in range(steps):
         chosen = draw.integers(0, len(x_train), BATCH)
-        step_fn(Tensor(x_train[chosen]), Tensor(y_train[chosen]))
+        step_fn(Tensor(x_train[chosen], requires_grad=False), Tensor(y_train[chosen]))
     return (net(Tensor(x_test)).argmax(axis=1).numpy() == y_test).mean()
 
 sgd_accuracy = train(lambda params: nn.optim.SGD(params, lr=0.1, momentum=0.9))
