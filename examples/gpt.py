@@ -8,8 +8,9 @@ The corpus is the docstrings of a fixed list of Python's own modules (read from 
 so it is on every machine and needs no download); the last 10% is held out. Each training step
 (forward, backward, gradient clipping, AdamW) is captured by TinyJit on its second call and
 replayed afterwards; the cosine learning rate is written into the optimizer's `lr` buffer
-before each step, so the replays see it. Generation runs through the model's static KV cache
-(tinyteach.nn.transformer.Sampler): one more TinyJit, one capture for every position.
+before each step, so the replays see it. Generation runs through the model's KV cache
+(tinyteach.nn.transformer.Sampler) over a symbolic length: the position is a bound Variable,
+`start_pos`, so one TinyJit capture and one compiled kernel serve every position.
 """
 from __future__ import annotations
 
@@ -177,6 +178,12 @@ def main() -> None:
     print(f"--- sample ({len(new)} tokens in {seconds:.1f} s, temperature "
           f"{arguments.temperature}, top-k {arguments.top_k}) ---")
     print(arguments.prompt + tokenizer.decode(new))
+    captured = sampler.jitted_step.captured
+    if captured is not None:
+        symbolic = [launch.item.name for launch in captured.launches if launch.var_vals]
+        print(f"generation: one TinyJit capture replayed for every position; "
+              f"{len(symbolic)} of its {len(captured.launches)} kernels take start_pos as a "
+              f"parameter (e.g. {symbolic[0] if symbolic else 'none'})")
 
 
 if __name__ == "__main__":

@@ -20,9 +20,6 @@ TESTS = Path(__file__).parent
 NOT_DONE = {
     # one tensor split over several devices: tinyteach has no multi-device tensors
     "shard", "shard_",
-    # the schedule with the values of its symbolic Variables: symbolic shapes are built in a
-    # separate branch
-    "schedule_with_vars",
     # nn.state: the GGUF format of llama.cpp with its quantized block types; out of scope
     "gguf_load",
 }

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from helpers import ALWAYS, default_device
 
-from tinyteach import Tensor
+from tinyteach import Tensor, TinyJit, UOp
 from tinyteach.nn.state import get_parameters, get_state_dict
 from tinyteach.nn.transformer import (
     GPT,
@@ -34,6 +34,7 @@ from tinyteach.nn.transformer import (
     clip_grad_norm_,
     cosine_lr,
     sample_token,
+    start_pos_variable,
     stdlib_docstrings,
 )
 
@@ -221,6 +222,36 @@ def test_cached_logits_match_the_full_forward_at_every_position(device: str) -> 
     assert sampler.jitted_step.captured is not None
 
 
+def test_one_capture_over_a_symbolic_length_serves_every_position() -> None:
+    """The step's attention is over start_pos+1 positions, a symbolic size: TinyJit captured
+    it once (its function ran twice, at positions 0 and 1), and every later position replays
+    the same compiled kernels with a new `start_pos` value."""
+    Tensor.manual_seed(9)
+    model = GPT(SMALL)
+    tokens = [2, 4, 6, 8, 1, 3, 5, 7]
+    full = model(Tensor([tokens])).numpy()[0]
+    sampler = Sampler(model)
+    runs = []
+    step = sampler._step
+
+    def counted(token: Tensor, start_pos: UOp) -> Tensor:
+        runs.append(start_pos)
+        return step(token, start_pos)
+    sampler.jitted_step = TinyJit(counted)
+    for position, token in enumerate(tokens):
+        np.testing.assert_allclose(sampler.logits(token, position), full[position],
+                                   rtol=1e-4, atol=1e-5, err_msg=f"position {position}")
+    assert len(runs) == 2  # run once, captured once; positions 2..7 replayed
+    captured = sampler.jitted_step.captured
+    assert captured is not None and captured.symbolic
+    symbolic = [launch for launch in captured.launches if launch.var_vals]
+    assert symbolic and all(launch.var_vals == {"start_pos": len(tokens) - 1}
+                            for launch in symbolic)
+    sources = {launch.runner.source for launch in symbolic if launch.runner is not None
+               and launch.runner.source is not None and "start_pos" in launch.runner.source}
+    assert any("const int start_pos" in source for source in sources)
+
+
 def greedy_by_recomputing(model: GPT, prompt: list[int], count: int) -> list[int]:
     """Greedy tokens, each from a full forward pass over the window the Sampler's cache holds
     (the window restarts from the last half of the text when it is full)."""
@@ -245,14 +276,17 @@ def test_cached_generation_gives_the_tokens_of_recomputing(device: str) -> None:
 def test_kv_cache_write_touches_only_its_position() -> None:
     cache = KVCache(batch=1, heads=1, max_length=4, head_size=2)
     key = Tensor([[[[1.0, 2.0]]]])
-    cache.write(Tensor([2], dtype="int32"), key, key * 10)
+    start_pos = start_pos_variable(4).bind(2)
+    cache.write(start_pos, key, key * 10)
     Tensor.realize(cache.keys, cache.values)
     expected = np.zeros((1, 1, 4, 2), np.float32)
     expected[0, 0, 2] = [1.0, 2.0]
     np.testing.assert_array_equal(cache.keys.numpy(), expected)
     np.testing.assert_array_equal(cache.values.numpy(), expected * 10)
-    visible = cache.visible(Tensor([2], dtype="int32")).numpy()
-    np.testing.assert_array_equal(visible, [True, True, True, False])
+    keys, values = cache.seen(start_pos)  # slots 0..2: a symbolic length of start_pos+1
+    assert str(keys.shape) == "(1, 1, (start_pos+1), 2)"
+    np.testing.assert_array_equal(keys.numpy(), expected[:, :, :3])
+    np.testing.assert_array_equal(values.numpy(), expected[:, :, :3] * 10)
 
 
 def test_sample_token_keeps_to_the_top_k() -> None:

@@ -43,11 +43,12 @@ from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
 from tinyteach.device import Device
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import DEBUG, Context, GlobalCounters, clear_caches, getenv
-from tinyteach.jit import TinyJit
+from tinyteach.jit import TinyJit, function
 from tinyteach.tensor import Tensor
+from tinyteach.uop import UOp, Variable
 
 __all__ = ["Tensor", "TinyJit", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters", "nn",
-           "getenv", "clear_caches"]
+           "getenv", "clear_caches", "Variable", "UOp", "function"]
 
 
 def load_ipython_extension(ipython: object) -> None:

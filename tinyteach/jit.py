@@ -12,7 +12,11 @@ What this teaches:
   every kernel in turn — so a launch costs a few microseconds, not a trip through Python;
 - the JIT is honest: DEBUG>=1 says when it captured and how many kernels it replays, and an
   input of another shape, dtype or device than the captured one is an error, never a silent
-  wrong result.
+  wrong result;
+- symbolic sizes: a bound Variable passed as an argument (`step(x, v.bind(n))`), or an input
+  whose shape holds one, may take a new value at every call. Its kernels were compiled for
+  the variable, not the value, so one capture replays for every value: the new values are
+  passed to the launches, and the outputs get the new sizes (a growing sequence, a KV cache).
 
 Builds on: realize.py (record_launches), device.py, tensor.py. Used by: nn training loops.
 
@@ -29,14 +33,26 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from tinyteach.device import Buffer, Device
 from tinyteach.helpers import DEBUG, GlobalCounters
-from tinyteach.realize import Launch, record_launches
+from tinyteach.realize import Launch, launch_kernel, record_launches
 from tinyteach.schedule import is_contiguous_buffer
 from tinyteach.tensor import Tensor
-from tinyteach.uop import base_buffer
+from tinyteach.uop import (
+    Ops,
+    UOp,
+    base_buffer,
+    binds_of,
+    sint,
+    substitute_symbols,
+    sym_max,
+    sym_prod,
+    symbolic_view,
+    toposort_of,
+    unbind_graph,
+)
 
 ReturnType = TypeVar("ReturnType")
 
@@ -70,11 +86,35 @@ def _buffer_of(tensor: Tensor) -> Buffer:
 
 def _split_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
         list[tuple[str, Tensor]], list[tuple[str, Any]]]:
-    """Tensor arguments (by name) and the other arguments, which must not change."""
+    """Tensor arguments (by name) and the other arguments, which must not change (a bound
+    Variable is among the others by its variable alone: its value may change)."""
     named = [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
     tensors = [(name, value) for name, value in named if isinstance(value, Tensor)]
-    others = [(name, value) for name, value in named if not isinstance(value, Tensor)]
+    others = [(name, _unbound(value)) for name, value in named if not isinstance(value, Tensor)]
     return tensors, others
+
+
+def _is_bound(value: Any) -> bool:
+    return isinstance(value, UOp) and value.op is Ops.BIND
+
+
+def _unbound(value: Any) -> Any:
+    return value.unbind()[0] if _is_bound(value) else value
+
+
+def _unbound_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape with its bound variables unbound: what stays the same from call to call."""
+    sizes: list[sint] = [unbind_graph([s])[0][0] if isinstance(s, UOp) else s for s in shape]
+    return cast(tuple[int, ...], tuple(sizes))
+
+
+def call_var_vals(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, int]:
+    """The values of the Variables of one call: bound Variables passed as arguments, and
+    those in the shapes of its tensor arguments (name -> value)."""
+    roots = [a for a in (*args, *kwargs.values()) if _is_bound(a)]
+    roots += [s for a in (*args, *kwargs.values()) if isinstance(a, Tensor)
+              for s in a.shape if isinstance(s, UOp)]
+    return unbind_graph(roots)[1] if roots else {}
 
 
 def _realized_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
@@ -107,7 +147,10 @@ class CapturedJit:
         self.result = result
         self.output_uops = [t.uop for t in outputs]
         self.input_slots = self._find_input_slots(input_buffers)
-        self.graph = self._make_graph()
+        self.symbolic = any(launch.var_vals for launch in launches)
+        # a device graph replays the values it was built with: symbolic launches go one by one
+        self.graph = None if self.symbolic else self._make_graph()
+        self.var_vals: dict[str, int] = {}  # the values of the latest replay
 
     def _find_input_slots(self, input_buffers: list[Buffer]) -> list[tuple[int, int, int]]:
         """(launch, position, input) for every place an input buffer is passed."""
@@ -127,9 +170,14 @@ class CapturedJit:
         graph_class = getattr(Device[devices.pop()], "graph", None)
         return None if graph_class is None else graph_class(self.launches)
 
-    def replay(self, input_buffers: list[Buffer]) -> None:
+    def replay(self, input_buffers: list[Buffer], var_vals: dict[str, int] | None = None) -> None:
+        """Run the captured launches on new input buffers, with new values of the Variables."""
+        self.var_vals = {} if var_vals is None else var_vals
         for k, position, i in self.input_slots:
             self.launches[k].buffers[position] = input_buffers[i]
+        for captured in self.launches:
+            captured.var_vals.update((name, value) for name, value in self.var_vals.items()
+                                     if name in captured.var_vals)
         start = time.perf_counter()
         if self.graph is not None:
             self.graph(self.launches, [(k, position) for k, position, _ in self.input_slots])
@@ -149,11 +197,12 @@ class CapturedJit:
         if launch.runner is None:  # a copy between devices
             launch.buffers[0].copyin(launch.buffers[1].numpy())
         else:
-            launch.runner.program(*launch.buffers)
+            launch_kernel(launch.runner, launch.buffers, launch.var_vals)
 
     def outputs(self) -> Any:
-        """The function's result, with tensors pointing at the replayed output buffers."""
-        replacements = iter(self.output_uops)
+        """The function's result, with tensors pointing at the replayed output buffers (a
+        symbolic size bound to this call's value)."""
+        replacements = iter(self._rebound_outputs())
 
         def rebuild(value: Any) -> Any:
             return Tensor(next(replacements), value.device) if isinstance(value, Tensor) else value
@@ -162,6 +211,15 @@ class CapturedJit:
         if isinstance(self.result, dict):
             return {key: rebuild(value) for key, value in self.result.items()}
         return rebuild(self.result)
+
+
+    def _rebound_outputs(self) -> list[UOp]:
+        """The output nodes with each bound variable bound to this call's value instead."""
+        binds = [b for b in binds_of(self.output_uops) if b.src[0].arg[0] in self.var_vals]
+        if not binds:
+            return self.output_uops
+        rebind = {b: b.src[0].bind(self.var_vals[b.src[0].arg[0]]) for b in binds}
+        return substitute_symbols(self.output_uops, rebind)
 
 
 class TinyJit(Generic[ReturnType]):
@@ -188,7 +246,8 @@ class TinyJit(Generic[ReturnType]):
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
         args, kwargs = _realized_inputs(args, kwargs)
         tensors, others = _split_arguments(args, kwargs)
-        signature = [(name, InputSignature(t.shape, t.dtype, t.device)) for name, t in tensors]
+        signature = [(name, InputSignature(_unbound_shape(t.shape), t.dtype, t.device))
+                     for name, t in tensors]
         if self.calls == 0:
             self.calls = 1
             result = self.fn(*args, **kwargs)
@@ -200,7 +259,7 @@ class TinyJit(Generic[ReturnType]):
             return self._capture(args, kwargs, signature, others, tensors)
         self._check(signature, others)
         assert self.captured is not None
-        self.captured.replay([_buffer_of(t) for _, t in tensors])
+        self.captured.replay([_buffer_of(t) for _, t in tensors], call_var_vals(args, kwargs))
         self.calls += 1
         replayed: ReturnType = self.captured.outputs()
         return replayed
@@ -219,7 +278,9 @@ class TinyJit(Generic[ReturnType]):
         self.captured = CapturedJit(list(launches), input_buffers, result, outputs)
         self.signature, self.fixed_arguments, self.calls = signature, others, 2
         if DEBUG >= 1:
-            print(f"TinyJit: captured {len(launches)} kernels of {self.fn.__name__}")
+            symbolic = " (over symbolic sizes: one capture for every value)" \
+                if self.captured.symbolic else ""
+            print(f"TinyJit: captured {len(launches)} kernels of {self.fn.__name__}{symbolic}")
         return result
 
     def _check(self, signature: list[tuple[str, InputSignature]],
@@ -244,3 +305,117 @@ def _same_value(a: Any, b: Any) -> bool:
     except Exception:
         return a is b
 
+
+
+# ---- function: capture a function's graph once, reuse it lazily ----
+
+@dataclass
+class _Trace:
+    """A function's graph, built once on placeholder inputs: the output nodes, the placeholder
+    node of each tensor argument, and the bound variables it was built with."""
+
+    result: Any
+    outputs: list[UOp]
+    placeholders: list[UOp]
+    binds: list[UOp]
+
+
+class GraphFunction:
+    """What `function` makes of a Python function: call it as the function. The first call
+    with a given signature (each tensor argument's shape, dtype and device, the variable of
+    each bound Variable, the value of every other argument) runs the Python once, on
+    placeholder tensors, and keeps the lazy graph it builds. Every call then builds its
+    result by putting its own arguments into that graph (`UOp.substitute`), without running
+    the Python again. The result is lazy, as the function's own would be: it fuses with what
+    comes after it, and backward() goes through it (it is made of the same primitive ops).
+
+    tinygrad's `function` keeps the body as a CALL node of its IR (and can precompile it);
+    tinyteach has no such node, so the body is substituted in, which gives the same values
+    and the same kernels as calling the function. The function must only build a graph:
+    computing a value while it is traced (realize, numpy, item) is an error, as is reading a
+    tensor that is not an argument, unless `allow_implicit=True` (then that tensor's graph at
+    the time of the first call is part of the body)."""
+
+    def __init__(self, fn: Callable[..., Any], allow_implicit: bool = False):
+        self.fn, self.allow_implicit = fn, allow_implicit
+        self.traces: dict[Any, _Trace] = {}
+        functools.update_wrapper(self, fn)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Callable[..., Any]:
+        return functools.partial(self.__call__, obj)  # a method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        named = [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+        key = tuple(_signature_part(name, value) for name, value in named)
+        trace = self.traces.get(key)
+        if trace is None:
+            trace = self.traces[key] = self._trace(args, kwargs)
+        tensors = [value for _, value in named if isinstance(value, Tensor)]
+        replace = {p: t.uop for p, t in zip(trace.placeholders, tensors)}
+        now = unbind_graph([v for _, v in named if _is_bound(v)] +
+                           [s for t in tensors for s in t.shape if isinstance(s, UOp)])[1]
+        for bind in trace.binds:  # the same variable, bound to this call's value
+            var = bind.src[0]
+            replace[bind] = var.bind(now[var.arg[0]]) if var.arg[0] in now else bind
+        outputs = iter(substitute_symbols(trace.outputs, replace) if trace.outputs else [])
+
+        def rebuild(value: Any) -> Any:
+            if not isinstance(value, Tensor):
+                return value
+            result = Tensor(next(outputs), value.device)
+            result._inherit_grad(*tensors)
+            return result
+        if isinstance(trace.result, (tuple, list)):
+            return type(trace.result)(rebuild(r) for r in trace.result)
+        return rebuild(trace.result)
+
+    def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Trace:
+        placeholders: list[UOp] = []
+
+        def placeholder(value: Any) -> Any:
+            if not isinstance(value, Tensor):
+                return value
+            count = sym_prod(value.shape)
+            stand_in = Buffer(value.device, sym_max(count), value.dtype)
+            node = symbolic_view(UOp(Ops.BUFFER, value.dtype, (), stand_in), value.shape)
+            placeholders.append(node)
+            return Tensor(node, value.device, requires_grad=value.requires_grad)
+        traced_args = tuple(placeholder(a) for a in args)
+        traced_kwargs = {k: placeholder(v) for k, v in kwargs.items()}
+        result = self.fn(*traced_args, **traced_kwargs)
+        outputs = [t.uop for t in _returned_tensors(result)]
+        name = getattr(self.fn, "__name__", type(self.fn).__name__)
+        stand_ins = {base_buffer(p).arg for p in placeholders}  # type: ignore[union-attr]
+        if any(b.is_allocated for b in stand_ins):
+            raise RuntimeError(f"function {name}: it computed a value while it was traced "
+                               "(realize, numpy, item): a function must only build a graph")
+        implicit = [n for n in toposort_of(outputs)
+                    if n.op is Ops.BUFFER and n.arg not in stand_ins]
+        if implicit and not self.allow_implicit:
+            shapes = ", ".join(str(n.arg.size) for n in implicit[:4])
+            raise ValueError(f"function {name} reads {len(implicit)} tensor(s) that are not "
+                             f"its arguments (buffers of {shapes} elements): pass them as "
+                             "arguments, or use function(allow_implicit=True)")
+        return _Trace(result, outputs, placeholders, binds_of(outputs) if outputs else [])
+
+
+def _signature_part(name: str, value: Any) -> Any:
+    """What a call must share with an earlier one to reuse its graph."""
+    if isinstance(value, Tensor):
+        return ("tensor", name, _unbound_shape(value.shape), value.dtype, value.device)
+    if _is_bound(value):
+        return ("variable", name, value.src[0])
+    try:
+        hash(value)
+    except TypeError:
+        return ("object", name, id(value))
+    return ("value", name, value)
+
+
+def function(fn: Callable[..., Any] | None = None, *, allow_implicit: bool = False) -> Any:
+    """tinygrad's `function` decorator: `@function def f(a, b): return a + b`, or
+    `@function(allow_implicit=True)`. The function's graph is captured once per signature and
+    reused, lazily, at every call (see GraphFunction)."""
+    if fn is None:
+        return lambda inner: GraphFunction(inner, allow_implicit)
+    return GraphFunction(fn, allow_implicit)

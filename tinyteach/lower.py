@@ -71,7 +71,7 @@ from tinyteach.opt import (
     row_kernel_axis,
 )
 from tinyteach.rewrite import graph_rewrite, sum_terms, symbolic
-from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
+from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, sint, sym_max, variables_of
 from tinyteach.view import (
     Index,
     Valid,
@@ -84,7 +84,7 @@ from tinyteach.view import (
 from tinyteach.wmma import TensorCoreLowering, tensor_core_lowering
 
 
-def make_range(kind: str, number: int, size: int) -> UOp:
+def make_range(kind: str, number: int, size: sint) -> UOp:
     """A loop counter: `kind` is 'g' for an output axis, 'r' for a reduced one, 'v' for vector
     lanes, 'w' for an output axis whose every element is computed by a whole work-group (a
     group reduction: on a GPU, a loop over work-groups instead of threads), 'c' for the
@@ -140,7 +140,7 @@ class _Lowerer:
 
     def _plan(self, node: UOp, index: Index, valid: Valid) -> tuple[list[Task], Combine]:
         """What lowering `node` at `index` needs lowered first, and how to combine those."""
-        if node.op is Ops.CONST:
+        if node.op in (Ops.CONST, Ops.DEFINE_VAR):  # (a Variable's value: the same everywhere)
             return [], lambda values: node
         if node.op is Ops.DEFINE_GLOBAL or (node.op in MOVEMENT and _reads_buffer_directly(node)):
             load = self._load(node, index, valid)
@@ -582,6 +582,9 @@ class LinearProgram:
     options: KernelOptions = NO_OPTIONS
     # innermost reduction loops whose sums may be split into vector lanes -> their accumulators
     simd_loops: dict[UOp, list[UOp]] = field(default_factory=dict)
+    # the Variables of a kernel over symbolic sizes, by name: each is an `int` parameter after
+    # the buffers, and a loop's bound may be one (`for (int gidx0 = 0; gidx0 < i; ...)`)
+    variables: tuple[UOp, ...] = ()
 
     @property
     def applied_opts(self) -> list[str]:
@@ -720,7 +723,7 @@ def _sums_over_contiguous_memory(group: list[UOp], loop: UOp) -> bool:
     lanes are added up. A convolution's 3-tap loop over kernel columns, split into 8 lanes,
     spent more on those sums than on its multiply-adds: its 16 accumulators were summed
     across lanes after every 3 steps (the CNN's conv kernels ran 4-6x slower with it)."""
-    if loop.arg[2] < SIMD_MIN_LOOP:
+    if sym_max(loop.arg[2]) < SIMD_MIN_LOOP:  # (a symbolic loop: by its largest count)
         return False
     if not all(r.arg is Ops.ADD and r.dtype.kind == "float" and r.dtype.count == 1
                for r in group):
@@ -784,7 +787,8 @@ def _loops_of_row_reductions(nodes: list[UOp], global_loops: list[UOp],
     on the column); None when every reduction depends on every output loop (the usual
     kernel), so nothing changes for it. (A loop of one iteration does not count: the index
     simplifier may drop it from a reduction that still runs once per output.)"""
-    loops = frozenset(loop for loop in global_loops if loop.arg[2] > 1)
+    loops = frozenset(loop for loop in global_loops
+                      if isinstance(loop.arg[2], UOp) or loop.arg[2] > 1)  # (symbolic: counts)
     per_row = [ranges_of(node, memo) & loops for node in nodes if node.op is Ops.REDUCE]
     per_row = [depends for depends in per_row if depends != loops]
     if not per_row:
@@ -828,7 +832,9 @@ def lower(ast: UOp, options: KernelOptions | None = None,
     """The whole chapter: choose optimizations (opt.py, unless given), lower the AST,
     simplify its index math, and linearize it. `vector_width`: the device's vector lanes
     (renderer.vector_width), used when the options are chosen here."""
-    chosen = choose_options(ast, vector_width) if options is None else options
+    if options is None:  # (a kernel over symbolic sizes: no optimizations, see realize.py)
+        options = NO_OPTIONS if ast.has_symbols else choose_options(ast, vector_width)
+    chosen = options
     lowered = lower_ast(ast, chosen)
     if chosen.vector_width:
         vectored = vectorize(lowered)
@@ -843,4 +849,5 @@ def lower(ast: UOp, options: KernelOptions | None = None,
     present = {u for u in program.uops if u.op is Ops.DEFINE_GLOBAL}
     missing = [n for n in ast.toposort if n.op is Ops.DEFINE_GLOBAL and n not in present]
     program.uops[:0] = sorted(missing, key=lambda n: n.arg[0])
+    program.variables = tuple(variables_of([ast]))
     return program

@@ -158,8 +158,9 @@ def choose_options(ast: UOp, vector_width: int = 0, group_reduce: bool = False,
     `group_reduce`: the device's renderer can share a reduction across a work-group (shared
     memory and barriers); `local_tile`: it can stage matmul tiles in shared memory;
     `tensor_core`: it has tensor cores (WMMA, wmma.py).
-    Remembered per kernel: the engine, pack.py and search.py all ask."""
-    if NOOPT:
+    Remembered per kernel: the engine, pack.py and search.py all ask. A kernel over a
+    symbolic size gets none: upcasts and tiles split loops of a known size."""
+    if NOOPT or ast.has_symbols:
         return NO_OPTIONS
     return remember(_chosen, (ast, vector_width, group_reduce, local_tile, tensor_core),
                     lambda: _choose(ast, vector_width, group_reduce, local_tile, tensor_core))

@@ -73,8 +73,8 @@ def pack_operands(items: list[ScheduleItem]) -> list[ScheduleItem]:
         return items
     packed: list[ScheduleItem] = []
     for item in items:
-        width = _vector_width(item)
-        plan = plan_packing(item.ast, width) if width else None
+        width = _vector_width(item) if not item.ast.has_symbols else 0  # (a symbolic size:
+        plan = plan_packing(item.ast, width) if width else None        # no packing)
         if plan is not None:
             packed.extend(_packed_pair(item, plan))
             continue

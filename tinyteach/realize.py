@@ -38,9 +38,19 @@ from tinyteach.device import Backend, Buffer, Device
 from tinyteach.dtype import DType
 from tinyteach.helpers import DEBUG, ContextVar, GlobalCounters, LRUCache, format_bytes
 from tinyteach.lower import LinearProgram, lower
+from tinyteach.opt import NO_OPTIONS
 from tinyteach.pack import pack_operands
 from tinyteach.schedule import Schedule, ScheduleItem, estimate_ops, schedule_graph
-from tinyteach.uop import Ops, UOp, _arg_key, pretty
+from tinyteach.uop import (
+    Ops,
+    UOp,
+    _arg_key,
+    base_buffer,
+    pretty,
+    symbolic_view,
+    unbind_graph,
+    variables_of,
+)
 
 
 @dataclass
@@ -54,6 +64,20 @@ class Runner:
     linear: LinearProgram | None = None
     source: str | None = None
     ops_estimate: int = 0
+    variables: tuple[str, ...] = ()  # the Variables its sizes use: passed at each launch
+
+
+def launch_kernel(runner: Runner, buffers: list[Buffer], var_vals: dict[str, int]) -> None:
+    """Run a kernel on its buffers, with the values of its Variables (`int i` parameters,
+    after the buffers, in name order): a program over symbolic sizes is called with them,
+    every other program with its buffers only."""
+    if not runner.variables:
+        runner.program(*buffers)
+        return
+    missing = [name for name in runner.variables if name not in var_vals]
+    if missing:
+        raise ValueError(f"kernel {runner.name} needs a value for the Variables {missing}")
+    runner.program(*buffers, vals=tuple(var_vals[name] for name in runner.variables))
 
 
 @dataclass
@@ -64,6 +88,7 @@ class Launch:
     runner: Runner | None
     seconds: float
     buffers: list[Buffer] = field(default_factory=list)
+    var_vals: dict[str, int] = field(default_factory=dict)  # the Variables' values it ran with
 
 
 # compiled programs by (device, kernel AST, name); the least recently used go first past the
@@ -86,10 +111,14 @@ def record_launches() -> Iterator[list[Launch]]:
 
 
 def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
-    """Interpret (no renderer) or lower, render and compile one kernel for a device."""
+    """Interpret (no renderer) or lower, render and compile one kernel for a device. A kernel
+    over a symbolic size is lowered without optimizations (they split loops of known sizes)."""
+    variables = tuple(v.arg[0] for v in variables_of([ast]))
     if backend.renderer is None:
-        return Runner(name, backend.name, backend.program(ast), ast, ops_estimate=estimate_ops(ast))
-    linear = lower(ast, search.options_for(backend, name, ast))  # heuristic, or BEAM's choice
+        return Runner(name, backend.name, backend.program(ast), ast, ops_estimate=estimate_ops(ast),
+                      variables=variables)
+    options = NO_OPTIONS if variables else search.options_for(backend, name, ast)
+    linear = lower(ast, options)  # heuristic, or BEAM's choice
     if DEBUG >= 3:
         applied = linear.applied_opts or ["none"]
         print(f"    optimizations of {name}: {'; '.join(applied)}")
@@ -99,7 +128,7 @@ def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
     assert backend.compiler is not None
     binary = backend.compiler.compile(source)
     return Runner(name, backend.name, backend.program(name, binary), ast, linear, source,
-                  estimate_ops(ast))
+                  estimate_ops(ast), variables)
 
 
 def get_runner(item: ScheduleItem) -> Runner:
@@ -126,6 +155,9 @@ def _print_item(item: ScheduleItem) -> None:
     print(f"--- kernel {item.name} on {item.device}: stored because {item.boundary_reason}")
     for note in item.fusions + item.input_reasons:
         print(f"    {note}")
+    if item.var_vals:
+        values = ", ".join(f"{name}={value}" for name, value in sorted(item.var_vals.items()))
+        print(f"    symbolic sizes: {values} (one compiled kernel serves every value)")
     print(pretty(item.ast))
 
 
@@ -139,13 +171,13 @@ def run_item(item: ScheduleItem) -> None:
     if runner is None:
         item.output.copyin(item.buffers[1].numpy())
     else:
-        runner.program(*item.buffers)
+        launch_kernel(runner, item.buffers, item.var_vals)
         if DEBUG >= 2:
             Device[item.device].synchronize()
     seconds = time.perf_counter() - start
     _count(item, runner, seconds)
     for log in _launch_logs:
-        log.append(Launch(item, runner, seconds, list(item.buffers)))
+        log.append(Launch(item, runner, seconds, list(item.buffers), dict(item.var_vals)))
 
 
 def _count(item: ScheduleItem, runner: Runner | None, seconds: float) -> None:
@@ -156,10 +188,11 @@ def _count(item: ScheduleItem, runner: Runner | None, seconds: float) -> None:
     GlobalCounters.time_sum_s += seconds
     if DEBUG >= 1:
         timing = f" tm {seconds * 1e6:9.2f}us" if DEBUG >= 2 else ""
+        values = "".join(f" {name}={value}" for name, value in sorted(item.var_vals.items()))
         if DEBUG >= 2 and runner is not None:
             timing += _tier_note(runner)
         print(f"*** {item.device:<6} {GlobalCounters.kernel_count:4d} {item.name:<26} "
-              f"arg {len(item.buffers):2d} mem {format_bytes(memory):>9}{timing}")
+              f"arg {len(item.buffers):2d} mem {format_bytes(memory):>9}{timing}{values}")
 
 
 def _tier_note(runner: Runner) -> str:
@@ -190,7 +223,7 @@ def precompile(items: list[ScheduleItem]) -> None:
     for item in items:
         key = (item.device, item.ast, item.name)
         if item.kind == "kernel" and key not in runner_cache and \
-                (item.device, item.ast) not in queued:
+                (item.device, item.ast) not in queued and not item.ast.has_symbols:
             waiting.setdefault(item.device, []).append(item)
             queued.add((item.device, item.ast))
     for device, group in waiting.items():
@@ -223,13 +256,20 @@ def _unique_names(names: list[str]) -> list[str]:
 
 # ---- realizing ----
 
-def build_schedule(roots: list[UOp], default_device: str) -> Schedule:
+def build_schedule(roots: list[UOp], default_device: str,
+                   var_vals: dict[str, int] | None = None) -> Schedule:
     """The schedule that runs: the scheduler's kernels in order (schedule.py), with a packing
     copy before each kernel that profits from one (pack.py). realize() runs exactly these
     items and viz draws exactly these, so a drawing shows every kernel that runs. Nothing is
-    computed: the Buffers are allocated when a kernel first uses them."""
+    computed is allocated when a kernel first uses them. `var_vals`: the values of the
+    Variables of an unbound graph (`unbind_graph`), kept on each item."""
     schedule = schedule_graph(roots, default_device)
-    return dataclasses.replace(schedule, items=pack_operands(schedule.items))
+    items = pack_operands(schedule.items)
+    values = var_vals or {}
+    for item in items if values else []:  # each item: the values of its own Variables
+        used = {v.arg[0] for v in variables_of([item.ast])}
+        item.var_vals = {name: value for name, value in values.items() if name in used}
+    return dataclasses.replace(schedule, items=items)
 
 
 # ---- the plan cache (eager dispatch) ----
@@ -345,10 +385,13 @@ def make_plan(schedule_: Schedule, roots: list[UOp], holes: list[Buffer]) -> Pla
     return Plan(tuple(fresh), tuple(steps), tuple(results), assigned)
 
 
-def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer]) -> list[UOp]:
+def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer],
+             var_vals: dict[str, int] | None = None) -> list[UOp]:
     """Launch a cached plan on this graph's buffers: the lean path of an eager realize. It
     does only what a launch needs (no DEBUG checks: a watched realize takes the whole path),
-    and its steps' counts were summed when the plan was made (`Plan.ops`, `Plan.nbytes`)."""
+    and its steps' counts were summed when the plan was made (`Plan.ops`, `Plan.nbytes`).
+    `var_vals`: this graph's values of its Variables (the plan's key holds no value, so a
+    new value reuses the plan and its kernels run with the new value)."""
     buffers = holes + [Buffer(device, size, dtype) for device, size, dtype in plan.fresh]
     for buffer in buffers:
         _ = buffer.storage  # allocate now, so allocation is not counted as kernel time
@@ -357,7 +400,11 @@ def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer]) -> list[UOp]:
         if step.runner is None:
             buffers[step.slots[0]].copyin(buffers[step.slots[1]].numpy())
         else:
-            step.runner.program(*[buffers[k] for k in step.slots])
+            args = [buffers[k] for k in step.slots]
+            if step.runner.variables:  # a kernel over symbolic sizes: this graph's values
+                launch_kernel(step.runner, args, var_vals or {})
+            else:
+                step.runner.program(*args)
     GlobalCounters.time_sum_s += time.perf_counter() - start
     GlobalCounters.kernel_count += len(plan.steps)
     GlobalCounters.global_ops += plan.ops
@@ -381,11 +428,16 @@ def schedule_uops(roots: list[UOp], default_device: str) -> tuple[list[ScheduleI
     BUFFER-backed node that will hold its value once `run_schedule(items)` has run them. The
     buffers an assign writes into count as overwritten from now on (graphs built before read
     the old contents, which the items read before they write)."""
-    schedule_ = build_schedule(roots, default_device)
+    bound = roots
+    roots, var_vals = unbind_graph(roots) if any(r.has_symbols for r in roots) else (roots, {})
+    schedule_ = build_schedule(roots, default_device, var_vals)
     for item in schedule_.items:
         if item.node is not None and item.node.op is Ops.ASSIGN:
             item.output.overwritten = True
-    return schedule_.items, [schedule_.becomes.get(node, node) for node in roots]
+    results = [schedule_.becomes.get(node, node) for node in roots]
+    if var_vals:  # (each item keeps the values of its Variables: run_schedule passes them)
+        results = [_bound_result(b, u, r) for b, u, r in zip(bound, roots, results)]
+    return schedule_.items, results
 
 
 def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
@@ -393,11 +445,34 @@ def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
 
     Values are never remembered between calls: a graph built again is computed again. What
     is remembered is the *plan*, by the graph's structure (see `plan_key`): a graph shaped
-    like one seen before runs the same kernels on its own buffers, without scheduling."""
+    like one seen before runs the same kernels on its own buffers, without scheduling.
+
+    A graph with bound Variables is first unbound (`unbind_graph`): its kernels and its plan
+    are those of the unbound graph, the same for every value, and the values (`var_vals`)
+    go to the launches. Each result is then read with the bound sizes of its root."""
+    if not any(root.has_symbols for root in roots):
+        return _realize_unbound(roots, default_device, {})
+    unbound, var_vals = unbind_graph(roots)
+    results = _realize_unbound(unbound, default_device, var_vals)
+    return [_bound_result(root, free, result) for root, free, result in
+            zip(roots, unbound, results)]
+
+
+def _bound_result(root: UOp, unbound: UOp, result: UOp) -> UOp:
+    """The result of a bound root: its buffer read with the root's own (bound) shape."""
+    if result is unbound:  # nothing was computed: the root stays as it was
+        return root
+    base = base_buffer(result)
+    assert base is not None, "a realized result is a view of its buffer"
+    return symbolic_view(base, root.shape)
+
+
+def _realize_unbound(roots: list[UOp], default_device: str,
+                     var_vals: dict[str, int]) -> list[UOp]:
     if not PLAN_CACHE or DEBUG >= 1 or _launch_logs:
         # the whole path when it is watched: DEBUG prints each step, and a recording (the
         # JIT's capture, viz) keeps every item as the scheduler made it
-        schedule_ = build_schedule(roots, default_device)
+        schedule_ = build_schedule(roots, default_device, var_vals)
         run_schedule(schedule_.items)
         for item in schedule_.items:
             if item.node is not None and item.node.op is Ops.ASSIGN:
@@ -406,9 +481,9 @@ def realize_uops(roots: list[UOp], default_device: str) -> list[UOp]:
     key, holes = plan_key(roots, default_device)
     cached = plan_cache.get(key)
     if cached is not None:
-        return run_plan(cached, roots, holes)
+        return run_plan(cached, roots, holes, var_vals)
     schedule_ = build_schedule(roots, default_device)
     precompile(schedule_.items)
     plan = make_plan(schedule_, roots, holes)
     plan_cache[key] = plan
-    return run_plan(plan, roots, holes)
+    return run_plan(plan, roots, holes, var_vals)

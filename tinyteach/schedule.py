@@ -39,7 +39,18 @@ from dataclasses import dataclass, field
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import NOOPT, ContextVar, prod
-from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, base_buffer, toposort_of
+from tinyteach.uop import (
+    ALU,
+    MOVEMENT,
+    Ops,
+    UOp,
+    base_buffer,
+    sym_max,
+    sym_prod,
+    sym_str,
+    symbolic_view,
+    toposort_of,
+)
 
 # movement ops through which a reduction's result can still be read inside the same kernel:
 # each output element needs at most one element of the reduction, so nothing is recomputed
@@ -61,6 +72,9 @@ class ScheduleItem:
     old_contents_read: list[Buffer] = field(default_factory=list)  # read before any assign
     node: UOp | None = None              # the realized node this item computes
     input_nodes: list[UOp] = field(default_factory=list)
+    # the values of the Variables its sizes use, for this run (name -> value): the AST holds
+    # the unbound variables, so one compiled kernel serves every value
+    var_vals: dict[str, int] = field(default_factory=dict)
 
     @property
     def output(self) -> Buffer:
@@ -210,11 +224,11 @@ def _recomputed_by_broadcast(node: UOp, users: dict[UOp, list[UOp]], realized: d
                              feeds_reduction: dict[UOp, bool]) -> str | None:
     """An elementwise result read through an EXPAND by a reduction (dW = dH.T @ X reads dH once
     per column of X) would be recomputed for every broadcast copy: store it once instead."""
-    if node.op not in ALU or prod(node.shape) < BROADCAST_RECOMPUTE_LIMIT or \
+    if node.op not in ALU or sym_max(sym_prod(node.shape)) < BROADCAST_RECOMPUTE_LIMIT or \
             _alu_work(node, realized) < 2:
         return None  # (a few elements are cheaper to recompute than a kernel is to launch)
     for expand in _expands_above(node, users):
-        factor = prod(expand.shape) // max(prod(node.shape), 1)
+        factor = sym_max(sym_prod(expand.shape)) // max(sym_max(sym_prod(node.shape)), 1)
         if factor >= BROADCAST_RECOMPUTE_LIMIT and feeds_reduction[expand]:
             return (f"it is broadcast {factor}x into a reduction: stored once instead of "
                     f"recomputed for each copy")
@@ -348,9 +362,13 @@ def fuses_along_rows(reduce: UOp, users: dict[UOp, list[UOp]], realized: dict[UO
     a row's reductions once per row (`fuses_rows_on`: its output loops are loops, or a GPU
     work-group per row), and everything between it and its kernel's output stays on the same rows
     (`_stays_on_rows`): then lower.py computes it once per row, before that row's outputs."""
+    source_shape, axes = reduce.src[0].shape, reduce.arg[1]
+    if any(isinstance(size, UOp) for size in source_shape):
+        return False  # (a reduction over a symbolic shape keeps the stored path)
+    if reduce.has_symbols and output_loops_are_threads(device):
+        return False  # (a GPU row needs a work-group: a symbolic kernel gets no options)
     if not FUSE_ROWS or not above <= ROW_FUSION_OPS:
         return False
-    source_shape, axes = reduce.src[0].shape, reduce.arg[1]
     if row_bytes(reduce) > MAX_FUSED_ROW_BYTES or not rows_are_innermost(source_shape, axes):
         return False
     return fuses_rows_on(device, reduce) and _stays_on_rows(reduce, users, realized)
@@ -516,14 +534,14 @@ class _KernelBuilder:
             self.input_nodes.append(node)
         size: int = buffer.size
         if buffer is self.output:  # an in-place assign reads its own target element-wise
-            return UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, size)).reshape(node.shape)
+            return symbolic_view(UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, size)), node.shape)
         if buffer not in self.inputs:
             self.inputs.append(buffer)
             why = "a realized tensor" if in_memory else realized[node]
             self.input_reasons.append(f"input {len(self.inputs)}: {why}")
         index = 1 + self.inputs.index(buffer)
         define = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (index, buffer.size))
-        return define.reshape(node.shape)
+        return symbolic_view(define, node.shape)
 
 
 def kernel_name(value: UOp) -> str:
@@ -531,10 +549,16 @@ def kernel_name(value: UOp) -> str:
     reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
     sizes = [s for s in value.shape if s != 1] or [1]
     if not reduces:
-        return "E_" + "_".join(map(str, sizes))
+        return "E_" + "_".join(map(_name_part, sizes))
     reduced = reduces[0].src[0].shape
     reduced_sizes = [reduced[axis] for axis in reduces[0].arg[1]]
-    return "r_" + "_".join(map(str, sizes + reduced_sizes))
+    return "r_" + "_".join(map(_name_part, sizes + reduced_sizes))
+
+
+def _name_part(size: int | UOp) -> str:
+    """A size in a kernel's name: `4`, or a symbolic one by its variables (`i`, `i1` for
+    i+1): a name must be an identifier in every language."""
+    return "".join(c for c in sym_str(size) if c.isalnum() or c == "_")
 
 
 def describe_fusions(value: UOp, device: str | None = None) -> list[str]:
@@ -608,9 +632,9 @@ def estimate_ops(ast: UOp) -> int:
     total = 0
     for node in ast.toposort:
         if node.op in ALU:
-            total += prod(node.shape)
+            total += sym_max(sym_prod(node.shape))  # (a symbolic size: at its largest)
         elif node.op is Ops.REDUCE_AXIS:
-            total += prod(node.src[0].shape)
+            total += sym_max(sym_prod(node.src[0].shape))
     return total
 
 
@@ -701,7 +725,8 @@ def _make_items(order: list[UOp], realized: dict[UOp, str],
         if node.op is Ops.ASSIGN:
             buffer_of[node] = assign_target(node)
         else:
-            buffer_of[node] = Buffer(device, prod(node.shape), node.dtype)
+            # a symbolic shape is stored in a buffer with room for its largest value
+            buffer_of[node] = Buffer(device, sym_max(sym_prod(node.shape)), node.dtype)
         items.append(_make_item(node, device, realized, buffer_of))
     return items, buffer_of
 
@@ -774,7 +799,7 @@ def _ready_first_order(after: dict[int, set[int]]) -> list[int]:
 
 
 def _buffer_node(buffer: Buffer, node: UOp) -> UOp:
-    return UOp(Ops.BUFFER, node.dtype, (), buffer).reshape(node.shape)
+    return symbolic_view(UOp(Ops.BUFFER, node.dtype, (), buffer), node.shape)
 
 
 def _make_item(node: UOp, device: str, realized: dict[UOp, str],
@@ -783,7 +808,7 @@ def _make_item(node: UOp, device: str, realized: dict[UOp, str],
         return _make_copy(node, device, realized, buffer_of)
     builder = _KernelBuilder(buffer_of, output=buffer_of[node])
     value = builder.build(node, realized)
-    output = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, prod(node.shape)))
+    output = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (0, sym_max(sym_prod(node.shape))))
     ast = UOp(Ops.SINK, dtypes.bool, (UOp(Ops.STORE, node.dtype, (output, value)),))
     return ScheduleItem("kernel", kernel_name(value), ast, [buffer_of[node], *builder.inputs],
                         device, realized[node], describe_fusions(value, device),

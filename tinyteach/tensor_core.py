@@ -35,7 +35,7 @@ import contextlib
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar, cast
 
 import numpy as np
 
@@ -58,7 +58,20 @@ from tinyteach.gradient import (
 from tinyteach.helpers import Context, prod
 from tinyteach.realize import realize_uops, schedule_uops
 from tinyteach.schedule import ScheduleItem, device_of, is_contiguous_buffer
-from tinyteach.uop import Ops, UOp, base_buffer, toposort_of
+from tinyteach.uop import (
+    Ops,
+    UOp,
+    as_sint,
+    base_buffer,
+    sint,
+    sym_max,
+    sym_min,
+    sym_mul,
+    sym_prod,
+    sym_shape_eval,
+    sym_sub,
+    toposort_of,
+)
 
 Scalar = int | float | bool
 ShapeArg = int | Sequence[int]
@@ -214,6 +227,8 @@ class CoreTensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The sizes; a symbolic size is a UOp over Variables (printed by name, `(i, 4)`;
+        typed as ints, see UOp.shape)."""
         return self.uop.shape
 
     @property
@@ -225,7 +240,7 @@ class CoreTensor:
         return len(self.shape)
 
     def numel(self) -> int:
-        return prod(self.shape)
+        return cast(int, sym_prod(self.shape))  # (symbolic for a symbolic shape: see shape)
 
     def size(self, dim: int | None = None) -> int | tuple[int, ...]:
         return self.shape if dim is None else self.shape[self._axis(dim)]
@@ -270,6 +285,16 @@ class CoreTensor:
         _SCHEDULED_NOT_RUN.update(item.output for item in items if not item.output.is_allocated)
         return items
 
+    def schedule_with_vars(self, *others: Self) -> tuple[list[ScheduleItem], dict[str, int]]:
+        """tinygrad's `schedule_with_vars()`: `schedule()`, and the values of the Variables its
+        symbolic sizes are bound to (name -> value; each item also keeps its own, which
+        `run_schedule` passes to its kernel)."""
+        items = self.schedule(*others)
+        var_vals: dict[str, int] = {}
+        for item in items:
+            var_vals.update(item.var_vals)
+        return items, var_vals
+
     def _point_at(self, result: UOp) -> None:
         """Make `result` (this tensor's computed buffer) its graph, and keep what backward()
         needs: the lazy graph in `_lazy`, and, for a non-leaf on a path to a leaf, the same
@@ -285,18 +310,22 @@ class CoreTensor:
         node = self.realize().uop
         if not is_contiguous_buffer(node):  # a view of a buffer: copy it into a fresh one
             node = self.contiguous().realize().uop
-        while node.op is Ops.RESHAPE:
-            node = node.src[0]
-        _refuse_unrun([node])
-        buffer: Buffer = node.arg
+        base = base_buffer(node)
+        assert base is not None, "a realized tensor is a view of its buffer"
+        _refuse_unrun([base])
+        buffer: Buffer = base.arg
         return buffer
 
     def numpy(self) -> np.ndarray:
         """Compute the tensor and return its values as a numpy array (a copy). numpy has no
-        bfloat16: a bfloat16 tensor's values come back as float32 (exactly; tinygrad's)."""
+        bfloat16: a bfloat16 tensor's values come back as float32 (exactly; tinygrad's). A
+        symbolic shape gives the array of its bound sizes (the buffer has room for the
+        largest)."""
+        shape = sym_shape_eval(self.shape) if self.uop.has_symbols else self.shape
+        values = self._buffer().numpy()[:prod(shape)]
         if self.dtype == dtypes.bfloat16:
-            return from_bfloat16_bits(self._buffer().numpy()).reshape(self.shape)
-        return self._buffer().numpy().reshape(self.shape)
+            return from_bfloat16_bits(values).reshape(shape)
+        return values.reshape(shape)
 
     def item(self) -> Scalar:
         if self.numel() != 1:
@@ -381,6 +410,8 @@ class CoreTensor:
         new_shape = list(_shape_from_maybe_negative(shape))
         if new_shape.count(-1) > 1:
             raise ValueError(f"reshape: only one -1 allowed, got {tuple(new_shape)}")
+        if self.uop.has_symbols or any(isinstance(s, UOp) for s in new_shape):
+            return self._symbolic_reshape(new_shape)
         if -1 in new_shape:
             known = prod(s for s in new_shape if s != -1)
             if known == 0 or self.numel() % known:
@@ -390,6 +421,20 @@ class CoreTensor:
         if prod(new_shape) != self.numel():
             raise ValueError(f"cannot reshape {self.shape} ({self.numel()} elements) to "
                              f"{tuple(new_shape)} ({prod(new_shape)} elements)")
+        return self._apply(self.uop.reshape(tuple(new_shape)), self)
+
+    def _symbolic_reshape(self, new_shape: list[int]) -> Self:
+        """tinygrad's rule for a symbolic reshape: the element count stays the same, as an
+        expression ((i, 4) -> (i*4,) and back; -1 stands for what is left when that is an
+        int or a symbolic size times an int)."""
+        if -1 in new_shape:
+            known = sym_prod(s for s in new_shape if not isinstance(s, int) or s != -1)
+            new_shape[new_shape.index(-1)] = cast(int, _divide_count(self.numel(), known,
+                                                                     self.shape))
+        if not _same_count(sym_prod(new_shape), self.numel()):
+            raise ValueError(f"cannot reshape {self.shape} ({self.numel()} elements) to "
+                             f"{tuple(new_shape)} ({sym_prod(new_shape)} elements): a symbolic "
+                             "reshape must keep the element count")
         return self._apply(self.uop.reshape(tuple(new_shape)), self)
 
     def permute(self, *order: Any) -> Self:
@@ -422,7 +467,9 @@ class CoreTensor:
         if mode != "constant":
             raise ValueError(f"the core pads with a constant only, not mode {mode!r}")
         pairs = padding_pairs(padding, self.ndim)
-        if any(b < 0 or a < 0 for b, a in pairs):
+        if any(sym_min(b) < 0 or sym_min(a) < 0 for b, a in pairs):
+            if any(isinstance(p, UOp) for pair in pairs for p in pair):
+                raise ValueError(f"a symbolic pad must be >= 0 for every value, got {pairs}")
             cropped = tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape))
             return self.shrink(cropped).pad([(max(0, b), max(0, a)) for b, a in pairs],
                                             value=value)
@@ -432,15 +479,16 @@ class CoreTensor:
         inside = self._const(True, dtypes.bool).pad(pairs)  # False where the padding is
         return inside.where(padded, value)
 
-    def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Self:
+    def shrink(self, bounds: Sequence[tuple[sint, sint] | None]) -> Self:
         if len(bounds) != self.ndim:
             raise ValueError(f"shrink needs {self.ndim} bounds for shape {self.shape}, "
                              f"got {len(bounds)}")
-        full = tuple((0, s) if b is None else (int(b[0]), int(b[1]))
+        full = tuple((0, s) if b is None else (as_sint(b[0]), as_sint(b[1]))
                      for b, s in zip(bounds, self.shape))
         for (start, end), size in zip(full, self.shape):
-            if not 0 <= start <= end <= size:
-                raise ValueError(f"shrink bounds {full} out of range for shape {self.shape}")
+            if not _shrink_fits(start, end, size):
+                raise ValueError(f"shrink bounds {full} out of range for shape {self.shape}"
+                                 + _symbolic_note(start, end))
         return self._apply(self.uop.shrink(full), self)
 
     def flip(self, axis: int | Sequence[int]) -> Self:
@@ -452,6 +500,8 @@ class CoreTensor:
     def _broadcasted(self, other: Any, reverse: bool = False,
                      float_result: bool = False) -> tuple[Self, Self]:
         x, y = self, other
+        if isinstance(y, UOp):  # a symbolic int (a bound Variable, `v + 1`): an int32 scalar
+            y = type(self)(y, self.device, requires_grad=False)
         if not isinstance(y, CoreTensor):
             dtype = scalar_dtype(self.dtype, y)
             if isinstance(y, (bool, int, float)) and dtype == self.dtype and \
@@ -864,9 +914,52 @@ def _buffers_read(graph: UOp) -> tuple[Buffer, ...]:
 
 
 def _shape_from_maybe_negative(args: tuple[Any, ...]) -> tuple[int, ...]:
+    """The sizes given, as ints (a symbolic size stays a UOp: typed int, see UOp.shape)."""
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
         args = tuple(args[0])
-    return tuple(int(s) for s in args)
+    return cast(tuple[int, ...], tuple(as_sint(s) for s in args))
+
+
+def _same_count(a: sint, b: sint) -> bool:
+    """Are two element counts equal for every value of their Variables? Counts are built by
+    sym_prod (ints folded, symbolic factors in order), so equal ones are the same node."""
+    return a is b if isinstance(a, UOp) or isinstance(b, UOp) else a == b
+
+
+def _divide_count(count: sint, known: sint, shape: tuple[sint, ...]) -> sint:
+    """count / known for reshape's -1, when it is exact for every value of the Variables."""
+    if _same_count(count, known):
+        return 1
+    if isinstance(known, int) and isinstance(count, int) and known and count % known == 0:
+        return count // known
+    if isinstance(known, int) and isinstance(count, UOp) and known:
+        if known == 1:
+            return count
+        if count.op is Ops.MUL and count.src[1].op is Ops.CONST and count.src[1].arg % known == 0:
+            return sym_mul(count.src[0], int(count.src[1].arg) // known)
+    if isinstance(known, UOp) and isinstance(count, UOp) and count.op is Ops.MUL and \
+            count.src[0] is known and count.src[1].op is Ops.CONST:
+        return int(count.src[1].arg)
+    raise ValueError(f"reshape: cannot work out -1 for shape {shape} ({count} elements) and "
+                     f"{known} known elements")
+
+
+def _shrink_fits(start: sint, end: sint, size: sint) -> bool:
+    """0 <= start <= end <= size, for every value of the Variables (by their ranges; a size
+    may be read up to its variable's largest value, as a JIT replays with new values)."""
+    if all(isinstance(x, int) for x in (start, end, size)):
+        return 0 <= start <= end <= size  # type: ignore[operator]
+    length = sym_sub(end, start)
+    if sym_min(start) < 0 or sym_min(length) < 0:
+        return False
+    return end is size or sym_max(end) <= sym_min(size) or sym_sub(size, end) == 0
+
+
+def _symbolic_note(start: sint, end: sint) -> str:
+    if isinstance(start, int) and isinstance(end, int):
+        return ""
+    return (f" (symbolic bounds are checked over the variables' ranges: start in "
+            f"[{sym_min(start)}, {sym_max(start)}], end in [{sym_min(end)}, {sym_max(end)}])")
 
 
 def scalar_dtype(tensor_dtype: DType, value: Any) -> DType:
@@ -879,7 +972,8 @@ def scalar_dtype(tensor_dtype: DType, value: Any) -> DType:
 
 
 def padding_pairs(padding: Sequence[Any], ndim: int) -> list[tuple[int, int]]:
-    """((before, after) per axis) from either form pad() takes."""
+    """((before, after) per axis) from either form pad() takes (a symbolic amount stays a
+    UOp: typed int, see UOp.shape)."""
     items = list(padding)
     if all(isinstance(p, int) for p in items):  # PyTorch: (last_before, last_after, ...)
         if len(items) % 2 or len(items) // 2 > ndim:
@@ -890,7 +984,8 @@ def padding_pairs(padding: Sequence[Any], ndim: int) -> list[tuple[int, int]]:
         return pairs
     if len(items) != ndim:
         raise ValueError(f"padding needs one (before, after) pair per axis ({ndim}), got {items}")
-    return [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in items]
+    return cast(list[tuple[int, int]],
+                [(0, 0) if p is None else (as_sint(p[0]), as_sint(p[1])) for p in items])
 
 
 def sum_dtype(dtype: DType) -> DType:

@@ -40,7 +40,7 @@ from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import prod
 from tinyteach.tensor_core import Scalar, pool, scalar_dtype, sum_dtype
 from tinyteach.tensor_movement import TensorMovement
-from tinyteach.uop import Ops
+from tinyteach.uop import Ops, UOp, sym_prod
 
 TM = TypeVar("TM", bound="TensorMath")  # the helper functions return what they were given
 
@@ -579,7 +579,9 @@ class TensorMath(TensorMovement):
                 raise TypeError(f"mean needs a float dtype, got {wanted.name}")
             return self.cast(wanted).mean(axis, keepdim)
         total = self._to_float().sum(axis, keepdim)
-        count = prod(s for i, s in enumerate(self.shape) if i in self._axes(axis))
+        count = sym_prod(s for i, s in enumerate(self.shape) if i in self._axes(axis))
+        if isinstance(count, UOp):  # a symbolic count: divided by its value at each run
+            return total / count
         return total / max(count, 1) if count else total * math.nan
 
     def var(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Self:

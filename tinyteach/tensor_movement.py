@@ -33,6 +33,7 @@ from typing import Any, Self, TypeVar
 from tinyteach.dtype import dtypes, least_upper_dtype
 from tinyteach.tensor_core import CoreTensor, Scalar, padding_pairs
 from tinyteach.tensor_create import TensorCreation, _shape_from
+from tinyteach.uop import sint, sym_add, sym_sub
 
 M = TypeVar("M", bound="TensorMovement")  # the helper functions return what they were given
 
@@ -110,14 +111,17 @@ class TensorMovement(TensorCreation):
                                  f"dim {axis}")
         tensors = [self, *others]
         dtype = least_upper_dtype(*(t.dtype for t in tensors))
-        total = sum(t.shape[axis] for t in tensors)
-        result, offset = None, 0
+        total: sint = 0
         for t in tensors:
-            pairs = [(0, 0)] * self.ndim
-            pairs[axis] = (offset, total - offset - t.shape[axis])
+            total = sym_add(total, t.shape[axis])
+        result: Self | None = None
+        offset: sint = 0
+        for t in tensors:  # (sym_add and sym_sub: a size may be symbolic)
+            pairs: list[tuple[sint, sint]] = [(0, 0)] * self.ndim
+            pairs[axis] = (offset, sym_sub(sym_sub(total, offset), t.shape[axis]))
             piece = t.cast(dtype).pad(pairs)
             result = piece if result is None else result + piece
-            offset += t.shape[axis]
+            offset = sym_add(offset, t.shape[axis])
         assert result is not None
         return result
 

@@ -32,10 +32,10 @@ import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from tinyteach.dtype import DType, dtypes, truncate_to
-from tinyteach.helpers import cached_property, prod
+from tinyteach.helpers import cached_property
 
 
 class Ops(enum.Enum):
@@ -110,6 +110,11 @@ class Ops(enum.Enum):
                               # its part of A @ B (arg: wmma.WMMAArg: shape, dtypes, layout,
                               # which element). WMMAs with the same sources are one instruction
 
+    # --- symbolic sizes (a size that is a variable: one kernel for every length) ---
+    DEFINE_VAR = enum.auto()  # an integer variable (arg: (name, min, max)); in a kernel, an
+                              # `int name` parameter
+    BIND = enum.auto()        # a variable with its value for this run: src (DEFINE_VAR, CONST)
+
 
 UNARY = (Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.CAST)
 BINARY = (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
@@ -176,7 +181,7 @@ class UOp(metaclass=UOpMetaClass):
     arg: Any = None
 
     def __repr__(self) -> str:
-        return pretty(self)
+        return sym_str(self) if is_symbolic_int(self) else pretty(self)
 
     # ---- building nodes ----
 
@@ -268,9 +273,38 @@ class UOp(metaclass=UOpMetaClass):
     def cast(self, dtype: DType) -> UOp:
         return self if dtype == self.dtype else UOp(Ops.CAST, dtype, (self,))
 
+    # ---- symbolic sizes: a Variable and its value ----
+
+    def bind(self, value: int) -> UOp:
+        """This variable with a value for one run (a BIND node): `Variable("i", 1, 64).bind(7)`.
+        The value must lie in the variable's range."""
+        if self.op is not Ops.DEFINE_VAR:
+            raise TypeError(f"only a Variable can be bound, not a {self.op.name} node")
+        name, low, high = self.arg
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"Variable {name!r} takes an int, not {value!r}")
+        if not low <= value <= high:
+            raise ValueError(f"Variable {name!r} is bound to {value}, outside its range "
+                             f"[{low}, {high}]")
+        return UOp(Ops.BIND, dtypes.int32, (self, UOp.const(dtypes.int32, value)))
+
+    def unbind(self) -> tuple[UOp, int]:
+        """(the variable, its value) of a bound variable."""
+        if self.op is not Ops.BIND:
+            raise TypeError(f"unbind() needs a bound Variable, not a {self.op.name} node")
+        return self.src[0], int(self.src[1].arg)
+
+    @property
+    def expr(self) -> str:
+        """A bound or unbound variable's name (tinygrad's `Variable.expr`)."""
+        var = self.src[0] if self.op is Ops.BIND else self
+        if var.op is not Ops.DEFINE_VAR:
+            raise TypeError(f"a {self.op.name} node has no variable name")
+        return str(var.arg[0])
+
     # ---- movement and reduction (shapes are checked by the Tensor layer) ----
 
-    def reshape(self, shape: tuple[int, ...]) -> UOp:
+    def reshape(self, shape: tuple[sint, ...]) -> UOp:
         shape = tuple(shape)
         return self if shape == self.shape else UOp(Ops.RESHAPE, self.dtype, (self,), shape)
 
@@ -280,18 +314,18 @@ class UOp(metaclass=UOpMetaClass):
             return self
         return UOp(Ops.PERMUTE, self.dtype, (self,), order)
 
-    def expand(self, shape: tuple[int, ...]) -> UOp:
+    def expand(self, shape: tuple[sint, ...]) -> UOp:
         shape = tuple(shape)
         return self if shape == self.shape else UOp(Ops.EXPAND, self.dtype, (self,), shape)
 
-    def pad(self, padding: tuple[tuple[int, int], ...]) -> UOp:
-        padding = tuple((int(b), int(a)) for b, a in padding)
+    def pad(self, padding: tuple[tuple[sint, sint], ...]) -> UOp:
+        padding = tuple((as_sint(b), as_sint(a)) for b, a in padding)
         if all(p == (0, 0) for p in padding):
             return self
         return UOp(Ops.PAD, self.dtype, (self,), padding)
 
-    def shrink(self, bounds: tuple[tuple[int, int], ...]) -> UOp:
-        bounds = tuple((int(s), int(e)) for s, e in bounds)
+    def shrink(self, bounds: tuple[tuple[sint, sint], ...]) -> UOp:
+        bounds = tuple((as_sint(s), as_sint(e)) for s, e in bounds)
         if all(b == (0, s) for b, s in zip(bounds, self.shape)):
             return self
         return UOp(Ops.SHRINK, self.dtype, (self,), bounds)
@@ -308,12 +342,21 @@ class UOp(metaclass=UOpMetaClass):
 
     @cached_property
     def shape(self) -> tuple[int, ...]:
+        """The sizes of the value. A symbolic size is an integer UOp over Variables (`sint`);
+        the type says int, which almost every size is, so that code over int shapes
+        type-checks. Code that may meet a symbolic size uses the sym_* helpers below."""
         fill_sources_first(self, "shape")
-        return SHAPE_RULES.get(self.op, _same_shape)(self)
+        return cast(tuple[int, ...], SHAPE_RULES.get(self.op, _same_shape)(self))
 
     @property
     def size(self) -> int:
-        return prod(self.shape)
+        return cast(int, sym_prod(self.shape))
+
+    @cached_property
+    def has_symbols(self) -> bool:
+        """Does this graph hold a Variable anywhere, as a node or in a size?"""
+        fill_sources_first(self, "has_symbols")
+        return _has_symbols(self)
 
     @property
     def toposort(self) -> list[UOp]:
@@ -421,12 +464,12 @@ def _permute_shape(node: UOp) -> tuple[int, ...]:
     return tuple(node.src[0].shape[i] for i in node.arg)
 
 
-def _pad_shape(node: UOp) -> tuple[int, ...]:
-    return tuple(s + b + a for s, (b, a) in zip(node.src[0].shape, node.arg))
+def _pad_shape(node: UOp) -> tuple[sint, ...]:
+    return tuple(sym_add(sym_add(s, b), a) for s, (b, a) in zip(node.src[0].shape, node.arg))
 
 
-def _shrink_shape(node: UOp) -> tuple[int, ...]:
-    return tuple(end - start for start, end in node.arg)
+def _shrink_shape(node: UOp) -> tuple[sint, ...]:
+    return tuple(sym_sub(end, start) for start, end in node.arg)
 
 
 SHAPE_RULES = {
@@ -489,7 +532,9 @@ def _bounds_mod(node: UOp) -> tuple[float | int, float | int] | None:
 
 BOUNDS_RULES = {
     Ops.CONST: lambda node: (node.arg, node.arg),
-    Ops.RANGE: lambda node: (0, node.arg[2] - 1),
+    Ops.RANGE: lambda node: (0, sym_max(node.arg[2]) - 1),
+    Ops.DEFINE_VAR: lambda node: (node.arg[1], node.arg[2]),
+    Ops.BIND: lambda node: node.src[0].bounds,
     Ops.SPECIAL: lambda node: (0, node.arg[2] - 1),
     Ops.ADD: lambda node: (node.src[0].vmin + node.src[1].vmin,
                            node.src[0].vmax + node.src[1].vmax),
@@ -502,7 +547,7 @@ BOUNDS_RULES = {
     Ops.CMPLT: lambda node: (False, True),
     Ops.CMPNE: lambda node: (False, True),
 }
-BOUNDS_FROM_SOURCES = (Ops.ADD, Ops.NEG, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX)
+BOUNDS_FROM_SOURCES = (Ops.ADD, Ops.NEG, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.BIND)
 
 
 # ---- the parts of a LOAD and a STORE ----
@@ -576,4 +621,304 @@ def base_buffer(node: UOp) -> UOp | None:
     what a JIT hands to its kernels. (The node, not the Buffer: device.py is a layer above.)"""
     while node.op is Ops.RESHAPE:
         node = node.src[0]
+    if node.op is Ops.SHRINK and node.src[0].op is Ops.BUFFER and node.arg[0][0] == 0 and \
+            isinstance(node.arg[0][1], UOp):
+        node = node.src[0]  # a symbolic shape's buffer: sized for the largest value, its
+        # values are the first elements (`symbolic_view`)
     return node if node.op is Ops.BUFFER else None
+
+
+def symbolic_view(buffer_node: UOp, shape: tuple[sint, ...]) -> UOp:
+    """A BUFFER node read as `shape`: reshaped, or, when the shape is symbolic (the buffer
+    holds room for the largest value), its first prod(shape) elements, reshaped."""
+    count = sym_prod(shape)
+    if isinstance(count, UOp):
+        buffer_node = buffer_node.shrink(((0, count),))
+    return buffer_node.reshape(shape)
+
+
+# ---- symbolic sizes: Variables, and arithmetic on sizes that may be variables ----
+# A size is an int or an integer UOp over Variables (`sint`): `Variable("i", 1, 64)` is a
+# DEFINE_VAR node, `.bind(7)` gives a BIND node (the variable and its value for one run), and
+# `v * 4`, `v + 1` are ordinary ALU nodes. A shape may then be (i, 4). Shapes of plain ints stay
+# plain ints: the helpers below fold ints as Python ints, and touch UOps only when one is there.
+
+sint = int | UOp
+SYMBOLIC_OPS = (Ops.DEFINE_VAR, Ops.BIND, Ops.CONST, Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV,
+                Ops.MOD, Ops.MAX)
+
+
+def Variable(name: str, min_val: int, max_val: int) -> UOp:
+    """An integer variable that takes values in [min_val, max_val] (tinygrad's `Variable`): a
+    size it stands in is compiled once, for every value, and a buffer it sizes is allocated for
+    `max_val`. Give it a value for one run with `.bind(value)`."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a Variable's name must be an identifier (it becomes a kernel "
+                         f"parameter), not {name!r}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (min_val, max_val)):
+        raise TypeError(f"Variable {name!r} needs int bounds, got {min_val!r}, {max_val!r}")
+    if not 0 <= min_val <= max_val:
+        raise ValueError(f"Variable {name!r} needs 0 <= min <= max, got [{min_val}, {max_val}]")
+    return UOp(Ops.DEFINE_VAR, dtypes.int32, (), (name, min_val, max_val))
+
+
+def as_sint(value: Any) -> sint:
+    """A size as given: a UOp stays symbolic, anything else becomes an int."""
+    return value if isinstance(value, UOp) else int(value)
+
+
+def is_symbolic_int(node: UOp) -> bool:
+    """Is `node` an integer expression over Variables (a symbolic size such as `i*4`)?"""
+    if node.dtype != dtypes.int32 or node.op not in SYMBOLIC_OPS or node.op is Ops.CONST:
+        return False
+    nodes = node.toposort
+    return all(n.op in SYMBOLIC_OPS for n in nodes) and \
+        any(n.op is Ops.DEFINE_VAR for n in nodes)
+
+
+def _split_const(x: UOp) -> tuple[UOp, int]:
+    """x = base + c, for a base and an int c (c = 0 when x adds no constant)."""
+    if x.op is Ops.ADD and x.src[1].op is Ops.CONST:
+        return x.src[0], int(x.src[1].arg)
+    return x, 0
+
+
+def sym_add(a: sint, b: sint) -> sint:
+    """a + b, folded: ints add as ints, (x + 1) + 2 is x + 3, x + 0 is x."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    if isinstance(a, int):
+        a, b = b, a
+    assert isinstance(a, UOp)
+    if isinstance(b, int):
+        base, c = _split_const(a)
+        return base if c + b == 0 else base + (c + b)
+    return a + b
+
+
+def sym_sub(a: sint, b: sint) -> sint:
+    """a - b, folded: (x + 1) - x is 1, x - x is 0."""
+    if isinstance(b, int):
+        return sym_add(a, -b)
+    if isinstance(a, UOp):
+        (base_a, ca), (base_b, cb) = _split_const(a), _split_const(b)
+        if base_a is base_b:
+            return ca - cb
+    return sym_add(a, b * -1)
+
+
+def sym_mul(a: sint, b: sint) -> sint:
+    """a * b, folded: ints multiply as ints, x * 1 is x, (x * 2) * 3 is x * 6."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if isinstance(a, int):
+        a, b = b, a
+    assert isinstance(a, UOp)
+    if isinstance(b, int):
+        if b in (0, 1):
+            return 0 if b == 0 else a
+        if a.op is Ops.MUL and a.src[1].op is Ops.CONST:
+            return a.src[0] * (int(a.src[1].arg) * b)
+        return a * b
+    return a * b
+
+
+def sym_prod(sizes: Any) -> sint:
+    """The product of sizes: the int factors first, as one int, times the symbolic ones in
+    order (so (i, 4) and (4, i) both give i*4: equal counts are the same node)."""
+    constant, symbols = 1, []
+    for size in sizes:
+        if isinstance(size, UOp):
+            symbols.append(size)
+        else:
+            constant *= int(size)
+    if not symbols:
+        return constant
+    total: sint = symbols[0]
+    for symbol in symbols[1:]:
+        total = sym_mul(total, symbol)
+    return sym_mul(total, constant)
+
+
+def sym_max(size: sint) -> int:
+    """The largest value a size can take (its own value for an int)."""
+    return size if isinstance(size, int) else int(size.vmax)
+
+
+def sym_min(size: sint) -> int:
+    return size if isinstance(size, int) else int(size.vmin)
+
+
+def _c_div(a: int, b: int) -> int:
+    return 0 if b == 0 else int(a / b) if abs(a) < 2 ** 52 else (abs(a) // abs(b)) * (
+        1 if (a >= 0) == (b > 0) else -1)
+
+
+_EVAL_RULES: dict[Ops, Callable[..., int]] = {
+    Ops.ADD: lambda a, b: a + b, Ops.MUL: lambda a, b: a * b, Ops.NEG: lambda a: -a,
+    Ops.MAX: max, Ops.IDIV: _c_div, Ops.MOD: lambda a, b: 0 if b == 0 else a - _c_div(a, b) * b,
+}
+
+
+def sym_eval(size: sint, values: dict[str, int] | None = None) -> int:
+    """The value of a size: a bound variable has its own value, an unbound one the value
+    `values` gives its name (a clear error if none does)."""
+    if isinstance(size, int):
+        return size
+    result: dict[UOp, int] = {}
+    bound = {n.src[0]: int(n.src[1].arg) for n in size.toposort if n.op is Ops.BIND}
+    for node in size.toposort:
+        if node.op is Ops.BIND:
+            result[node] = int(node.src[1].arg)
+        elif node.op is Ops.DEFINE_VAR:
+            name = node.arg[0]
+            if values is not None and name in values:
+                result[node] = int(values[name])
+            elif node in bound:
+                result[node] = bound[node]
+            else:
+                raise ValueError(f"Variable {name!r} has no value here: bind it "
+                                 f"(`v.bind(n)`) before its size is needed")
+        elif node.op is Ops.CONST:
+            result[node] = int(node.arg)
+        elif node.op in _EVAL_RULES:
+            result[node] = _EVAL_RULES[node.op](*(result[s] for s in node.src))
+        else:
+            raise ValueError(f"a size cannot contain a {node.op.name} node")
+    return result[size]
+
+
+def sym_shape_eval(shape: tuple[sint, ...], values: dict[str, int] | None = None) -> tuple[
+        int, ...]:
+    """A shape with every size evaluated (see `sym_eval`)."""
+    return tuple(sym_eval(s, values) for s in shape)
+
+
+_SYMBOL = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%"}
+
+
+def sym_str(size: sint) -> str:
+    """A size as people write it: `4`, `i`, `(i+1)`, `(i*4)`; a bound variable prints as
+    its name (`i`): the name is what stays the same from one run to the next."""
+    if isinstance(size, int):
+        return str(size)
+    text: dict[UOp, str] = {}
+    for node in size.toposort:
+        if node.op in (Ops.DEFINE_VAR, Ops.BIND):
+            text[node] = node.expr
+        elif node.op is Ops.CONST:
+            text[node] = str(node.arg)
+        elif node.op is Ops.NEG:
+            text[node] = f"(-{text[node.src[0]]})"
+        elif node.op is Ops.MAX:
+            text[node] = f"max({text[node.src[0]]}, {text[node.src[1]]})"
+        elif node.op in _SYMBOL:
+            a, b = (text[s] for s in node.src)
+            text[node] = f"({a}{_SYMBOL[node.op]}{b})"
+        else:
+            text[node] = node.op.name
+    return text[size]
+
+
+def shape_str(shape: tuple[sint, ...]) -> str:
+    """`(i, 4)`: a shape with its symbolic sizes by name."""
+    inner = ", ".join(sym_str(s) for s in shape)
+    return f"({inner},)" if len(shape) == 1 else f"({inner})"
+
+
+def _arg_uops(arg: Any) -> list[UOp]:
+    """The UOps inside a movement op's or a loop's arg (symbolic sizes), one level of tuples."""
+    found: list[UOp] = []
+    items = arg if isinstance(arg, tuple) else (arg,)
+    for item in items:
+        if isinstance(item, UOp):
+            found.append(item)
+        elif isinstance(item, tuple):
+            found.extend(x for x in item if isinstance(x, UOp))
+    return found
+
+
+def _map_arg(arg: Any, change: Callable[[UOp], sint]) -> Any:
+    if isinstance(arg, UOp):
+        return change(arg)
+    if isinstance(arg, tuple):
+        return tuple(_map_arg(item, change) for item in arg)
+    return arg
+
+
+SIZED_OPS = MOVEMENT + (Ops.RANGE,)  # the ops whose arg may hold a symbolic size
+
+
+def variables_of(roots: list[UOp]) -> list[UOp]:
+    """The Variables (DEFINE_VAR nodes) a graph uses, as sources or inside its sizes, by name."""
+    found: dict[UOp, None] = {}
+    for node in toposort_of(roots):
+        inner = _arg_uops(node.arg) if node.op in SIZED_OPS else []
+        for n in [node, *(m for expr in inner for m in expr.toposort)]:
+            if n.op is Ops.DEFINE_VAR:
+                found[n] = None
+    return sorted(found, key=lambda v: v.arg[0])
+
+
+def substitute_symbols(roots: list[UOp], replace: dict[UOp, UOp]) -> list[UOp]:
+    """The graphs of `roots` with some nodes replaced, as sources *and* inside the sizes of
+    movement ops and loops; a size left with no Variable in it becomes an int again.
+    (Unbinding a graph replaces each BIND by its variable; binding replaces each variable
+    by a BIND or a CONST.)"""
+    done: dict[UOp, UOp] = {}
+
+    def change_size(expr: UOp) -> sint:
+        new = expr.substitute(replace)
+        if any(n.op in (Ops.DEFINE_VAR, Ops.BIND) for n in new.toposort):
+            return new
+        return sym_eval(new)
+    for node in toposort_of(roots):
+        if node in replace:
+            done[node] = replace[node]
+            continue
+        sources = tuple(done[s] for s in node.src)
+        arg = node.arg
+        if node.op in SIZED_OPS and _arg_uops(arg):
+            arg = _map_arg(arg, change_size)
+        if sources == node.src and arg == node.arg:
+            done[node] = node
+        else:
+            done[node] = node.replace(src=sources, arg=arg)
+    return [done[r] for r in roots]
+
+
+def binds_of(roots: list[UOp]) -> list[UOp]:
+    """Every BIND node of a graph, as a source or inside a size."""
+    found: dict[UOp, None] = {}
+    for node in toposort_of(roots):
+        inner = _arg_uops(node.arg) if node.op in SIZED_OPS else []
+        for n in [node, *(m for expr in inner for m in expr.toposort)]:
+            if n.op is Ops.BIND:
+                found[n] = None
+    return list(found)
+
+
+def unbind_graph(roots: list[UOp]) -> tuple[list[UOp], dict[str, int]]:
+    """The graph with each bound variable replaced by the variable itself, and the values
+    (`var_vals`: name -> value). Kernels are built from the unbound graph, so every value of
+    a variable gives the same kernels; the values are passed when they launch."""
+    binds = binds_of(roots)
+    if not binds:
+        return roots, {}
+    var_vals: dict[str, int] = {}
+    for bind in binds:
+        var, value = bind.unbind()
+        name = var.arg[0]
+        if var_vals.setdefault(name, value) != value:
+            raise ValueError(f"Variable {name!r} is bound to both {var_vals[name]} and {value} "
+                             "in one graph")
+    return substitute_symbols(roots, {b: b.src[0] for b in binds}), var_vals
+
+
+def _has_symbols(node: UOp) -> bool:
+    if node.op in (Ops.DEFINE_VAR, Ops.BIND):
+        return True
+    if node.op in SIZED_OPS and _arg_uops(node.arg):
+        return True
+    return any(s.has_symbols for s in node.src)
+

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tinyteach.dtype import dtypes
-from tinyteach.uop import Ops, UOp
+from tinyteach.uop import Ops, UOp, sint, sym_mul
 
 Index = tuple[UOp, ...]
 Valid = UOp | None
@@ -45,16 +45,18 @@ def and_valid(a: Valid, b: Valid) -> Valid:
     return a & b
 
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major strides in elements: the last axis moves by 1."""
-    strides, running = [], 1
+def contiguous_strides(shape: tuple[sint, ...]) -> tuple[sint, ...]:
+    """Row-major strides in elements: the last axis moves by 1. (A symbolic size makes the
+    strides before it symbolic: (i, 4) has strides (4, 1), (4, i) has (i, 1).)"""
+    strides: list[sint] = []
+    running: sint = 1
     for size in reversed(shape):
         strides.append(running)
-        running *= size
+        running = sym_mul(running, size)
     return tuple(reversed(strides))
 
 
-def linear_index(index: Index, shape: tuple[int, ...]) -> UOp:
+def linear_index(index: Index, shape: tuple[sint, ...]) -> UOp:
     """The position of `index` in a row-major buffer of `shape`."""
     total = index_const(0)
     for idx, size, stride in zip(index, shape, contiguous_strides(shape)):
@@ -77,6 +79,9 @@ def _reshape(node: UOp, index: Index) -> tuple[Index, Valid]:
             in_index.extend(index[a] for a in out_axes)
             continue
         flat = linear_index(tuple(index[a] for a in out_axes), out_sizes)
+        if len(in_sizes) == 1 and isinstance(in_sizes[0], UOp):
+            in_index.append(flat)  # one symbolic axis: the flat position is its index
+            continue
         in_index.extend(index_const(0) if size == 1 else (flat // stride) % size
                         for size, stride in zip(in_sizes, contiguous_strides(in_sizes)))
     return tuple(in_index), None
@@ -86,6 +91,8 @@ def reshape_groups(out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> lis
         tuple[list[int], list[int]]]:
     """Split both shapes into runs of axes with equal products: (2, 6, 5) and (2, 3, 2, 5)
     give [([0], [0]), ([1], [1, 2]), ([2], [3])]. Falls back to one group if sizes are 0."""
+    if any(isinstance(s, UOp) for s in (*out_shape, *in_shape)):
+        return _symbolic_reshape_groups(out_shape, in_shape)
     if 0 in out_shape or 0 in in_shape or not out_shape or not in_shape:
         return [(list(range(len(out_shape))), list(range(len(in_shape))))]
     groups: list[tuple[list[int], list[int]]] = []
@@ -111,6 +118,27 @@ def reshape_groups(out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> lis
                 break
         groups.append((out_axes, in_axes))
     return groups
+
+
+def _symbolic_reshape_groups(out_shape: tuple[sint, ...], in_shape: tuple[sint, ...]) -> list[
+        tuple[list[int], list[int]]]:
+    """Groups when a size is symbolic: the same sizes at the start and at the end of both
+    shapes pass through one by one (the same node is the same size);
+    whatever is left in the middle is one group (flattened, then unflattened)."""
+    i, j, head = 0, 0, []
+    while i < len(out_shape) and j < len(in_shape) and _same_size(out_shape[i], in_shape[j]):
+        head.append(([i], [j]))
+        i, j = i + 1, j + 1
+    k, m, tail = len(out_shape), len(in_shape), []
+    while k > i and m > j and _same_size(out_shape[k - 1], in_shape[m - 1]):
+        tail.append(([k - 1], [m - 1]))
+        k, m = k - 1, m - 1
+    middle = [(list(range(i, k)), list(range(j, m)))] if k > i or m > j else []
+    return head + middle + tail[::-1]
+
+
+def _same_size(a: sint, b: sint) -> bool:
+    return a is b if isinstance(a, UOp) or isinstance(b, UOp) else a == b
 
 
 def _permute(node: UOp, index: Index) -> tuple[Index, Valid]:

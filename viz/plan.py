@@ -20,7 +20,7 @@ from typing import Any
 from tinyteach.device import Device
 from tinyteach.realize import build_schedule
 from tinyteach.schedule import ScheduleItem
-from tinyteach.uop import Ops, UOp
+from tinyteach.uop import Ops, UOp, unbind_graph
 
 
 @dataclass
@@ -94,8 +94,9 @@ def make_plan(targets: tuple[Any, ...], device: str | None = None,
               left_out: set[UOp] | None = None) -> Plan:
     """Schedule the graph of `targets` (Tensors or UOps) as realize() would, without running it.
     `left_out`: BUFFER nodes that stand in for parts of the graph that are not drawn."""
-    roots = as_uops(targets)
-    schedule = build_schedule(roots, device_of(targets, device))
+    # a graph with bound Variables is scheduled as realize() does: unbound (sizes by name)
+    roots, var_vals = unbind_graph(as_uops(targets))
+    schedule = build_schedule(roots, device_of(targets, device), var_vals)
     # keyed by node: an item's number is its place in the run order, which assigns can change
     item_of = {item.node: number for number, item in enumerate(schedule.items)
                if item.node is not None}

@@ -8,8 +8,8 @@
 # - **attention** written out from primitive ops, then as `scaled_dot_product_attention`, with
 #   the kernels each becomes and the reason for every cut: what fuses, and what cannot (the
 #   softmax's two reductions between the two matrix products);
-# - a **KV cache** for generation: static (preallocated, masked), so that one TinyJit capture
-#   serves every length — and what symbolic shapes would change;
+# - a **KV cache** for generation over a **symbolic length**: the position is a `Variable`,
+#   so one compiled kernel and one TinyJit capture serve every length;
 # - a **short training run** and a few sampled lines.
 #
 # Module: [`tinyteach/nn/transformer.py`](../tinyteach/nn/transformer.py). The full-size
@@ -236,19 +236,23 @@ print(f"a forward pass of one block: {len(forward_items)} kernels")
 # **KV cache** of the keys and values so far, and one step only computes the new token's
 # q, k, v and attends to the cache.
 #
-# The cache's length grows every step — and a TinyJit capture (chapter 10) is for fixed
-# shapes. tinygrad solves this with **symbolic shapes**: a `Variable("start_pos", 1,
-# max_context)` bound to the current position at each call, so the kernels are compiled once
-# with the length as a loop bound that is passed at launch. tinyteach has no symbolic shapes
-# yet, so `KVCache` uses the **static** technique instead:
+# The cache's length grows every step — and a TinyJit capture (chapter 10) replays the kernels
+# of one call. tinygrad's answer, and tinyteach's, is a **symbolic shape**: the position is a
+# `Variable("start_pos", 0, block_size - 1)`, bound to the current position at each call
+# (`start_pos.bind(p)`). A size may be an expression of it, and a kernel over such a size is
+# compiled for the variable, not for a value: the length becomes an `int start_pos` parameter,
+# passed at each launch. In `KVCache`:
 #
 # - the cache is preallocated at the maximum length: (batch, heads, block_size, head size);
-# - the position is a Tensor input, and the new key is written with
-#   `keys.assign(where(arange(block_size) == position, k, keys))`;
-# - attention covers all `block_size` slots, with the slots after the position masked to −∞.
+#   a buffer of a symbolic size is always sized for the variable's largest value;
+# - the new key is written at slot `start_pos` with
+#   `keys.assign(where(arange(block_size) == start_pos, k, keys))`;
+# - attention covers `keys[:, :, :start_pos+1]` — a shrink whose end is symbolic, so the
+#   scores have shape (1, heads, 1, start_pos+1): no mask, and no slot past the position.
 #
-# Every step then has the same shapes, and the JIT captures once. We check that it gives the
-# same logits as the full forward pass at every position:
+# The step's graph is the same for every position but for the value of `start_pos`, so the JIT
+# captures once and replays with the new value. We check that it gives the same logits as the
+# full forward pass at every position:
 
 # %% id="gpt-18"
 prefix = data[:10].tolist()
@@ -264,24 +268,32 @@ assert sampler.jitted_step.calls == len(prefix)
 assert GlobalCounters.kernel_count - start >= per_token * (len(prefix) - 2)
 
 # %% [markdown] id="gpt-19"
-# The price is visible in the kernels the JIT replays. With 2 heads of size 24 and 32 slots,
-# the scores are `r_2_32_24` (for each head and slot, a sum over 24) and the product with the
-# values is `r_2_24_32` (a sum over the 32 slots): they loop over the whole cache at every
-# position. At position 3, 28 of the 32 slots are computed and then masked away.
+# The kernels the JIT replays say it in their names: with 2 heads of size 24, the scores are
+# `r_2_start_pos1_24` (for each head and each of the start_pos+1 slots, a sum over 24) and the
+# product with the values is `r_2_24_start_pos1` (a sum over the start_pos+1 slots). One
+# source serves every position; the length is its last parameter and a loop bound:
 
 # %% id="gpt-20"
-names = [launch.item.name for launch in sampler.jitted_step.captured.launches]
-print(names)
+launches = sampler.jitted_step.captured.launches
+names = [launch.item.name for launch in launches]
 head_size = config.embed_size // config.heads
-assert f"r_{config.heads}_{config.block_size}_{head_size}" in names   # the scores
-assert f"r_{config.heads}_{head_size}_{config.block_size}" in names   # weights @ values
+assert f"r_{config.heads}_start_pos1_{head_size}" in names    # the scores
+assert f"r_{config.heads}_{head_size}_start_pos1" in names    # weights @ values
+scores = next(launch for launch in launches if launch.item.name.startswith("r_2_start_pos1"))
+print(scores.runner.source)
+assert "const int start_pos" in scores.runner.source
+assert "< (start_pos+1);" in scores.runner.source
+assert sampler.jitted_step.captured.symbolic
+assert scores.var_vals == {"start_pos": len(prefix) - 1}   # the value of the last replay
 
 # %% [markdown] id="gpt-21"
-# With a symbolic length the same kernels would take the length as an argument: the loop over
-# keys would run `position + 1` times, the mask and the wasted tail would disappear, and one
-# compiled kernel would still serve every length. Here, averaged over the positions, half of
-# the slots are wasted — little for a 32-token context, a lot for a long one, which is why
-# long-context inference engines want symbolic (or paged) caches.
+# At position 3 the scores loop runs over 4 slots, at position 31 over 32: the work grows with
+# the text, as it should, and nothing is compiled again. (The cache write, `E_2_32_24`, still
+# passes over all 32 slots: an assign in tinyteach writes a whole buffer. tinygrad assigns into
+# the view `cache[:, :, start_pos:start_pos+1]` instead.) Where the position was an input
+# Tensor instead of a Variable, every step would attend over all 32 slots and mask the tail
+# away: half of the work wasted, on average — little for a 32-token context, a lot for a long
+# one.
 #
 # ## Training, briefly
 #

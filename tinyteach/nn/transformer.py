@@ -8,11 +8,12 @@ What this teaches:
   itself matmul -> mask -> softmax -> matmul built from the primitive ops;
 - a GPT is embeddings, a stack of blocks (x + attention(norm(x)), then x + mlp(norm(x))), a last
   norm and a head that shares the token embedding's weight (weight tying);
-- generation one token at a time with a KV cache. tinyteach has no symbolic shapes (tinygrad's
-  `Variable`), so the cache is *static*: preallocated at the maximum length, written at a
-  position given as a Tensor, and masked past it. Every step then has the same shapes, so
-  TinyJit captures the step once and replays it for every position — at the price of
-  attending over the whole maximum length every time (the masked tail is wasted work);
+- generation one token at a time with a KV cache over a *symbolic* length, as tinygrad's:
+  the cache is preallocated at the maximum length, the position is a bound Variable
+  (`START_POS.bind(p)`), each step writes slot p and attends over `cache[:, :, :p+1]` — a
+  size that is the variable. Its kernels are compiled once, for every position (the length is
+  an `int start_pos` parameter), so TinyJit captures the step once and replays it for every
+  position, and a step attends over p+1 positions, not the whole maximum length;
 - the training tools a GPT run uses: `clip_grad_norm_` (scale every gradient so their joint
   norm is at most a bound) and `cosine_lr` (linear warmup, then a cosine decay);
 - a corpus that is on every machine: the docstrings of a fixed list of Python's standard
@@ -41,8 +42,10 @@ from tinyteach.jit import TinyJit
 from tinyteach.nn import Embedding, LayerNorm, Linear
 from tinyteach.nn.state import get_parameters
 from tinyteach.tensor import Tensor
+from tinyteach.uop import UOp, Variable
 
 __all__ = ["GPTConfig", "CausalSelfAttention", "MLP", "Block", "GPT", "KVCache", "Sampler",
+           "start_pos_variable",
            "sample_token", "CharTokenizer", "clip_grad_norm_", "cosine_lr",
            "stdlib_docstrings", "STDLIB_MODULES"]
 
@@ -80,10 +83,17 @@ def _init_linear(layer: Linear, std: float) -> Linear:
 
 # ---- attention ----
 
+def start_pos_variable(max_length: int) -> UOp:
+    """The position of a generation step: a Variable over 0..max_length-1 (bind it to the
+    position of each step: `start_pos_variable(64).bind(p)`)."""
+    return Variable("start_pos", 0, max_length - 1)
+
+
 class KVCache:
     """The keys and values of every position seen so far, for one layer: two buffers of shape
-    (batch, heads, max_length, head_size), preallocated. Position p is written by `write`;
-    positions after p are masked out by `visible`, so stale values there never count."""
+    (batch, heads, max_length, head_size), preallocated. Position p (a bound Variable) is
+    written by `write`; `seen(p)` is the keys and values of positions 0..p, a view of
+    symbolic length p+1 (the slots after p, never written yet, are not in it)."""
 
     def __init__(self, batch: int, heads: int, max_length: int, head_size: int):
         shape = (batch, heads, max_length, head_size)
@@ -91,19 +101,20 @@ class KVCache:
         self.keys = Tensor.zeros(*shape).contiguous().realize()
         self.values = Tensor.zeros(*shape).contiguous().realize()
 
-    def _slots(self, position: Tensor) -> Tensor:
-        return Tensor.arange(self.max_length, device=position.device)
-
-    def write(self, position: Tensor, key: Tensor, value: Tensor) -> None:
-        """Store key and value (batch, heads, 1, head_size) at `position` (an int Tensor of
-        shape (1,)), in place: the new cache is where(slot == position, new, old)."""
-        hit = (self._slots(position) == position).reshape(1, 1, self.max_length, 1)
+    def write(self, start_pos: UOp, key: Tensor, value: Tensor) -> None:
+        """Store key and value (batch, heads, 1, head_size) at slot `start_pos` (a bound
+        Variable), in place: the new cache is where(slot == start_pos, new, old), one kernel
+        for every position (the position is its `int start_pos` parameter)."""
+        slots = Tensor.arange(self.max_length, device=key.device)
+        hit = (slots == Tensor(start_pos, key.device)).reshape(1, 1, self.max_length, 1)
         self.keys.assign(hit.where(key, self.keys))
         self.values.assign(hit.where(value, self.values))
 
-    def visible(self, position: Tensor) -> Tensor:
-        """(max_length,) bool: True at the slots 0..position, which the query may attend to."""
-        return self._slots(position) <= position
+    def seen(self, start_pos: UOp) -> tuple[Tensor, Tensor]:
+        """The keys and values of slots 0..start_pos: (batch, heads, start_pos+1, head_size)."""
+        length = ((0, start_pos + 1),)
+        return (self.keys.shrink((None, None, *length, None)),
+                self.values.shrink((None, None, *length, None)))
 
 
 class CausalSelfAttention:
@@ -138,13 +149,14 @@ class CausalSelfAttention:
         y = q.scaled_dot_product_attention(k, v, is_causal=True, dropout_p=self.dropout)
         return self.proj(self._merge_heads(y)).dropout(self.dropout)
 
-    def step(self, x: Tensor, position: Tensor, cache: KVCache) -> Tensor:
-        """x (B, 1, C), the token at `position`: store its key and value in the cache, attend
-        to the cache's slots 0..position, and return (B, 1, C)."""
+    def step(self, x: Tensor, start_pos: UOp, cache: KVCache) -> Tensor:
+        """x (B, 1, C), the token at `start_pos` (a bound Variable): store its key and value in
+        the cache, attend to the cache's slots 0..start_pos (all before it: no mask), and
+        return (B, 1, C)."""
         q, k, v = self.queries_keys_values(x)
-        cache.write(position, k, v)
-        y = q.scaled_dot_product_attention(cache.keys, cache.values,
-                                           attn_mask=cache.visible(position))
+        cache.write(start_pos, k, v)
+        keys, values = cache.seen(start_pos)
+        y = q.scaled_dot_product_attention(keys, values)
         return self.proj(self._merge_heads(y))
 
 
@@ -173,8 +185,8 @@ class Block:
         x = x + self.attention(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
-    def step(self, x: Tensor, position: Tensor, cache: KVCache) -> Tensor:
-        x = x + self.attention.step(self.norm1(x), position, cache)
+    def step(self, x: Tensor, start_pos: UOp, cache: KVCache) -> Tensor:
+        x = x + self.attention.step(self.norm1(x), start_pos, cache)
         return x + self.mlp(self.norm2(x))
 
 
@@ -240,13 +252,15 @@ class GPT:
         return [KVCache(batch, self.config.heads, self.config.block_size, head_size)
                 for _ in self.blocks]
 
-    def step(self, token: Tensor, position: Tensor, caches: Sequence[KVCache]) -> Tensor:
-        """One generation step: token (B, 1) at `position` ((1,) int Tensor) -> the logits of
-        the next token (B, vocab_size). Reads and writes the caches; shapes never change, so
-        a TinyJit of this function captures once and serves every position."""
-        x = self.token_embedding(token) + self.position_embedding(position.reshape(1, 1))
+    def step(self, token: Tensor, start_pos: UOp, caches: Sequence[KVCache]) -> Tensor:
+        """One generation step: token (B, 1) at `start_pos` (a bound Variable, see
+        `start_pos_variable`) -> the logits of the next token (B, vocab_size). Reads and
+        writes the caches. The attention's length is start_pos+1, a symbolic size: a TinyJit
+        of this function captures once and serves every position."""
+        position = Tensor(start_pos, token.device).reshape(1, 1)
+        x = self.token_embedding(token) + self.position_embedding(position)
         for block, cache in zip(self.blocks, caches):
-            x = block.step(x, position, cache)
+            x = block.step(x, start_pos, cache)
         return self._logits(x).reshape(token.shape[0], self.config.vocab_size)
 
 
@@ -273,16 +287,18 @@ def sample_token(logits: np.ndarray, temperature: float = 1.0, top_k: int | None
 
 class Sampler:
     """Generates text with a model's KV cache: `GPT.step` under one TinyJit, which captures
-    on the second token and replays for every later one (the position is an input Tensor).
-    Past the context length the window slides: the cache restarts from the last half."""
+    on the second token and replays for every later one (the position is a bound Variable,
+    passed to the kernels at each replay). Past the context length the window slides: the
+    cache restarts from the last half."""
 
     def __init__(self, model: GPT):
         self.model = model
         self.caches = model.new_cache(1)
+        self.start_pos = start_pos_variable(model.config.block_size)
         self.jitted_step = TinyJit(self._step)
 
-    def _step(self, token: Tensor, position: Tensor) -> Tensor:
-        logits = self.model.step(token, position, self.caches)
+    def _step(self, token: Tensor, start_pos: UOp) -> Tensor:
+        logits = self.model.step(token, start_pos, self.caches)
         buffers = [t for cache in self.caches for t in (cache.keys, cache.values)]
         Tensor.realize(logits, *buffers)
         return logits
@@ -293,7 +309,7 @@ class Sampler:
             raise ValueError(f"position {position} is outside the cache's 0.."
                              f"{self.model.config.block_size - 1}")
         result = self.jitted_step(Tensor([[token]], dtype="int32"),
-                                  Tensor([position], dtype="int32"))
+                                  self.start_pos.bind(position))
         return result.numpy()[0]
 
     def _feed(self, tokens: Sequence[int]) -> np.ndarray:

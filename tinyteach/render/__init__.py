@@ -285,7 +285,16 @@ class CStyleRenderer:
     def param(self, define: UOp, is_output: bool) -> str:
         raise NotImplementedError
 
-    def loop(self, writer: KernelWriter, name: str, size: int) -> str:
+    def variable_params(self, program: LinearProgram) -> list[str]:
+        """The kernel parameters of the program's Variables (symbolic sizes, passed at each
+        launch after the buffers): `const int i` each."""
+        return [f"const int {v.arg[0]}" for v in program.variables]
+
+    def variable(self, writer: KernelWriter, name: str) -> str:
+        """How the kernel reads a Variable's value (WGSL reads it from a buffer)."""
+        return name
+
+    def loop(self, writer: KernelWriter, name: str, size: int | str) -> str:
         return f"for (int {name} = 0; {name} < {size}; {name}++) {{"
 
     def parallel_pragma(self) -> str | None:
@@ -394,6 +403,7 @@ class CStyleRenderer:
             if line is not None:
                 writer.emit(line)
         params = [self.param(g, g.arg[0] == 0) for g in program.globals]
+        params += self.variable_params(program)
         vector_dtypes = sorted({u.dtype for u in program.uops if u.dtype.count > 1})
         declarations = ["  " + line for line in self.vector_declarations(vector_dtypes)]
         return self.render_kernel(writer, name, params, declarations + writer.body)
@@ -451,8 +461,27 @@ def _render_range(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
         simd = writer.renderer.simd_pragma([writer.names[acc] for acc in accumulators])
         if simd:
             writer.emit(simd)  # the compiler may split these sums across vector lanes
-    writer.emit(writer.renderer.loop(writer, writer.names[u], size))
+    bound = size if isinstance(size, int) else render_size(writer, size)
+    writer.emit(writer.renderer.loop(writer, writer.names[u], bound))
     writer.depth += 1
+
+
+def render_size(writer: KernelWriter, size: UOp) -> str:
+    """A symbolic size (a loop's bound, `i` or `(i+1)`) as an expression of the language:
+    its variables by name, its arithmetic by `code_for_op`."""
+    text: dict[UOp, str] = {}
+    for node in size.toposort:
+        if node.op is Ops.DEFINE_VAR:
+            text[node] = writer.renderer.variable(writer, node.arg[0])
+        elif node.op is Ops.CONST:
+            text[node] = writer.renderer.render_const(node.arg, node.dtype)
+        else:
+            text[node] = writer.renderer.alu(node, [text[s] for s in node.src])
+    return text[size]
+
+
+def _render_define_var(writer: KernelWriter, u: UOp, operands: list[str]) -> None:
+    writer.names[u] = writer.renderer.variable(writer, u.arg[0])
 
 
 def _render_end_range(writer: KernelWriter, u: UOp, operands: list[str]) -> str:
@@ -540,6 +569,7 @@ def _render_alu(writer: KernelWriter, u: UOp, operands: list[str]) -> str | None
 
 RENDER_FOR_OP: dict[Ops, RenderRule] = {
     Ops.DEFINE_GLOBAL: _render_define_global,
+    Ops.DEFINE_VAR: _render_define_var,
     Ops.CONST: _render_const,
     Ops.RANGE: _render_range,
     Ops.END_RANGE: _render_end_range,

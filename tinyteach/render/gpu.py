@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from tinyteach.lower import LinearProgram
 from tinyteach.render import CStyleRenderer, KernelWriter
-from tinyteach.uop import Ops, UOp
+from tinyteach.uop import Ops, UOp, sym_max
 
 # Limits every GPU API guarantees (WebGPU's defaults are the smallest): threads per group,
 # threads per group along each dimension, groups along each dimension.
@@ -182,13 +182,13 @@ class GPURenderer(CStyleRenderer):
             names = {f"gidx{loop.arg[1]}": dim for loop, dim in dimension_of.items()}
             return GPUKernelWriter(self, program, launch=launch, group_dimension=names)
         loops = output_loops(program)
-        launch = plan_launch(tuple(loop.arg[2] for loop in loops))
+        launch = plan_launch(tuple(sym_max(loop.arg[2]) for loop in loops))  # (symbolic: its max)
         loop_dimension = {f"gidx{loop.arg[1]}": launch.dimension_of[position]
                           for position, loop in enumerate(loops)
                           if position in launch.dimension_of}
         return GPUKernelWriter(self, program, launch=launch, loop_dimension=loop_dimension)
 
-    def loop(self, writer: KernelWriter, name: str, size: int) -> str:
+    def loop(self, writer: KernelWriter, name: str, size: int | str) -> str:
         start, step = self.loop_start_and_step(writer, name)
         if start is None:  # a reduction, or an output axis beyond the third: a plain loop
             return super().loop(writer, name, size)

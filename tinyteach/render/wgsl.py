@@ -306,7 +306,7 @@ class WGSLRenderer(GPURenderer):
         zero = self.render_const(0, dtype)
         return f"var {name}: {self.type_name(dtype)} = {zero}; if ({valid}) {{ {name} = {value}; }}"
 
-    def loop(self, writer: KernelWriter, name: str, size: int) -> str:
+    def loop(self, writer: KernelWriter, name: str, size: int | str) -> str:
         start, step = self.loop_start_and_step(writer, name)
         if start is None:
             return f"for (var {name}: i32 = 0; {name} < {size}; {name}++) {{"
@@ -385,6 +385,18 @@ class WGSLRenderer(GPURenderer):
         if node.op is Ops.ADD:
             return f"minus_itself_{type_name}({operands[position]})"
         return f"times_zero_{type_name}({operands[position]}, {operands[1 - position]})"
+
+    def variable_params(self, program: LinearProgram) -> list[str]:
+        """WGSL has no scalar kernel parameters: the Variables' values come in one small
+        buffer of i32, bound after the data buffers (`vars[0]` is the first by name)."""
+        if not program.variables:
+            return []
+        number = len(program.globals)
+        return [f"@group(0) @binding({number}) var<storage, read_write> vars: array<i32>;"]
+
+    def variable(self, writer: KernelWriter, name: str) -> str:
+        names = [v.arg[0] for v in writer.program.variables]
+        return f"vars[{names.index(name)}]"
 
     def param(self, define: UOp, is_output: bool) -> str:
         number = define.arg[0]

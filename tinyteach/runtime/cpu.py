@@ -467,13 +467,15 @@ class CPUProgram:
             print(f"    {self.name}: runs its {self.tier} build ({self.optimized_tier} is "
                   "compiling in the background)")
 
-    def __call__(self, *buffers: Buffer) -> None:
+    def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> None:
+        """Run on the buffers' addresses, then the Variables' values (`const int i`)."""
         if self.announce and DEBUG >= 2:
             self._note()
         function = self.function
         if function.argtypes is None:  # once per loaded function: ctypes then takes plain
-            function.argtypes = [ctypes.c_void_p] * len(buffers)  # ints as pointers, in C
-        function(*[buffer.storage.address for buffer in buffers])
+            # ints as pointers, in C; a Variable's value (`const int i`) after the buffers
+            function.argtypes = [ctypes.c_void_p] * len(buffers) + [ctypes.c_int] * len(vals)
+        function(*[buffer.storage.address for buffer in buffers], *vals)
 
 
 @runtime_checkable

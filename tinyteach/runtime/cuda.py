@@ -201,8 +201,10 @@ class PyCUDAProgram:
         self.function = self.module.get_function(name)
         self.grid, self.block = kernel.launch.groups, kernel.launch.local_size
 
-    def __call__(self, *buffers: Buffer) -> None:
-        self.function(*(b.storage for b in buffers), block=self.block, grid=self.grid)
+    def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> None:
+        """Launch on the buffers, then the Variables' values (`const int i` parameters)."""
+        self.function(*(b.storage for b in buffers), *(np.int32(v) for v in vals),
+                      block=self.block, grid=self.grid)
 
 
 class PyCUDAGraph:
@@ -290,24 +292,29 @@ def check(driver: Any, result: tuple[Any, ...], call: str) -> Any:
 @dataclass
 class KernelParams:
     """cuLaunchKernel's `kernelParams`: an array of pointers, one per kernel parameter, each
-    pointing at the parameter's value (here a device address, 8 bytes)."""
+    pointing at the parameter's value (a device address, 8 bytes; a Variable's value, an
+    `int` of 4 bytes, after the buffers)."""
 
     values: ctypes.Array[ctypes.c_void_p]
     pointers: ctypes.Array[ctypes.c_void_p]
+    ints: ctypes.Array[ctypes.c_int32] | None = None
 
     @property
     def address(self) -> int:
         return ctypes.addressof(self.pointers)
 
 
-def pack_params(addresses: list[int]) -> KernelParams:
-    """Pack device addresses as cuLaunchKernel wants them (`void** kernelParams`)."""
+def pack_params(addresses: list[int], ints: tuple[int, ...] = ()) -> KernelParams:
+    """Pack device addresses, then ints, as cuLaunchKernel wants them (`void** kernelParams`)."""
     count = len(addresses)
     values = (ctypes.c_void_p * count)(*addresses)
-    size = ctypes.sizeof(ctypes.c_void_p)
-    base = ctypes.addressof(values)
-    pointers = (ctypes.c_void_p * count)(*(base + i * size for i in range(count)))
-    return KernelParams(values, pointers)
+    integers = (ctypes.c_int32 * len(ints))(*ints)
+    size, int_size = ctypes.sizeof(ctypes.c_void_p), ctypes.sizeof(ctypes.c_int32)
+    base, int_base = ctypes.addressof(values), ctypes.addressof(integers)
+    pointers = (ctypes.c_void_p * (count + len(ints)))(
+        *(base + i * size for i in range(count)), *(int_base + i * int_size
+                                                    for i in range(len(ints))))
+    return KernelParams(values, pointers, integers)
 
 
 class DeviceMemory:
@@ -360,8 +367,8 @@ class DriverProgram:
                               f"cuModuleGetFunction ({name})")
         self.grid, self.block = kernel.launch.groups, kernel.launch.local_size
 
-    def __call__(self, *buffers: Buffer) -> None:
-        params = pack_params([b.storage.address for b in buffers])
+    def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> None:
+        params = pack_params([b.storage.address for b in buffers], vals)
         check(self.driver, self.driver.cuLaunchKernel(
             self.function, *self.grid, *self.block,
             0,  # dynamic shared memory: none, the kernel declares its __shared__ arrays

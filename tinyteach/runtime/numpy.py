@@ -26,7 +26,7 @@ import numpy as np
 
 from tinyteach.device import Backend, Buffer, HostAllocator
 from tinyteach.dtype import dtypes, from_bfloat16_bits, to_bfloat16_bits
-from tinyteach.uop import MOVEMENT, Ops, UOp
+from tinyteach.uop import MOVEMENT, Ops, UOp, substitute_symbols, variables_of
 
 
 def _idiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -126,16 +126,28 @@ class InterpretedProgram:
 
     def __init__(self, ast: UOp, ops: dict[Ops, Callable[..., np.ndarray]] | None = None):
         self.ast, self.ops = ast, NUMPY_OPS if ops is None else ops
+        self.variables = variables_of([ast])
 
-    def __call__(self, *buffers: Buffer) -> None:
-        store = self.ast.src[0]
+    def with_values(self, vals: tuple[int, ...]) -> UOp:
+        """The AST with each Variable (in name order) replaced by its value: every symbolic
+        size becomes an int again, and numpy evaluates it as any other kernel."""
+        if len(vals) != len(self.variables):
+            raise ValueError(f"this kernel takes {len(self.variables)} Variable values, got "
+                             f"{len(vals)}")
+        values = {v: UOp.const(dtypes.int32, value) for v, value in zip(self.variables, vals)}
+        return substitute_symbols([self.ast], values)[0]
+
+    def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> None:
+        ast = self.with_values(vals) if self.variables or vals else self.ast
+        store = ast.src[0]
         arrays = [b.storage.view(b.dtype.np, b.size) for b in buffers]
         values: dict[UOp, np.ndarray] = {}
         with np.errstate(all="ignore"):  # inf, nan and wrap-around are values, not errors
             for node in store.src[1].toposort:
                 values[node] = self._evaluate(node, values, arrays)
         result = values[store.src[1]]
-        arrays[0][:] = np.asarray(result, dtype=buffers[0].dtype.np).reshape(-1)
+        flat = np.asarray(result, dtype=buffers[0].dtype.np).reshape(-1)
+        arrays[0][:flat.size] = flat  # (a symbolic size fills the start of its buffer)
 
     def _evaluate(self, node: UOp, values: dict[UOp, np.ndarray], arrays: list[Any]) -> Any:
         if node.op is Ops.DEFINE_GLOBAL:

@@ -181,8 +181,9 @@ class OpenCLProgram:
         launch = launch_of(source)
         self.global_size, self.local_size = launch.global_size, launch.local_size
 
-    def __call__(self, *buffers: Buffer) -> Any:
-        self.kernel.set_args(*(b.storage for b in buffers))
+    def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> Any:
+        """Enqueue on the buffers, then the Variables' values (`const int i` parameters)."""
+        self.kernel.set_args(*(b.storage for b in buffers), *(np.int32(v) for v in vals))
         return cl.enqueue_nd_range_kernel(self.queue, self.kernel, self.global_size,
                                           self.local_size)
 

@@ -53,7 +53,7 @@ from tinyteach.dtype import DType, dtypes, from_bfloat16_bits, to_bfloat16_bits
 from tinyteach.lower import LinearProgram
 from tinyteach.render.gpu import output_loops, plan_launch, plan_local_launch
 from tinyteach.runtime.numpy import NUMPY_OPS
-from tinyteach.uop import ALU, Ops, UOp, load_parts, store_parts
+from tinyteach.uop import ALU, Ops, UOp, load_parts, store_parts, sym_eval, sym_max
 from tinyteach.wmma import WMMAArg, wmma_reference
 
 MAX_LANES = 1 << 14  # threads emulated side by side (several work-groups when they are small)
@@ -113,7 +113,7 @@ def plan_group_launch(program: LinearProgram) -> GroupLaunch:
     has_local_ids = any(u.op is Ops.SPECIAL for u in program.uops)
     if not has_local_ids:
         loops = output_loops(program)
-        launch = plan_launch(tuple(loop.arg[2] for loop in loops))
+        launch = plan_launch(tuple(sym_max(loop.arg[2]) for loop in loops))
         mapping = {loops[position]: dim for position, dim in launch.dimension_of.items()}
         return GroupLaunch(launch.groups, launch.local_size, thread_loops=mapping)
     if any(u.op is Ops.RANGE and u.arg[0] == "g" for u in program.uops):
@@ -242,8 +242,9 @@ class _Run:
     loops that are open, shared memory and the race bookkeeping of the current phase."""
 
     def __init__(self, program: LinearProgram, launch: GroupLaunch, arrays: list[np.ndarray],
-                 lanes: _Lanes, trace: Trace | None):
+                 lanes: _Lanes, trace: Trace | None, var_vals: dict[str, int] | None = None):
         self.program, self.launch, self.lanes, self.trace = program, launch, lanes, trace
+        self.var_vals = {} if var_vals is None else var_vals  # the Variables' values
         self.arrays = arrays
         self.values: dict[UOp, np.ndarray] = {}
         self.active = np.ones(lanes.count, dtype=bool)
@@ -310,9 +311,13 @@ class _Run:
             raise NotImplementedError("the PYTHON device runs scalar kernels (no vector lanes)")
         return np.zeros(self.lanes.count, dtype=np.int32), 1
 
+    def loop_size(self, u: UOp) -> int:
+        """A loop's trip count: its size, a symbolic one evaluated with this launch's values."""
+        return sym_eval(u.arg[2], self.var_vals)
+
     def _open_loop(self, pc: int, u: UOp, ends: dict[int, int]) -> int:
         first, step = self._loop_start(u)
-        active = self.active & (first < u.arg[2])
+        active = self.active & (first < self.loop_size(u))
         if not active.any():
             return ends[pc] + 1  # no thread runs this loop
         self.loops.append(_Loop(pc, self.active, step))
@@ -324,7 +329,7 @@ class _Run:
         loop = self.loops[-1]
         counter = u.src[0]
         following = self.values[counter] + loop.step
-        active = loop.outer_active & (following < counter.arg[2])
+        active = loop.outer_active & (following < self.loop_size(counter))
         if active.any():
             self.values[counter] = following
             self.active = active
@@ -511,6 +516,10 @@ def _run_barrier(run: _Run, pc: int, u: UOp) -> None:
         run.trace.barriers = max(run.trace.barriers, run.phase)
 
 
+def _run_define_var(run: _Run, pc: int, u: UOp) -> None:
+    run.values[u] = np.full(run.lanes.count, sym_eval(u, run.var_vals), dtype=np.int32)
+
+
 def _run_wmma(run: _Run, pc: int, u: UOp) -> None:
     """A warp's tensor-core instruction (wmma.py): each group is one warp; its lanes' sources
     are their fragments of A and B; this node's value is each lane's element `arg.element` of
@@ -563,17 +572,20 @@ _HANDLERS = {
     Ops.SPECIAL: _run_special, Ops.LOAD: _run_load, Ops.STORE: _run_store,
     Ops.BARRIER: _run_barrier, Ops.DEFINE_ACC: _run_define_acc,
     Ops.ACCUMULATE: _run_accumulate, Ops.REDUCE: _run_reduce, Ops.WMMA: _run_wmma,
+    Ops.DEFINE_VAR: _run_define_var,
 }
 
 
 # ---- the whole launch ----
 
 def emulate(program: LinearProgram, arrays: list[np.ndarray], name: str = "kernel",
-            record: bool = False, groups_at_once: int | None = None) -> Trace:
+            record: bool = False, groups_at_once: int | None = None,
+            var_vals: dict[str, int] | None = None) -> Trace:
     """Run `program` on `arrays` (one flat numpy array per DEFINE_GLOBAL, written in place),
     work-group by work-group. `record`: keep every thread's reads and writes in the Trace.
     `groups_at_once`: how many groups run side by side (default: as many as MAX_LANES
-    threads allow; 1 runs them strictly one after another)."""
+    threads allow; 1 runs them strictly one after another). `var_vals`: the values of the
+    program's Variables, by name (a kernel over symbolic sizes)."""
     if any(u.dtype.count > 1 for u in program.uops):
         raise NotImplementedError("the PYTHON device runs scalar kernels (no vector types)")
     launch = plan_group_launch(program)
@@ -584,7 +596,7 @@ def emulate(program: LinearProgram, arrays: list[np.ndarray], name: str = "kerne
     batch = groups_at_once or max(1, MAX_LANES // launch.threads_per_group)
     for first in range(0, launch.group_count, batch):
         lanes = _make_lanes(launch, first, min(batch, launch.group_count - first))
-        _Run(program, launch, arrays, lanes, trace if record else None).run()
+        _Run(program, launch, arrays, lanes, trace if record else None, var_vals).run()
     return trace
 
 
@@ -632,9 +644,11 @@ class PythonProgram:
     def __init__(self, name: str, program: LinearProgram):
         self.name, self.linear = name, program
 
-    def __call__(self, *buffers: Buffer) -> None:
+    def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> None:
         arrays = [b.storage.view(b.dtype.np, b.size) for b in buffers]
-        trace = emulate(self.linear, arrays, self.name, record=bool(_trace_logs))
+        var_vals = {v.arg[0]: value for v, value in zip(self.linear.variables, vals)}
+        trace = emulate(self.linear, arrays, self.name, record=bool(_trace_logs),
+                        var_vals=var_vals)
         for log in _trace_logs:
             log.append(trace)
 

@@ -161,7 +161,12 @@ class WebGPUProgram:
         compute_pass.set_bind_group(0, bind_group)
         compute_pass.dispatch_workgroups(*self.kernel.groups)
 
-    def __call__(self, *buffers: Buffer) -> None:
+    def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> None:
+        """Dispatch on the buffers; the Variables' values go in one more buffer of i32 (WGSL
+        has no scalar kernel parameters: the renderer reads them as `vars[k]`)."""
+        if vals:
+            values = Buffer("WEBGPU", len(vals), dtypes.int32)
+            buffers = (*buffers, values.copyin(np.array(vals, dtype=np.int32)))
         encoder = self.device.create_command_encoder()
         compute_pass = encoder.begin_compute_pass()
         self.record(compute_pass, self.bind_group(buffers))
