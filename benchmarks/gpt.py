@@ -11,8 +11,9 @@ Two figures per framework, each the fastest of repeated runs after warm-up steps
 Both models start from the same weights and see the same batches; before timing, the script
 checks that their first losses agree (a benchmark of two different computations would be
 meaningless). tinyteach runs its TinyJit replays (and says how many kernels each replays);
-PyTorch runs eager, its cache sliced to the current length (the usual way to write it there),
-where tinyteach's static cache attends over the whole context every step. tinygrad is not a
+PyTorch runs eager, its cache sliced to the current length (the usual way to write it there);
+tinyteach's cache is sliced the same way, to a symbolic length (a bound Variable), so one JIT
+capture serves every position. tinygrad is not a
 dependency of tinyteach; when `import tinygrad` fails, its column says so.
 """
 from __future__ import annotations
