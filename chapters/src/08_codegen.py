@@ -360,6 +360,49 @@ for label, items in (("one kernel, scalar tile", plain),
 # `_output_block`). `NOOPT=1` turns all of this off, `CHANNEL_TILES=0` only the channel tiles,
 # and `DEBUG=3` names the packing kernels and why they are there.
 
+# %% [markdown] id="codegen-48"
+# ## Pooling: a window view that is only a reshape
+#
+# `max_pool2d` is a max over chapter 4's window view, and its gradient is the gradient of that
+# view. The general view (any stride, any dilation) repeats the image — pad, expand into copies,
+# reshape, shrink — so its gradient *sums over the copies*: a kernel per pooled axis, each
+# reading the whole gradient. When the windows do not overlap (kernel <= stride, no dilation: the
+# 2x2 pools of a CNN), every pixel is in at most one window and the view is a reshape,
+# `(n, c, 18, 18)` to `(n, c, 9, 2, 9, 2)` with the two window axes moved last
+# (`tensor_core._tiled_windows`). Its gradient is a reshape back, with no sum at all. The kernels
+# of the gradient, for windows that tile the image and for windows that overlap:
+
+# %% id="codegen-49"
+pixels = rng.standard_normal((8, 8, 18, 18)).astype(np.float32)
+
+
+def pool_kernels(kernel, stride):
+    """The kernels of the gradient of max_pool2d(pixels).sum() (the max among them)."""
+    x = Tensor(pixels, requires_grad=True)
+    x.max_pool2d(kernel, stride).sum().backward()
+    items = build_schedule([x.grad.uop], "CPU").items
+    return [item.name for item in items if item.kind == "kernel"], x.grad.numpy()
+
+
+tiled, tiled_grad = pool_kernels(2, 2)
+overlapping, _ = pool_kernels(3, 2)
+print("2x2 windows, stride 2:", "  ".join(tiled))
+print("3x3 windows, stride 2:", "  ".join(overlapping))
+assert tiled == ["r_8_8_9_9_2_2", "r_8_8_9_9_2_2", "E_8_8_18_18"]
+assert len([name for name in overlapping if name.startswith("r_")]) == 4
+blocks = pixels.reshape(8, 8, 9, 2, 9, 2)  # numpy's own tiling: the gradient of a max is 1
+is_max = blocks == blocks.max(axis=(3, 5), keepdims=True)  # where the max is (no ties here)
+np.testing.assert_array_equal(tiled_grad, is_max.reshape(pixels.shape).astype(np.float32))
+
+# %% [markdown] id="codegen-50"
+# For the tiled windows, the first `r_` kernel is the max; the second counts each window's
+# maxima (tinyteach splits the gradient evenly between ties, as tinygrad does and as PyTorch's
+# `amax`; PyTorch's `max_pool2d` gives it all to the first); the `E_` kernel over the image is
+# the gradient itself, elementwise — in the benchmark CNN's training step it fuses into its
+# readers (the bias gradient's sum, the packed copy for the weights' gradient). The overlapping windows add two reductions over the copies, one
+# per pooled axis (their last axis, 4, is the number of copies). In the benchmark CNN's training
+# step this is 51 kernels instead of 54.
+
 # %% [markdown] id="codegen-24"
 # ## Try it
 
