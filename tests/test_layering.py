@@ -15,12 +15,14 @@ from tinyteach.tensor_core import CoreTensor
 PACKAGE = Path(tinyteach.__file__).parent
 
 # bottom to top, as tinyteach/__init__.py states it; opt.py is chapter 7's optimizer (with lower),
-# wmma.py the GPU chapter's tensor cores (with lower, which calls it),
+# wmma.py the GPU chapter's tensor cores (with lower, which calls it), transcendental.py exp2
+# from primitive ops (with lower: it rewrites a linear program; render/c.py calls it),
 # search.py its timed search and pack.py its packing copies (with realize, which calls both);
 # the parts of Tensor (TENSOR_PARTS below) are one layer, ordered within it
 CORE = ["helpers", "dtype", "uop", "view", "rewrite", "device", "schedule", "lower", "render",
         "runtime", "realize", "gradient", "tensor", "indexing"]
-SAME_LAYER = {"opt": "lower", "wmma": "lower", "search": "realize", "pack": "realize",
+SAME_LAYER = {"opt": "lower", "wmma": "lower", "transcendental": "lower",
+              "search": "realize", "pack": "realize",
               "tensor_core": "tensor",
               "tensor_create": "tensor", "tensor_movement": "tensor", "tensor_math": "tensor",
               "tensor_nn": "tensor", "indexing": "tensor"}

@@ -30,6 +30,7 @@ from tinyteach.render import (
     KernelWriter,
     typed_math_function,
 )
+from tinyteach.transcendental import TRANSCENDENTAL, decompose_program, is_bitcast
 from tinyteach.uop import Ops, UOp
 
 C_PRELUDE = "#include <math.h>\n#include <stdbool.h>\n"
@@ -52,6 +53,38 @@ static inline uint16_t tt_f32_to_bf16(float f) {
 #endif
 """
 BFLOAT16_TO_FLOAT, FLOAT_TO_BFLOAT16 = "tt_bf16_to_f32", "tt_f32_to_bf16"
+
+# a BITCAST (transcendental.py): the same 32 bits read as the other type. gcc and clang: a cast
+# between one-lane vectors keeps the bits, and vectorizes (a union's local variable does not in
+# an `omp simd` loop: gcc 12 keeps it in memory, one per lane); macros, since a function is not
+# inlined into a kernel compiled with other options (NO_TRAPS below). The attribute's name is
+# pasted from two tokens, so that the fast tier's check for vector types (runtime/cpu.py,
+# TCC_CANNOT, a search of the text) still lets tcc build the kernel: tcc, which knows no vector
+# types, reads the union version
+BITCAST_C = """#ifndef TT_BITCAST
+#define TT_BITCAST
+#ifdef __TINYC__
+static inline float tt_bits_to_float(int bits) {
+  union { int i; float f; } v; v.i = bits; return v.f;
+}
+static inline int tt_float_to_bits(float f) {
+  union { float f; int i; } v; v.f = f; return v.i;
+}
+#else
+#define TT_LANES(bytes) __attribute__((vector_##size(bytes)))
+typedef int tt_int_lane TT_LANES(4);
+typedef float tt_float_lane TT_LANES(4);
+#define tt_bits_to_float(bits) (((tt_float_lane)((tt_int_lane){(bits)}))[0])
+#define tt_float_to_bits(f) (((tt_int_lane)((tt_float_lane){(f)}))[0])
+#endif
+#endif
+"""
+# gcc assumes a float operation may trap (-ftrapping-math) and then will not compute both sides
+# of a comparison's choice at once (exp2's clamp), so the loop does not vectorize. No kernel
+# reads the floating-point exception flags, and no result changes: a kernel with exp2 as
+# arithmetic is compiled without that assumption
+NO_TRAPS = "no-trapping-math"
+BITCAST_FUNCTIONS = {dtypes.float32: "tt_bits_to_float", dtypes.int32: "tt_float_to_bits"}
 
 
 @functools.cache  # one wrapper per (entry, op): the table keeps the entry itself
@@ -83,7 +116,7 @@ def bfloat16_literal(renderer: CStyleRenderer, value: float | int | bool) -> str
     """A bfloat16 constant: its word, as the storage type."""
     word = int(to_bfloat16_bits(np.array(float(value), dtype=np.float32)).view(np.uint16))
     return f"(({renderer.type_names[dtypes.bfloat16]}){word})"
-FMA_ATTRIBUTE = '__attribute__((optimize("fp-contract=fast")))'
+FUSED_MULTIPLY_ADD = "fp-contract=fast"
 
 
 class CRenderer(CStyleRenderer):
@@ -94,9 +127,20 @@ class CRenderer(CStyleRenderer):
                    **{op: typed_math_function(name, "(float)({})", "((_Float16){})")
                       for op, name in MATH_FUNCTIONS.items()}}
 
+    # exp2f is a libm call, and a loop with a call does not vectorize: EXP2 is written as
+    # arithmetic instead (transcendental.py; TRANSCENDENTAL=0 keeps the call)
+    decompose_transcendentals = True
+
     def code(self, op: Ops) -> CodeForOp:
         """The table's entry, computing bfloat16 in float (`in_float32`)."""
         return in_float32(super().code(op), op)
+
+    def alu(self, node: UOp, operands: list[str]) -> str:
+        """A BITCAST reads the bits as the other type (BITCAST_C); every other op, the table's
+        entry."""
+        if is_bitcast(node):
+            return f"{BITCAST_FUNCTIONS[node.dtype]}({operands[0]})"
+        return super().alu(node, operands)
 
     def render_const(self, value: float | int | bool, dtype: DType) -> str:
         if dtype == dtypes.bfloat16:
@@ -116,11 +160,21 @@ class CRenderer(CStyleRenderer):
     def render(self, name: str, program: LinearProgram) -> str:
         """Kernels are compiled with -ffp-contract=off, so `a*b+c` rounds twice, as numpy does.
         A vector multiply-accumulate is the exception (with gcc): one fused multiply-add
-        instruction does both at once, twice as fast and rounded once."""
+        instruction does both at once, twice as fast and rounded once. EXP2 is written as
+        arithmetic first (transcendental.py), and such a kernel is compiled without
+        -ftrapping-math (NO_TRAPS)."""
+        if self.decompose_transcendentals and TRANSCENDENTAL.value:
+            program = decompose_program(program)
         source = super().render(name, program)
+        options = []
         if self.fused_multiply_add and any(u.op is Ops.ACCUMULATE and u.dtype.count > 1
                                            for u in program.uops):
-            source = source.replace(f"void {name}(", f"{FMA_ATTRIBUTE}\nvoid {name}(", 1)
+            options.append(FUSED_MULTIPLY_ADD)
+        if any(is_bitcast(u) for u in program.uops):
+            options.append(NO_TRAPS)
+        if options:
+            attribute = "__attribute__((optimize(" + ", ".join(f'"{o}"' for o in options) + ")))"
+            source = source.replace(f"void {name}(", f"{attribute}\nvoid {name}(", 1)
         return source
 
     # vectors: GCC's and clang's vector extension. A typedef names a vector of 16 floats;
@@ -171,6 +225,9 @@ class CRenderer(CStyleRenderer):
                       body: list[str]) -> str:
         uses_bfloat16 = any(BFLOAT16_TO_FLOAT in line or FLOAT_TO_BFLOAT16 in line
                             for line in body)
-        prelude = C_PRELUDE + (BFLOAT16_C if uses_bfloat16 else "")
+        uses_bitcast = any(function in line for line in body
+                           for function in BITCAST_FUNCTIONS.values())
+        prelude = C_PRELUDE + (BFLOAT16_C if uses_bfloat16 else "") + \
+            (BITCAST_C if uses_bitcast else "")
         lines = [prelude + f"void {name}({', '.join(params)}) {{", *body, "}"]
         return "\n".join(lines) + "\n"

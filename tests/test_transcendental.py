@@ -1,0 +1,201 @@
+"""Chapter 8 (issue 16): exp2 from primitive ops (tinyteach/transcendental.py) on the CPU.
+
+The C renderer writes float32 EXP2 as a clamp, a rounding, a polynomial and a power of two built
+from its bits, instead of a call to libm's exp2f, so that gcc can vectorize the loop. Checked:
+every float32 from a dense sweep of [-160, 130] and the special values against numpy's exp2 in
+float64 rounded to float32 (within 1 ulp; exact for the special values and the integers); the
+source has no exp2f call (TRANSCENDENTAL=0 brings it back); gcc -O2 vectorizes softmax's sum
+loop; tcc (the fast tier) reads the source; kernels with several exp2 in several loops compile;
+softmax, sigmoid and gelu against PyTorch, with NaN and infinite inputs. NUMPY computes exp2
+with numpy's own function (it has no renderer): only CPU is changed.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tinyteach import Tensor
+from tinyteach.helpers import Context
+from tinyteach.lower import lower
+from tinyteach.render.c import BITCAST_FUNCTIONS, CRenderer
+from tinyteach.runtime.cpu import C_FLAGS
+from tinyteach.schedule import ScheduleItem, create_schedule
+from tinyteach.transcendental import EXP2_COEFFICIENTS, decompose_program, is_bitcast
+from tinyteach.uop import Ops
+
+SPECIAL = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5,
+                    127.0, 127.5, 127.99999, 128.0, 128.5, 200.0, 1e30, 3.4e38, -1e30, -3.4e38,
+                    -126.0, -126.5, -127.0, -140.3, -149.0, -149.4, -149.5, -149.6, -149.99,
+                    -150.0, -150.5, -151.0, -152.0, -153.0, 1e-8, -1e-8, 1e-40, -1e-40],
+                   dtype=np.float32)
+
+
+def reference_exp2(x: np.ndarray) -> np.ndarray:
+    """numpy's exp2 in float64, rounded once to float32."""
+    with np.errstate(over="ignore"):
+        return np.exp2(x.astype(np.float64)).astype(np.float32)
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """How many float32 values lie between a and b (both not NaN): their bits, made monotonic."""
+    def ordered(v: np.ndarray) -> np.ndarray:
+        bits = v.view(np.int32).astype(np.int64)
+        return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+    return np.abs(ordered(a) - ordered(b))
+
+
+def cpu_exp2(x: np.ndarray) -> np.ndarray:
+    return Tensor(x, device="CPU").exp2().numpy()
+
+
+def schedule_of(tensor: Tensor) -> list[ScheduleItem]:
+    items, _ = create_schedule([tensor.uop], tensor.device)
+    return items
+
+
+def softmax_source(rows: int = 64, columns: int = 1024) -> str:
+    x = Tensor(np.zeros((rows, columns), np.float32), device="CPU").realize()
+    (item,) = schedule_of(x.softmax(-1))
+    return CRenderer().render(item.name, lower(item.ast, None, vector_width=8))
+
+
+def test_a_dense_sweep_is_within_one_ulp_of_numpy():
+    x = np.linspace(-160, 130, 10**6, dtype=np.float32)
+    got, want = cpu_exp2(x), reference_exp2(x)
+    assert not np.isnan(got).any()
+    assert ulp_distance(got, want).max() <= 1
+    # most are exact: a polynomial one ulp off everywhere would fail this
+    assert (got == want).mean() > 0.85  # 90% measured (libm: all but a few)
+
+
+def test_random_floats_of_every_exponent_are_within_one_ulp():
+    bits = np.random.default_rng(0).integers(0, 2**32, 200_000, dtype=np.uint64)
+    x = bits.astype(np.uint32).view(np.float32)
+    x = x[~np.isnan(x)]
+    got, want = cpu_exp2(x), reference_exp2(x)
+    assert ulp_distance(got, want).max() <= 1
+
+
+def test_special_values_are_exact():
+    got, want = cpu_exp2(SPECIAL), reference_exp2(SPECIAL)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert ulp_distance(got[finite], want[finite]).max() <= 1
+    exact = {np.inf: np.inf, -np.inf: 0.0, 128.0: np.inf, 200.0: np.inf, -150.0: 0.0,
+             -151.0: 0.0, -1e30: 0.0, 0.0: 1.0, -149.0: 2.0**-149, 1.0: 2.0}
+    for value, expected in exact.items():
+        assert cpu_exp2(np.array([value], np.float32))[0] == expected, value
+
+
+def test_integers_give_exact_powers_of_two_subnormal_ones_included():
+    n = np.arange(-149, 128, dtype=np.float32)
+    np.testing.assert_array_equal(cpu_exp2(n), np.ldexp(np.float32(1), n.astype(np.int32)))
+
+
+def test_the_polynomial_starts_at_one_so_exp2_of_zero_is_one():
+    assert EXP2_COEFFICIENTS[0] == 1.0
+    assert abs(EXP2_COEFFICIENTS[1] - np.log(2)) < 1e-7
+
+
+def test_the_source_has_no_exp2f_call_and_the_setting_brings_it_back():
+    source = softmax_source()
+    assert "exp2f" not in source
+    assert all(name in source for name in BITCAST_FUNCTIONS.values())
+    assert "no-trapping-math" in source
+    with Context(TRANSCENDENTAL=0):
+        kept = softmax_source()
+    assert "exp2f" in kept and "tt_bits_to_float(" not in kept
+
+
+def test_several_exp2_in_several_loops_each_place_their_own_ops():
+    """softmax's kernel computes exp2 in the sum loop and again in the column loop, 4 rows at
+    a time: each copy's ops are placed in its own loop (an op placed in an earlier loop is out
+    of scope in a later one), and the program compiles and gives numpy's softmax."""
+    x = np.random.default_rng(1).standard_normal((64, 1024)).astype(np.float32)
+    (item,) = schedule_of(Tensor(x, device="CPU").realize().softmax(-1))
+    program = lower(item.ast, None, vector_width=8)
+    exps = sum(u.op is Ops.EXP2 for u in program.uops)
+    assert exps >= 8
+    decomposed = decompose_program(program)
+    assert not any(u.op is Ops.EXP2 for u in decomposed.uops)
+    assert sum(is_bitcast(u) for u in decomposed.uops) >= 3 * exps
+    got = Tensor(x, device="CPU").softmax(-1).numpy()
+    want = torch.softmax(torch.from_numpy(x), -1).numpy()
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-9)
+
+
+def compile_report(source: str, directory: Path) -> str:
+    """What gcc -O2 (the kernels' flags) says it vectorized."""
+    flags = [f for f in C_FLAGS if f != "-shared"] + ["-fopenmp", "-fopt-info-vec"]
+    result = subprocess.run(["gcc", *flags, "-c", "-x", "c", "-", "-o", "kernel.o"],
+                            input=source, capture_output=True, text=True, check=True,
+                            cwd=directory)
+    return result.stderr
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+def test_gcc_vectorizes_the_sum_loop_only_with_exp2_as_arithmetic(tmp_path):
+    """With exp2f the sum loop calls libm per element and stays scalar; as arithmetic gcc -O2
+    vectorizes it (`-fopt-info-vec` names the lines of the loops it vectorized)."""
+    def vectorized_in_sum_loop(source: str) -> bool:
+        start = source[:source.index("for (int ridx1")].count("\n") + 1  # the loop's line
+        lines = {int(n) for n in re.findall(r":(\d+):\d+: optimized: loop vectorized",
+                                            compile_report(source, tmp_path))}
+        return bool(lines & {start, start + 1})  # gcc names the line of the loop or its test
+    assert vectorized_in_sum_loop(softmax_source())
+    with Context(TRANSCENDENTAL=0):
+        assert not vectorized_in_sum_loop(softmax_source())
+
+
+def run_softmax_library(command: list[str], source: str, x: np.ndarray, directory: Path,
+                        name: str) -> np.ndarray:
+    """Build `source` into a library with `command` and run its kernel on x."""
+    library = directory / f"{name}.so"
+    subprocess.run([*command, "-o", str(library), "-"], input=source, text=True, check=True,
+                   capture_output=True)
+    kernel = getattr(ctypes.CDLL(str(library)), re.search(r"void (\w+)\(", source)[1])
+    out = np.empty_like(x)
+    kernel(out.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p))
+    return out
+
+
+@pytest.mark.skipif(shutil.which("tcc") is None or shutil.which("gcc") is None,
+                    reason="tcc or gcc is not installed")
+def test_tcc_reads_the_source_and_computes_the_same_bits_as_gcc(tmp_path):
+    """The fast tier (tcc) takes the union version of the bitcast, gcc -O2 the vector one:
+    the same kernel, the same bits, and torch's softmax."""
+    x = np.random.default_rng(3).standard_normal((64, 1024)).astype(np.float32) * 20
+    source = softmax_source()
+    fast = run_softmax_library(["tcc", "-shared"], source, x, tmp_path, "fast")
+    optimized = run_softmax_library(["gcc", *C_FLAGS, "-fopenmp", "-x", "c"], source, x,
+                                    tmp_path, "optimized")
+    np.testing.assert_allclose(fast, optimized, rtol=1e-6, atol=1e-12)
+    want = torch.softmax(torch.from_numpy(x), -1).numpy()
+    np.testing.assert_allclose(optimized, want, rtol=2e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("name, ours, theirs", [
+    ("softmax", lambda t: t.softmax(-1), lambda t: torch.softmax(t, -1)),
+    ("sigmoid", lambda t: t.sigmoid(), torch.sigmoid),
+    ("gelu", lambda t: t.gelu(), lambda t: torch.nn.functional.gelu(t, approximate="tanh")),
+])
+def test_ops_built_on_exp_match_torch_with_nan_and_inf(name, ours, theirs):
+    x = np.random.default_rng(2).standard_normal((16, 300)).astype(np.float32) * 30
+    x[3, 5], x[4, 7], x[5, 9] = np.nan, np.inf, -np.inf
+    got = ours(Tensor(x, device="CPU")).numpy()
+    want = theirs(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_the_numpy_device_keeps_numpys_exp2():
+    x = np.linspace(-160, 130, 10_001, dtype=np.float32)
+    got = Tensor(x, device="NUMPY").exp2().numpy()
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(got, np.exp2(x))

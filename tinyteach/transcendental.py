@@ -1,0 +1,149 @@
+"""Chapter 8 (part 3): exp2 from primitive ops, so that loops calling them vectorize.
+
+C's `exp2f` is a call into libm. A compiler cannot turn a loop with a call in it into vector
+instructions (it would need a vector version of the function), so softmax's column loop ran one
+element at a time. Written as additions, multiplications, comparisons and integer ops, exp2 is
+like any other arithmetic: gcc -O2 computes 8 of them at once (AVX2). tinygrad does the same
+(its `transcendental.py`); this file is our version of the idea.
+
+exp2(x), for a float32 x:
+1. clamp x to [-152, 130] (beyond, the result is 0 or inf anyway); a NaN stays NaN;
+2. split it: x = n + f with n the nearest integer and f in [-0.5, 0.5]: adding 1.5 * 2**23
+   rounds x to an integer (the sum keeps no bits below the units), and the low bits of that
+   sum hold n itself (read through a BITCAST, no float-to-int conversion: gcc does not
+   vectorize a conversion of a value chosen by a comparison, as the clamp's is);
+3. 2**f by a polynomial of degree 6 (Horner's rule: 6 multiplications and 6 additions);
+4. 2**n by building the float from its bits: the exponent field holds n + 127 (`_power_of_two`),
+   a BITCAST — the same 32 bits read as a float. Written in two steps, 2**(n//2) * 2**(n-n//2),
+   so that n from -152 to 130 works: each half is a normal float, and only the last
+   multiplication rounds, also when the result is a subnormal number.
+
+A BITCAST is a CAST node whose arg is `BITCAST` (a plain CAST converts the value: 1.0 -> 1;
+a bitcast keeps the bits: 1.0 -> 1065353216). It appears only here, after lowering, so no
+rewrite of the earlier chapters meets it.
+
+Where it is applied: a renderer that sets `decompose_transcendentals` (the C renderer: its math
+functions are libm calls) gets each scalar float32 EXP2 of its program replaced by these ops
+(`decompose_program`); `TRANSCENDENTAL=0` keeps the call. LOG2 and SIN stay libm calls. exp2 is
+checked against numpy's (in float64, rounded to float32) over a dense sweep: within 1 ulp, the
+special values exact (tests/test_transcendental.py).
+
+Builds on: uop.py, lower.py (the program it rewrites). Used by: render/c.py.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tinyteach.dtype import dtypes
+from tinyteach.helpers import ContextVar
+from tinyteach.lower import LinearProgram
+from tinyteach.uop import Ops, UOp
+
+TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)  # 0: keep the libm calls
+
+BITCAST = "bitcast"  # the arg of a CAST that reinterprets bits instead of converting the value
+
+# 2**f = 1 + f*(c1 + f*(c2 + ...)) on [-0.5, 0.5]: a least-squares fit of the relative error on
+# Chebyshev points (c_k close to ln(2)**k / k!, Taylor's coefficients); error below 0.3 of
+# half an ulp before rounding
+EXP2_COEFFICIENTS = (1.0, 0.6931471824645996, 0.24022647738456726, 0.05550329014658928,
+                     0.009618373587727547, 0.0013399848248809576, 0.00015370704932138324)
+# 1.5 * 2**23: adding it to a float of magnitude < 2**22 leaves no bits below the units, so the
+# hardware rounds to the nearest integer (ties to even); subtracting it gives that integer, and
+# the sum's bits minus ROUNDER's bits are that integer as an int32
+ROUNDER = 12582912.0
+ROUNDER_BITS = 0x4B400000
+MANTISSA_BITS = 23
+EXPONENT_BIAS = 127
+
+
+def bitcast(value: UOp, dtype: object) -> UOp:
+    """The same 32 bits, read as `dtype` (float32 <-> int32)."""
+    return UOp(Ops.CAST, dtype, (value,), BITCAST)  # type: ignore[arg-type]
+
+
+def is_bitcast(node: UOp) -> bool:
+    return node.op is Ops.CAST and node.arg == BITCAST
+
+
+def _const(like: UOp, value: float | int) -> UOp:
+    return UOp.const(like.dtype, value)
+
+
+def _clamp(x: UOp, low: float, high: float) -> UOp:
+    """x limited to [low, high] by comparisons, so that a NaN (every comparison false) stays."""
+    above_low = x.lt(_const(x, low)).where(_const(x, low), x)
+    return _const(x, high).lt(above_low).where(_const(x, high), above_low)
+
+
+def _nearest_integer(x: UOp) -> tuple[UOp, UOp]:
+    """round(x) for |x| < 2**22 (ties to even), as a float and as an int32: x + 1.5*2**23 keeps
+    no fraction; minus 1.5*2**23 it is the float, and its bits minus those of 1.5*2**23 are the
+    integer (kernels are compiled without -ffast-math, so the compiler keeps both roundings)."""
+    shifted = x + _const(x, ROUNDER)
+    as_int = bitcast(shifted, dtypes.int32) - UOp.const(dtypes.int32, ROUNDER_BITS)
+    return shifted - _const(x, ROUNDER), as_int
+
+
+def horner(x: UOp, coefficients: tuple[float, ...]) -> UOp:
+    """c0 + x*(c1 + x*(c2 + ...)): one multiplication and one addition per coefficient."""
+    result = _const(x, coefficients[-1])
+    for coefficient in reversed(coefficients[:-1]):
+        result = result * x + _const(x, coefficient)
+    return result
+
+
+def _power_of_two(exponent: UOp) -> UOp:
+    """2**exponent, for an int32 exponent in [-126, 127]: its bits are the biased exponent
+    shifted into the exponent field (a multiplication by 2**23), with sign and mantissa 0."""
+    biased = exponent + UOp.const(dtypes.int32, EXPONENT_BIAS)
+    return bitcast(biased * UOp.const(dtypes.int32, 1 << MANTISSA_BITS), dtypes.float32)
+
+
+def exp2(x: UOp) -> UOp:
+    """2**x for a float32 x, from primitive ops (the module docstring gives the steps)."""
+    clamped = _clamp(x, -152.0, 130.0)
+    nearest, exponent = _nearest_integer(clamped)
+    fraction = clamped - nearest  # exact: x and its nearest integer share their high bits
+    # (a NaN's exponent means nothing, but its polynomial is NaN, and so is the product)
+    power = horner(fraction, EXP2_COEFFICIENTS)
+    half = exponent.alu(Ops.IDIV, UOp.const(dtypes.int32, 2))
+    return power * _power_of_two(half) * _power_of_two(exponent - half)
+
+
+def decompose(node: UOp) -> UOp | None:
+    """The primitive-op version of one node, or None when it stays as it is (only scalar
+    float32 EXP2 is decomposed; half floats and vectors keep the math function)."""
+    if node.dtype != dtypes.float32:
+        return None
+    if node.op is Ops.EXP2:
+        return exp2(node.src[0])
+    return None
+
+
+def decompose_program(program: LinearProgram) -> LinearProgram:
+    """Each float32 EXP2 of a linear program replaced by its ops, placed where it was (in the
+    same loop); the nodes after it that use it are rebuilt on the new value. A replacement's
+    nodes are placed anew each time (one placed in another loop is out of scope here); only
+    the program's own nodes, all in scope where it used them, are not repeated."""
+    new_of: dict[UOp, UOp] = {}
+    in_program: set[UOp] = set()
+    uops: list[UOp] = []
+    for node in program.uops:
+        sources = tuple(new_of.get(s, s) for s in node.src)
+        rebuilt = node if sources == node.src else node.replace(src=sources)
+        replacement = decompose(rebuilt)
+        if replacement is not None:
+            uops += [n for n in replacement.toposort if n not in in_program]
+            new_of[node] = replacement
+            continue
+        if rebuilt is not node:
+            new_of[node] = rebuilt
+        uops.append(rebuilt)
+        in_program.add(rebuilt)
+    if not new_of:
+        return program
+    accumulators = {new_of.get(k, k): new_of.get(v, v) for k, v in program.accumulators.items()}
+    simd_loops = {new_of.get(k, k): [new_of.get(a, a) for a in accs]
+                  for k, accs in program.simd_loops.items()}
+    return replace(program, uops=uops, accumulators=accumulators, simd_loops=simd_loops)
