@@ -17,6 +17,7 @@ from fuzz_graphs import fuzz  # noqa: E402
 from tinyteach import Context, Tensor, TinyJit, dtypes  # noqa: E402
 from tinyteach.device import Device, DeviceUnavailable  # noqa: E402
 from tinyteach.lower import lower  # noqa: E402
+from tinyteach.opt import options_for_renderer  # noqa: E402
 from tinyteach.render.cuda import CUDARenderer  # noqa: E402
 from tinyteach.render.gpu import MAX_GROUPS, MAX_THREADS_PER_GROUP, launch_of, plan_launch  # noqa: E402
 from tinyteach.render.opencl import OpenCLRenderer  # noqa: E402
@@ -329,7 +330,9 @@ def test_cuda_kernels_compile_to_ptx(program):
     items = [i for i in create_schedule([result.uop], "CPU")[0] if i.kind == "kernel"]
     assert items
     for item in items:
-        source = CUDARenderer().render(item.name, lower(item.ast))
+        renderer = CUDARenderer()  # the options compile_for_cuda chooses (a row's work-group)
+        source = renderer.render(item.name, lower(item.ast, options_for_renderer(item.ast,
+                                                                                  renderer)))
         assert f'extern "C" __global__ void {item.name}(' in source
         kernel = compile_for_cuda(item.name, item.ast, compiler)
         assert f".entry {item.name}(" in kernel.ptx and ".version" in kernel.ptx
