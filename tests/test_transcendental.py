@@ -1,13 +1,15 @@
 """Chapter 8 (issue 16): exp2 from primitive ops (tinyteach/transcendental.py) on the CPU.
 
 The C renderer writes float32 EXP2 as a clamp, a rounding, a polynomial and a power of two built
-from its bits, instead of a call to libm's exp2f, so that gcc can vectorize the loop. Checked:
-every float32 from a dense sweep of [-160, 130] and the special values against numpy's exp2 in
-float64 rounded to float32 (within 1 ulp; exact for the special values and the integers); the
-source has no exp2f call (TRANSCENDENTAL=0 brings it back); gcc -O2 vectorizes softmax's sum
-loop; tcc (the fast tier) reads the source; kernels with several exp2 in several loops compile;
-softmax, sigmoid and gelu against PyTorch, with NaN and infinite inputs. NUMPY computes exp2
-with numpy's own function (it has no renderer): only CPU is changed.
+from its bits, instead of a call to libm's exp2f, so that gcc can vectorize the loop: by default
+in the loops split across SIMD lanes (softmax's sum), with TRANSCENDENTAL=2 everywhere. Checked,
+on kernels built with gcc -O2 and the CPU device's flags: every float32 of a dense sweep of
+[-160, 130], random bit patterns and the special values against numpy's exp2 in float64 rounded
+to float32 (within 1 ulp; exact for the special values and the integers); which loops keep
+exp2f under each setting; that gcc vectorizes softmax's sum loop only with the arithmetic; that
+tcc (the fast tier) builds the same kernel and gets the same values; a kernel with several exp2
+in several loops; softmax, sigmoid and gelu against PyTorch with NaN and infinite inputs. NUMPY
+computes exp2 with numpy's own function (it has no renderer): only CPU is changed.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import ctypes
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +32,8 @@ from tinyteach.runtime.cpu import C_FLAGS
 from tinyteach.schedule import ScheduleItem, create_schedule
 from tinyteach.transcendental import EXP2_COEFFICIENTS, decompose_program, is_bitcast
 from tinyteach.uop import Ops
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 
 SPECIAL = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5,
                     127.0, 127.5, 127.99999, 128.0, 128.5, 200.0, 1e30, 3.4e38, -1e30, -3.4e38,
@@ -51,8 +56,33 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(ordered(a) - ordered(b))
 
 
+def build_and_run(source: str, x: np.ndarray, command: list[str] | None = None) -> np.ndarray:
+    """Build a kernel's C source into a library (gcc -O2 with the CPU device's flags, or
+    `command`) and run it on x: the kernel's first parameter is its output."""
+    with tempfile.TemporaryDirectory() as directory:
+        library = Path(directory) / "kernel.so"
+        command = command or ["gcc", *C_FLAGS, "-fopenmp", "-x", "c"]
+        subprocess.run([*command, "-o", str(library), "-"], input=source, text=True,
+                       check=True, capture_output=True)
+        kernel = getattr(ctypes.CDLL(str(library)), re.search(r"void (\w+)\(", source)[1])
+        out = np.empty_like(x)
+        kernel(out.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p))
+        return out
+
+
+def exp2_source(size: int) -> str:
+    """The CPU's C source of an elementwise exp2, every exp2 as arithmetic (TRANSCENDENTAL=2:
+    the default decomposes only those in loops gcc vectorizes, and this kernel has none)."""
+    x = Tensor(np.zeros(size, np.float32), device="CPU").realize()
+    (item,) = schedule_of(x.exp2())
+    with Context(TRANSCENDENTAL=2):
+        return CRenderer().render(item.name, lower(item.ast, None, vector_width=0))
+
+
 def cpu_exp2(x: np.ndarray) -> np.ndarray:
-    return Tensor(x, device="CPU").exp2().numpy()
+    source = exp2_source(x.size)
+    assert "exp2f" not in source
+    return build_and_run(source, np.ascontiguousarray(x))
 
 
 def schedule_of(tensor: Tensor) -> list[ScheduleItem]:
@@ -104,14 +134,24 @@ def test_the_polynomial_starts_at_one_so_exp2_of_zero_is_one():
     assert abs(EXP2_COEFFICIENTS[1] - np.log(2)) < 1e-7
 
 
-def test_the_source_has_no_exp2f_call_and_the_setting_brings_it_back():
+def sum_loop_of(source: str) -> str:
+    start = source.index("for (int ridx1")
+    return source[start:source.index("\n    }\n", start)]
+
+
+def test_the_sum_loop_has_no_exp2f_call_and_the_setting_brings_it_back():
+    """By default the exp2 of softmax's sum loop (split across SIMD lanes) is arithmetic, the
+    column loop's (which gcc does not vectorize, 4 rows at a time) keeps exp2f; 2: both are
+    arithmetic; 0: both calls."""
     source = softmax_source()
-    assert "exp2f" not in source
+    assert "exp2f" not in sum_loop_of(source) and "exp2f" in source
     assert all(name in source for name in BITCAST_FUNCTIONS.values())
     assert "no-trapping-math" in source
+    with Context(TRANSCENDENTAL=2):
+        assert "exp2f" not in softmax_source()
     with Context(TRANSCENDENTAL=0):
         kept = softmax_source()
-    assert "exp2f" in kept and "tt_bits_to_float(" not in kept
+    assert "exp2f" in sum_loop_of(kept) and "tt_bits_to_float(" not in kept
 
 
 def test_several_exp2_in_several_loops_each_place_their_own_ops():
@@ -123,11 +163,14 @@ def test_several_exp2_in_several_loops_each_place_their_own_ops():
     program = lower(item.ast, None, vector_width=8)
     exps = sum(u.op is Ops.EXP2 for u in program.uops)
     assert exps >= 8
-    decomposed = decompose_program(program)
+    decomposed = decompose_program(program, simd_loops_only=False)
     assert not any(u.op is Ops.EXP2 for u in decomposed.uops)
     assert sum(is_bitcast(u) for u in decomposed.uops) >= 3 * exps
-    got = Tensor(x, device="CPU").softmax(-1).numpy()
+    with Context(TRANSCENDENTAL=2):
+        source = CRenderer().render(item.name, program)
     want = torch.softmax(torch.from_numpy(x), -1).numpy()
+    np.testing.assert_allclose(build_and_run(source, x), want, rtol=2e-6, atol=1e-9)
+    got = Tensor(x, device="CPU").softmax(-1).numpy()  # the device's path: the default
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-9)
 
 
@@ -140,7 +183,6 @@ def compile_report(source: str, directory: Path) -> str:
     return result.stderr
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 def test_gcc_vectorizes_the_sum_loop_only_with_exp2_as_arithmetic(tmp_path):
     """With exp2f the sum loop calls libm per element and stays scalar; as arithmetic gcc -O2
     vectorizes it (`-fopt-info-vec` names the lines of the loops it vectorized)."""
@@ -154,28 +196,14 @@ def test_gcc_vectorizes_the_sum_loop_only_with_exp2_as_arithmetic(tmp_path):
         assert not vectorized_in_sum_loop(softmax_source())
 
 
-def run_softmax_library(command: list[str], source: str, x: np.ndarray, directory: Path,
-                        name: str) -> np.ndarray:
-    """Build `source` into a library with `command` and run its kernel on x."""
-    library = directory / f"{name}.so"
-    subprocess.run([*command, "-o", str(library), "-"], input=source, text=True, check=True,
-                   capture_output=True)
-    kernel = getattr(ctypes.CDLL(str(library)), re.search(r"void (\w+)\(", source)[1])
-    out = np.empty_like(x)
-    kernel(out.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p))
-    return out
-
-
-@pytest.mark.skipif(shutil.which("tcc") is None or shutil.which("gcc") is None,
-                    reason="tcc or gcc is not installed")
-def test_tcc_reads_the_source_and_computes_the_same_bits_as_gcc(tmp_path):
+@pytest.mark.skipif(shutil.which("tcc") is None, reason="tcc is not installed")
+def test_tcc_reads_the_source_and_computes_the_same_bits_as_gcc():
     """The fast tier (tcc) takes the union version of the bitcast, gcc -O2 the vector one:
     the same kernel, the same bits, and torch's softmax."""
     x = np.random.default_rng(3).standard_normal((64, 1024)).astype(np.float32) * 20
     source = softmax_source()
-    fast = run_softmax_library(["tcc", "-shared"], source, x, tmp_path, "fast")
-    optimized = run_softmax_library(["gcc", *C_FLAGS, "-fopenmp", "-x", "c"], source, x,
-                                    tmp_path, "optimized")
+    fast = build_and_run(source, x, ["tcc", "-shared"])
+    optimized = build_and_run(source, x)
     np.testing.assert_allclose(fast, optimized, rtol=1e-6, atol=1e-12)
     want = torch.softmax(torch.from_numpy(x), -1).numpy()
     np.testing.assert_allclose(optimized, want, rtol=2e-6, atol=1e-9)

@@ -128,7 +128,8 @@ class CRenderer(CStyleRenderer):
                       for op, name in MATH_FUNCTIONS.items()}}
 
     # exp2f is a libm call, and a loop with a call does not vectorize: EXP2 is written as
-    # arithmetic instead (transcendental.py; TRANSCENDENTAL=0 keeps the call)
+    # arithmetic instead in the loops gcc vectorizes (transcendental.py; TRANSCENDENTAL=0
+    # keeps the calls, =2 decomposes every one)
     decompose_transcendentals = True
 
     def code(self, op: Ops) -> CodeForOp:
@@ -164,7 +165,7 @@ class CRenderer(CStyleRenderer):
         arithmetic first (transcendental.py), and such a kernel is compiled without
         -ftrapping-math (NO_TRAPS)."""
         if self.decompose_transcendentals and TRANSCENDENTAL.value:
-            program = decompose_program(program)
+            program = decompose_program(program, simd_loops_only=TRANSCENDENTAL.value == 1)
         source = super().render(name, program)
         options = []
         if self.fused_multiply_add and any(u.op is Ops.ACCUMULATE and u.dtype.count > 1
