@@ -45,6 +45,7 @@ from tinyteach.dtype import dtypes
 from tinyteach.helpers import DEBUG, Context, GlobalCounters, clear_caches, getenv
 from tinyteach.jit import TinyJit, function
 from tinyteach.tensor import Tensor
+from tinyteach.transcendental import TRANSCENDENTAL  # noqa: F401  # a setting Context knows
 from tinyteach.uop import UOp, Variable
 
 __all__ = ["Tensor", "TinyJit", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters", "nn",

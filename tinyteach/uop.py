@@ -165,10 +165,13 @@ class UOpMetaClass(type):
 _TRUNCATED: dict[tuple[DType, Any], Any] = {}
 
 
-def _forget_node(reference: weakref.KeyedRef) -> None:
-    """A node died: drop its entry, unless a new node with the same key has taken it."""
-    if UOpMetaClass.cache.get(reference.key) is reference:
-        UOpMetaClass.cache.pop(reference.key, None)
+def _forget_node(reference: weakref.KeyedRef,
+                 cache: dict[tuple, weakref.KeyedRef] = UOpMetaClass.cache) -> None:
+    """A node died: drop its entry, unless a new node with the same key has taken it. (The
+    table is bound as a default: while the interpreter exits, module globals such as
+    UOpMetaClass may already be None when the last nodes die.)"""
+    if cache.get(reference.key) is reference:
+        cache.pop(reference.key, None)
 
 
 @dataclass(frozen=True, eq=False)
