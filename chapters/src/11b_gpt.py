@@ -176,12 +176,13 @@ viz.schedule(q.scaled_dot_product_attention(k, v, is_causal=True))
 # Everything elementwise fused: the scale into the first product, the mask into the max and
 # the sum, `exp` and the division into the second product. What stops fusion are the softmax's
 # two **reductions**. The max over j must be complete before any `exp(s - max)` can be
-# computed, and the sum must be complete before anything is divided by it. A kernel of this
-# scheduler computes one reduction and writes its output, so each ends a kernel, with the
-# reasons printed above: the max is read by two later kernels (the sum and the second
-# product), and the sum feeds another reduction (the second product sums over j). And the
-# scores themselves are read by three kernels, so they go through memory: a (T, T) matrix
-# per head.
+# computed, and the sum must be complete before anything is divided by it. Chapter 6's row
+# fusion keeps such a chain in one kernel — a softmax on its own is one kernel — but only when
+# each reduction is read by that one kernel and the chain stays on the same rows. Here neither
+# holds, with the reasons printed above: the max is read by two later kernels (the sum and the
+# second product), and the sum feeds a reduction that is not over its rows alone (the second
+# product sums over j once for each of the d outputs). And the scores themselves are read by
+# three kernels, so they go through memory: a (T, T) matrix per head.
 
 # %% id="gpt-14"
 scores_item = primitive_items[1]
@@ -196,9 +197,9 @@ for length in (8, 64, 1024):
 # max, it rescales what it has so far by `exp(m_old - m_new)`. Then the max, the sum and both
 # products happen in one kernel, and the scores never reach memory. This is the *same math
 # reordered* — an online softmax — and finding it takes a rewrite that this scheduler does not
-# have: it fuses elementwise work into reductions, but never merges two reductions whose second
-# depends on the first's complete result. (A hand-written kernel, or a compiler that knows the
-# online-softmax identity, does.)
+# have: it fuses elementwise work into reductions, and a chain of reductions over the same rows,
+# but it never turns the max and the sum into running values that a matrix product can carry
+# along. (A hand-written kernel, or a compiler that knows the online-softmax identity, does.)
 #
 # ## The GPT
 #
