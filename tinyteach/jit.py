@@ -175,7 +175,7 @@ class CapturedJit:
         self.var_vals = {} if var_vals is None else var_vals
         for k, position, i in self.input_slots:
             self.launches[k].buffers[position] = input_buffers[i]
-        for captured in self.launches:
+        for captured in self.launches if self.symbolic else ():
             captured.var_vals.update((name, value) for name, value in self.var_vals.items()
                                      if name in captured.var_vals)
         start = time.perf_counter()
@@ -215,6 +215,8 @@ class CapturedJit:
 
     def _rebound_outputs(self) -> list[UOp]:
         """The output nodes with each bound variable bound to this call's value instead."""
+        if not self.var_vals:  # (no Variables: the outputs as captured, without a graph walk)
+            return self.output_uops
         binds = [b for b in binds_of(self.output_uops) if b.src[0].arg[0] in self.var_vals]
         if not binds:
             return self.output_uops

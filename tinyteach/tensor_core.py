@@ -261,6 +261,8 @@ class CoreTensor:
         """Compute this tensor (and `others`): `t.realize()` or `Tensor.realize(a, b, c)`.
         Three steps: pick the tensors that still need computing, run their graphs in one
         schedule (realize.py), and point each tensor at its buffer."""
+        if not others and not _SCHEDULED_NOT_RUN and is_contiguous_buffer(self.uop):
+            return self  # already a buffer (a JIT's inputs, every call): nothing to do
         pending = _still_lazy(list({id(t): t for t in (self, *others)}.values()))
         _refuse_unrun([self.uop, *(t.uop for t in others)])
         if pending:
