@@ -492,6 +492,9 @@ def run_ops(args: argparse.Namespace, limit: float) -> dict[str, Any]:
                                                          else [])
     # no other plugins (notebook, hypothesis, ...): the op suite needs none, and they are slow
     env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    # one device's tests run here: a CI's demand that every device ran (tests/conftest.py)
+    # would fail this run although each of its tests passed
+    env.pop("TINYTEACH_REQUIRE_DEVICES", None)
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     start, deadline = time.monotonic(), time.monotonic() + limit
     runs = []

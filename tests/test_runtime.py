@@ -34,6 +34,9 @@ def fresh_source() -> str:
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
+    # an optimized build that an earlier test started in the background would otherwise
+    # write its temporary file into this test's fresh cache (the folder is read when it starts)
+    cpu.wait_for_optimized_builds(timeout=300)
     monkeypatch.setenv("TINYTEACH_CACHE", str(tmp_path))
     return tmp_path / "cpu"
 
