@@ -76,6 +76,7 @@ from tinyteach.view import (
     Index,
     Valid,
     and_valid,
+    below,
     index_const,
     index_into_buffer,
     linear_index,
@@ -291,10 +292,10 @@ class _Lowerer:
         x_index, y_index = list(base), list(base)
         x_index[tile.n_axis], x_index[tile.k_axis] = index_const(0), steps * size + column
         y_index[tile.m_axis], y_index[tile.k_axis] = index_const(0), steps * size + row
-        x_valid = _and(_below(base[tile.m_axis], shape[tile.m_axis]),
-                       _below(x_index[tile.k_axis], shape[tile.k_axis]))
-        y_valid = _and(_below(base[tile.n_axis], shape[tile.n_axis]),
-                       _below(y_index[tile.k_axis], shape[tile.k_axis]))
+        x_valid = and_valid(below(base[tile.m_axis], shape[tile.m_axis]),
+                       below(x_index[tile.k_axis], shape[tile.k_axis]))
+        y_valid = and_valid(below(base[tile.n_axis], shape[tile.n_axis]),
+                       below(y_index[tile.k_axis], shape[tile.k_axis]))
 
         def combine(values: list[UOp]) -> UOp:
             x_value, y_value = _guarded(values[0], x_valid), _guarded(values[1], y_valid)
@@ -333,15 +334,6 @@ def local_thread_id(threads: int, dimension: int = 0) -> UOp:
     return UOp(Ops.SPECIAL, dtypes.int32, (), ("l", dimension, threads))
 
 
-def _below(index: UOp, size: int) -> UOp | None:
-    """`index < size`, or None when the index never reaches `size`."""
-    return None if index.vmax < size else index.lt(size)
-
-
-def _and(a: UOp | None, b: UOp | None) -> UOp | None:
-    if a is None or b is None:
-        return a if b is None else b
-    return a & b
 
 
 Task = tuple[UOp, Index, Valid]  # lower this node at this index, under this condition
@@ -413,7 +405,7 @@ def _inside_output(index: Index, shape: tuple[int, ...]) -> UOp | None:
     """Where a tile's thread has an output element (threads past the edge have none)."""
     inside = None
     for entry, length in zip(index, shape):
-        inside = _and(inside, _below(entry, length))
+        inside = and_valid(inside, below(entry, length))
     return inside
 
 
@@ -468,7 +460,7 @@ def row_output_index(shape: tuple[int, ...], row_axis: int, threads: int) -> tup
             index.append(make_range("c", axis, steps) * threads + local_thread_id(threads))
         else:
             index.append(index_const(0) if size == 1 else make_range("w", axis, size))
-    inside = _below(index[row_axis], shape[row_axis]) if shape[row_axis] % threads else None
+    inside = below(index[row_axis], shape[row_axis]) if shape[row_axis] % threads else None
     return tuple(index), inside
 
 

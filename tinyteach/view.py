@@ -45,6 +45,11 @@ def and_valid(a: Valid, b: Valid) -> Valid:
     return a & b
 
 
+def below(index: UOp, size: int) -> Valid:
+    """`index < size`, or None (always true) when the index never reaches `size`."""
+    return None if index.vmax < size else index.lt(size)
+
+
 def contiguous_strides(shape: tuple[sint, ...]) -> tuple[sint, ...]:
     """Row-major strides in elements: the last axis moves by 1. (A symbolic size makes the
     strides before it symbolic: (i, 4) has strides (4, 1), (4, i) has (i, 1).)"""

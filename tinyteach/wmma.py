@@ -45,7 +45,7 @@ import numpy as np
 from tinyteach.dtype import DType, dtypes, from_bfloat16_bits
 from tinyteach.opt import TilePlan, kernel_value, local_tile_plan
 from tinyteach.uop import MOVEMENT, Ops, UOp
-from tinyteach.view import Index, Valid, index_const
+from tinyteach.view import Index, Valid, and_valid, below, index_const
 
 Cell = Callable[..., tuple]  # (lane, element) -> (row, column); lane an int or an index UOp
 
@@ -222,14 +222,6 @@ def _lane(core: TensorCore) -> UOp:
     return UOp(Ops.SPECIAL, dtypes.int32, (), ("l", 0, core.threads))
 
 
-def _below(index: UOp, size: int) -> UOp | None:
-    return None if index.vmax < size else index.lt(size)
-
-
-def _and(a: UOp | None, b: UOp | None) -> UOp | None:
-    if a is None or b is None:
-        return a if b is None else b
-    return a & b
 
 
 def _guarded(value: UOp, condition: Valid) -> UOp:
@@ -303,12 +295,14 @@ class TensorCoreLowering:
         for i in range(core.a_elements):
             row, k = core.a_cell(lane, i)
             m_entry, k_entry = rows + row, k_step * core.k + k
-            valid = _and(_below(m_entry, shape[tile.m_axis]), _below(k_entry, shape[tile.k_axis]))
+            valid = and_valid(below(m_entry, shape[tile.m_axis]),
+                              below(k_entry, shape[tile.k_axis]))
             tasks.append((tile.x, tuple(self._source_index(m_entry, zero, k_entry)), valid))
         for i in range(core.b_elements):
             k, column = core.b_cell(lane, i)
             n_entry, k_entry = columns + column, k_step * core.k + k
-            valid = _and(_below(n_entry, shape[tile.n_axis]), _below(k_entry, shape[tile.k_axis]))
+            valid = and_valid(below(n_entry, shape[tile.n_axis]),
+                              below(k_entry, shape[tile.k_axis]))
             tasks.append((tile.y, tuple(self._source_index(zero, n_entry, k_entry)), valid))
         return tasks
 
