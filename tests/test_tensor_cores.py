@@ -145,7 +145,9 @@ def test_tensor_cores_sum_in_float32_more_accurately_than_half_sums():
     out, arrays = np.zeros(16 * 8, np.float32), [a.reshape(-1), b.reshape(-1)]
     emulate(lower(item.ast, KernelOptions(tensor_core=True)), [out, *arrays])
     tensor_core_error = np.abs(out.reshape(16, 8) - exact).max()
-    half_sums = (Tensor(a, device="NUMPY") @ Tensor(b, device="NUMPY")).numpy()
+    half_sums = np.zeros((16, 8), np.float16)  # a kernel that adds each product in half
+    for step in range(512):
+        half_sums = (half_sums + np.outer(a[:, step], b[step]).astype(np.float16))
     assert tensor_core_error < 1e-4
     assert tensor_core_error < np.abs(half_sums.astype(np.float64) - exact).max() / 10
 
@@ -320,3 +322,205 @@ def test_record_threads_keeps_fragments_of_an_engine_run(forced_tensor_cores):
     assert sorted(e.element for e in fragments) == [0, 1, 2, 3]
     assert all(e.instruction == "m16n8k16" and e.shape == (16, 8, 16) for e in fragments)
 
+
+
+# ---- a block of warps fed from shared memory (KernelOptions.tensor_core_block) ----
+
+BLOCK = (2, 2, 2, 4)  # the heuristic's: 2x2 warps, each 2x4 tiles of 16x8 (64x64 outputs)
+BLOCKS = (BLOCK, (1, 1, 1, 1), (1, 2, 3, 1), (4, 1, 1, 4))
+SIZES = (1, 15, 16, 17, 64, 100)
+
+
+def block_name(block: tuple[int, ...]) -> str:
+    return "x".join(map(str, block))
+
+
+def forced_block(monkeypatch, block):
+    """Every kernel that can use tensor cores does, in `block`."""
+    clear_caches()
+
+    def options(backend, ast):
+        if getattr(backend.renderer, "supports_tensor_core", False) and \
+                why_no_tensor_core(ast) is not None:
+            return options_for_renderer(ast, backend.renderer)
+        if getattr(backend.renderer, "supports_tensor_core", False):
+            return KernelOptions(tensor_core=True, tensor_core_block=block)
+        return options_for_renderer(ast, backend.renderer)
+    monkeypatch.setattr(search_module, "heuristic_options", options)
+
+
+def run_on_python(build, arrays):
+    """The graph on PYTHON and the options of its kernels."""
+    with record_launches() as launches:
+        got = build(*(Tensor(a, device="PYTHON") for a in arrays)).numpy()
+    options = [launch.runner.linear.options for launch in launches
+               if launch.runner is not None and hasattr(launch.runner, "linear")]
+    return got, options
+
+
+def float64_reference(build, arrays):
+    """numpy in float64 from the same half values (the graph on NUMPY in float64)."""
+    return build(*(Tensor(a.astype(np.float64), device="NUMPY") for a in arrays)).numpy()
+
+
+@pytest.mark.parametrize("m", SIZES)
+@pytest.mark.parametrize("k", (1, 17, 64))
+def test_staged_block_matmul_on_python_matches_float64(m, k, monkeypatch):
+    n = {1: 16, 15: 100, 16: 8, 17: 17, 64: 64, 100: 15}[m]
+    forced_block(monkeypatch, BLOCK)
+    a, b = halves(m, k, seed=m), halves(k, n, seed=k + 1)
+    got, options = run_on_python(lambda x, y: x @ y, [a, b])
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    uses_block = any(o.tensor_core_block == BLOCK for o in options)
+    assert uses_block == (m > 1 and n > 1)  # a matrix-vector product is no matmul-like kernel
+    # tensor cores: exact products, float32 sums, one rounding to half; without them each
+    # product is rounded to half first (2^-11 relative)
+    atol = 1e-3 if uses_block else 2e-3 * k ** 0.5
+    np.testing.assert_allclose(got.astype(np.float64), expected, rtol=1e-3, atol=atol)
+    clear_caches()
+
+
+STAGED_CASES = {
+    "batched": (lambda a, b: a @ b, [(3, 17, 21), (3, 21, 9)]),
+    "a_transposed": (lambda a, b: a.T @ b, [(33, 18), (33, 70)]),
+    "b_transposed": (lambda a, b: a @ b.T, [(70, 33), (18, 33)]),
+    "both_transposed": (lambda a, b: a.T @ b.T, [(40, 65), (66, 40)]),
+    "bias_relu": (lambda a, b, c: (a @ b + c).relu(), [(65, 20), (20, 66), (66,)]),
+    "float_out": (lambda a, b: a.float() @ b.float(), [(24, 40), (40, 16)]),
+}
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=block_name)
+@pytest.mark.parametrize("name", sorted(STAGED_CASES))
+def test_staged_blocks_on_python_match_float64(name, block, monkeypatch):
+    build, shapes = STAGED_CASES[name]
+    forced_block(monkeypatch, block)
+    arrays = [halves(*shape, seed=k) for k, shape in enumerate(shapes)]
+    got, options = run_on_python(build, arrays)
+    assert any(o.tensor_core_block == block for o in options)
+    tolerance = 1e-5 if got.dtype == np.float32 else 1e-3  # one rounding to half at the end
+    np.testing.assert_allclose(got.astype(np.float64), float64_reference(build, arrays),
+                               rtol=tolerance, atol=tolerance)
+    clear_caches()
+
+
+@pytest.mark.parametrize("block", BLOCKS[:2])
+def test_staged_bfloat16_block_on_the_emulator_matches_float64(block):
+    item, a, b = bfloat16_matmul(70, 33, 65, seed=3)
+    out = np.zeros(70 * 65, dtypes.bfloat16.np)
+    words = [to_bfloat16_bits(a).reshape(-1), to_bfloat16_bits(b).reshape(-1)]
+    program = lower(item.ast, KernelOptions(tensor_core=True, tensor_core_block=block))
+    assert [d.dtype for d in program.locals] == [dtypes.bfloat16] * 2
+    emulate(program, [out, *words])
+    expected = a.astype(np.float64) @ b.astype(np.float64)  # then rounded once to bfloat16
+    np.testing.assert_allclose(from_bfloat16_bits(out).reshape(70, 65), expected,
+                               rtol=2 ** -8, atol=1e-6)
+
+
+def test_the_staged_program_is_a_block_of_warps_with_two_barriers_per_step():
+    item = last_kernel(Tensor(halves(100, 40)) @ Tensor(halves(40, 129)))
+    program = lower(item.ast, KernelOptions(tensor_core=True, tensor_core_block=BLOCK))
+    assert program.local_size == (32, 4, 1)  # lane, warp
+    assert plan_group_launch(program).groups == (3, 2, 1)  # ceil(129 / 64) x ceil(100 / 64)
+    assert [d.arg[1] for d in program.locals] == [64 * (16 + 8), 16 * (64 + 8)]  # padded rows
+    loop = next(pc for pc, u in enumerate(program.uops) if u.op is Ops.RANGE and u.arg[0] == "r")
+    end = next(pc for pc, u in enumerate(program.uops) if u.op is Ops.END_RANGE and
+               u.src[0] is program.uops[loop])
+    inside = program.uops[loop:end]
+    assert sum(u.op is Ops.BARRIER for u in inside) == 2
+    assert sum(u.op is Ops.STORE for u in inside) == 16  # 8 elements of each slice per thread
+    wmma = [u for u in inside if u.op is Ops.WMMA]
+    assert len(wmma) == 8 * 4 and len({u.src for u in wmma}) == 8  # 2x4 tiles, 4 elements
+    assert all(s.op is Ops.LOAD and s.src[0].op is Ops.DEFINE_LOCAL for u in wmma for s in u.src)
+    assert sum(u.op is Ops.DEFINE_ACC for u in program.uops) == 32
+    assert any("2x2 warps per 64x64 block" in line for line in program.applied_opts)
+
+
+def global_reads_per_output(program, m: int, k: int, n: int) -> float:
+    arrays = [np.zeros(m * n, np.float16), halves(m * k), halves(k * n)]
+    trace = emulate(program, arrays, record=True)
+    reads = sum(len(e.addresses) for e in trace.accesses("read") if not e.is_shared)
+    return reads / (m * n)
+
+
+def test_staging_reads_each_element_once_per_block_not_per_tile():
+    m, k, n = 128, 32, 128
+    item = last_kernel(Tensor(halves(m, k)) @ Tensor(halves(k, n)))
+    per_tile = global_reads_per_output(lower(item.ast, KernelOptions(tensor_core=True)), m, k, n)
+    staged = global_reads_per_output(
+        lower(item.ast, KernelOptions(tensor_core=True, tensor_core_block=BLOCK)), m, k, n)
+    # one warp per 16x8 tile: A is read once per 8 columns, B once per 16 rows
+    assert per_tile == (m * k * (n // 8) + k * n * (m // 16)) / (m * n)
+    # a 64x64 block: A and B once per 64 columns (rows)
+    assert staged == (m * k * (n // 64) + k * n * (m // 64)) / (m * n)
+    assert per_tile / staged == 6
+
+
+def test_staged_copies_are_coalesced_and_free_of_races():
+    from viz.threads import phase_traffic, strides
+    m, k, n = 64, 32, 64
+    item = last_kernel(Tensor(halves(m, k)) @ Tensor(halves(k, n)))
+    program = lower(item.ast, KernelOptions(tensor_core=True, tensor_core_block=BLOCK))
+    arrays = [np.zeros(m * n, np.float16), halves(m * k), halves(k * n)]
+    trace = emulate(program, arrays, record=True)  # the race check ran on every access
+    for stride in strides(trace):
+        if stride.kind == "read" and not stride.buffer.startswith("local"):
+            assert stride.stride == 1  # neighbouring threads read neighbouring halves
+    traffic = phase_traffic(trace)
+    threads = 128
+    copy_phases = [(p, r, w) for p, r, w in traffic if w]
+    read_phases = [(p, r, w) for p, r, w in traffic if r]
+    assert [w for _, _, w in copy_phases] == [threads * 16] * (k // 16)  # both slices
+    # each thread loads its A fragment of each of its 2 rows of tiles and its B fragment of
+    # each of its 4 columns of tiles once: 8 tiles from 2 x 8 + 4 x 4 loads
+    assert [r for _, r, _ in read_phases] == [threads * (2 * 8 + 4 * 4)] * (k // 16)
+
+
+def test_heuristic_takes_the_block_where_it_fills_one():
+    big = last_kernel(Tensor(halves(64, 32)) @ Tensor(halves(32, 64)))
+    for renderer in (CUDARenderer(), PythonRenderer()):
+        assert options_for_renderer(big.ast, renderer) == \
+            KernelOptions(tensor_core=True, tensor_core_block=BLOCK)
+    narrow = last_kernel(Tensor(halves(64, 32)) @ Tensor(halves(32, 63)))
+    assert options_for_renderer(narrow.ast, CUDARenderer()) == KernelOptions(tensor_core=True)
+    for renderer in (OpenCLRenderer(), WGSLRenderer()):
+        assert not options_for_renderer(big.ast, renderer).tensor_core
+    with Context(NOOPT=1):
+        assert choose_options(big.ast, 0, True, True, True) == KernelOptions()
+
+
+def test_tensor_core_block_options_are_checked():
+    with pytest.raises(ValueError, match="needs tensor_core=True"):
+        KernelOptions(tensor_core_block=BLOCK)
+    with pytest.raises(ValueError, match="four ints"):
+        KernelOptions(tensor_core=True, tensor_core_block=(2, 2, 0, 4))
+    with pytest.raises(ValueError, match="1024 threads"):
+        KernelOptions(tensor_core=True, tensor_core_block=(8, 8, 1, 1))
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=block_name)
+@pytest.mark.parametrize("name", sorted(STAGED_CASES))
+def test_cuda_staged_blocks_compile_for_sm80_and_sm90(name, block):
+    build, shapes = STAGED_CASES[name]
+    item = last_kernel(build(*(Tensor(halves(*shape)) for shape in shapes)))
+    program = lower(item.ast, KernelOptions(tensor_core=True, tensor_core_block=block))
+    source = CUDARenderer().render(item.name, program)
+    assert source.count("__syncthreads();") == 2 and source.count("__shared__ half") == 2
+    assert source.count("mma_m16n8k16_f16(wmma") == block[2] * block[3]  # one per tile
+    for arch in ("sm_80", "sm_90"):
+        kernel = cuda_compiler(arch).compile(source)
+        assert kernel.cubin is not None and "bar.sync" in kernel.ptx
+        assert kernel.ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= 1
+        assert kernel.launch.local_size == (32, block[0] * block[1], 1)
+
+
+def test_cuda_staged_bfloat16_block_compiles():
+    item, _, _ = bfloat16_matmul(70, 33, 65)
+    assert options_for_renderer(item.ast, CUDARenderer()) == \
+        KernelOptions(tensor_core=True, tensor_core_block=BLOCK)
+    source = CUDARenderer().render(item.name, lower(item.ast, options_for_renderer(
+        item.ast, CUDARenderer())))
+    assert source.count("__shared__ __nv_bfloat16") == 2
+    kernel = cuda_compiler("sm_80").compile(source)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in kernel.ptx
+    assert kernel.cubin is not None

@@ -427,7 +427,8 @@ def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
     row_axis = row_kernel_axis(ast) if options.group else None
     if row_axis is not None:
         return _lower_rows(lowerer, ast, row_axis)
-    lowerer.tensor_core = tensor_core_lowering(ast) if options.tensor_core else None
+    lowerer.tensor_core = tensor_core_lowering(ast, options.tensor_core_block) \
+        if options.tensor_core else None
     indices = lowerer.tensor_core.output_indices if lowerer.tensor_core is not None \
         else output_indices(value.shape, options)
     stores = []

@@ -79,6 +79,8 @@ GROUP_COMBINES = ("tree", "serial")
 ROW_GROUP_THREADS = 64
 ROW_STEPS = 32
 MAX_GROUP_ROW = ROW_GROUP_THREADS * ROW_STEPS  # 2,048 elements: longer rows are not fused
+TENSOR_CORE_TILE = (16, 8, 16)  # m, n, k of the tensor-core instruction (wmma.M16N8K16)
+TENSOR_CORE_BLOCK = (2, 2, 2, 4)  # 2x2 warps, each 2x4 tiles: 64x64 outputs, 128 threads
 LOCAL_TILE = 16            # a local tile: LOCAL_TILE x LOCAL_TILE threads (256, every GPU allows)
 
 
@@ -94,6 +96,9 @@ class KernelOptions:
     group: int = 0  # > 0: threads per work-group that share the (one) reduction (GPU only)
     group_combine: str = "tree"  # how the partial sums are combined: "tree" or "serial"
     local_tile: int = 0  # > 0: a matmul-like kernel in tiles of local_tile^2 threads (GPU only)
+    # with tensor_core: (warps along m, along n, 16x8 tiles per warp along m, along n) of a
+    # work-group fed from shared memory (wmma.TensorCoreBlock); empty: one warp per tile
+    tensor_core_block: tuple[int, ...] = ()
     tensor_core: bool = False  # a half/bf16 matmul on tensor cores: a warp per 16x8 tile (wmma.py)
 
     def __post_init__(self) -> None:
@@ -116,8 +121,12 @@ class KernelOptions:
                                  self.vector_width or self.parallel):
             raise ValueError("tensor cores do not combine with a local tile, a group reduction, "
                              "upcasts, vectors or threads over the outer loop")
+        if self.tensor_core_block:
+            _check_tensor_core_block(self.tensor_core_block, self.tensor_core)
 
     def describe(self) -> list[str]:
+        if self.tensor_core and self.tensor_core_block:
+            return [_describe_tensor_core_block(self.tensor_core_block)]
         if self.tensor_core:
             return ["tensor cores: a warp of 32 threads per 16x8 tile of outputs, one "
                     "mma m16n8k16 (half/bf16 in, float32 sums) per 16 steps of the reduction"]
@@ -189,7 +198,7 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
     if group_reduce and row_kernel_axis(ast) is not None:
         return KernelOptions(group=row_group_threads(ast))
     if tensor_core and _worth_a_tensor_core(ast):
-        return KernelOptions(tensor_core=True)
+        return KernelOptions(tensor_core=True, tensor_core_block=_tensor_core_block(ast))
     if local_tile and worth_a_local_tile(ast):
         return KernelOptions(local_tile=LOCAL_TILE)
     if group_reduce and can_group_reduce(ast) and prod(shape) <= GROUP_MAX_OUTPUTS \
@@ -224,6 +233,40 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
 def _worth_a_tensor_core(ast: UOp) -> bool:
     from tinyteach.wmma import worth_a_tensor_core  # wmma.py builds on this module's TilePlan
     return worth_a_tensor_core(ast)
+
+
+def _tensor_core_block(ast: UOp) -> tuple[int, ...]:
+    """TENSOR_CORE_BLOCK where the kernel fills a whole block along both output axes (its
+    operands then go through shared memory); a smaller kernel keeps one warp per tile."""
+    from tinyteach.wmma import tensor_core_plan
+    plan = tensor_core_plan(ast)
+    if plan is None:
+        return ()
+    shape, (warps_m, warps_n, tiles_m, tiles_n) = plan.tile.reduce.src[0].shape, TENSOR_CORE_BLOCK
+    fills = shape[plan.tile.m_axis] >= warps_m * tiles_m * TENSOR_CORE_TILE[0] and \
+        shape[plan.tile.n_axis] >= warps_n * tiles_n * TENSOR_CORE_TILE[1]
+    return TENSOR_CORE_BLOCK if fills else ()
+
+
+def _check_tensor_core_block(block: tuple[int, ...], tensor_core: bool) -> None:
+    if not tensor_core:
+        raise ValueError("a tensor-core block needs tensor_core=True")
+    if len(block) != 4 or any(not isinstance(n, int) or n < 1 for n in block):
+        raise ValueError(f"a tensor-core block is (warps along m, warps along n, tiles per "
+                         f"warp along m, along n), four ints >= 1, got {block}")
+    if 32 * block[0] * block[1] > 1024:
+        raise ValueError(f"a tensor-core block of {block[0]}x{block[1]} warps is more than "
+                         f"the 1024 threads every GPU allows per work-group")
+
+
+def _describe_tensor_core_block(block: tuple[int, ...]) -> str:
+    warps_m, warps_n, tiles_m, tiles_n = block
+    rows, columns = warps_m * tiles_m * TENSOR_CORE_TILE[0], warps_n * tiles_n * TENSOR_CORE_TILE[1]
+    k = TENSOR_CORE_TILE[2]
+    return (f"tensor cores: a work-group of {warps_m}x{warps_n} warps per {rows}x{columns} "
+            f"block of outputs, each warp {tiles_m}x{tiles_n} tiles of 16x8; per {k} steps of "
+            f"the reduction both operands' k-slices ({rows}x{k}, {k}x{columns}) staged in "
+            f"shared memory, one mma m16n8k16 per tile (half/bf16 in, float32 sums)")
 
 
 def _output_block(shape: tuple[int, ...], reduces: list[UOp]) -> KernelOptions | None:

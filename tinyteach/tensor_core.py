@@ -677,12 +677,11 @@ class CoreTensor:
 
     def sum(self, axis: Any = None, keepdim: bool = False,
             dtype: DType | str | type | None = None) -> Self:
-        """Sums accumulate in at least 32 bits (half floats in float32), as in tinygrad;
-        `dtype` casts the input first and sums in that dtype (PyTorch's)."""
-        accumulate = sum_dtype(self.dtype) if dtype is None else dtypes.as_dtype(dtype)
-        half = self.dtype in (dtypes.float16, dtypes.bfloat16)
-        wide = accumulate if dtype is not None or not half else dtypes.float32
-        return self.cast(wide)._reduce(Ops.ADD, axis, keepdim).cast(accumulate)
+        """Sums accumulate in at least 32 bits (half floats in float32: `sum_acc_dtype`), as in
+        tinygrad; `dtype` casts the input first and is the result's dtype (PyTorch's)."""
+        result = sum_dtype(self.dtype) if dtype is None else dtypes.as_dtype(dtype)
+        wide = self.cast(result).cast(sum_acc_dtype(result))
+        return wide._reduce(Ops.ADD, axis, keepdim).cast(result)
 
     def max(self, axis: Any = None, keepdim: bool = False) -> Self:
         return self._reduce(Ops.MAX, axis, keepdim)
@@ -991,12 +990,20 @@ def padding_pairs(padding: Sequence[Any], ndim: int) -> list[tuple[int, int]]:
 
 
 def sum_dtype(dtype: DType) -> DType:
-    """The dtype a sum accumulates in: at least 32 bits for integers and bools."""
+    """The dtype of a sum's result: at least 32 bits for integers and bools."""
     if dtype.kind == "bool" or (dtype.kind == "int" and dtype.itemsize < 4):
         return dtypes.int32
     if dtype.kind == "uint" and dtype.itemsize < 4:
         return dtypes.uint32
     return dtype
+
+
+def sum_acc_dtype(dtype: DType) -> DType:
+    """The dtype a sum accumulates in (tinygrad's sum_acc_dtype): half and bfloat16 sums add
+    in float32 and round once at the end, as PyTorch's do; others in `sum_dtype`."""
+    if dtype in (dtypes.float16, dtypes.bfloat16):
+        return dtypes.float32
+    return sum_dtype(dtype)
 
 
 # ---- sliding windows from movement ops only: cumsum (arange), convolution and pooling ----

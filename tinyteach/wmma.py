@@ -43,7 +43,7 @@ from functools import cached_property
 import numpy as np
 
 from tinyteach.dtype import DType, dtypes, from_bfloat16_bits
-from tinyteach.opt import TilePlan, kernel_value, local_tile_plan
+from tinyteach.opt import TilePlan, buffer_reads, kernel_value, local_tile_plan, step_along
 from tinyteach.uop import MOVEMENT, Ops, UOp
 from tinyteach.view import Index, Valid, and_valid, below, index_const
 
@@ -136,6 +136,128 @@ def wmma_reference(core: TensorCore, a: np.ndarray, b: np.ndarray,
     b_matrix[:, b_table[..., 0], b_table[..., 1]] = b.astype(np.float32)
     d_matrix = a_matrix @ b_matrix
     return d_matrix[:, c_table[..., 0], c_table[..., 1]]
+
+
+# ---- a block of warps, its operands staged in shared memory ----
+
+@dataclass(frozen=True)
+class TensorCoreBlock:
+    """A work-group of `warps` = (along m, along n) warps, each computing `tiles` = (along m,
+    along n) tiles of the instruction: a block of `rows` x `columns` outputs. Per step of
+    core.k along the reduction, the group's threads copy the step's k-slice of both operands
+    (X: rows x k, Y: k x columns) into shared memory, each thread a few elements, neighbouring
+    threads neighbouring elements; after a barrier each warp reads its fragments from there.
+    Every element the group reads from global memory serves a whole row or column of tiles.
+
+    Thread `t` of the group is lane t % 32 of warp t // 32 (CUDA's warps: consecutive thread
+    ids). Warp w covers block rows from (w // warps[1]) * tiles[0] * core.m and columns from
+    (w % warps[1]) * tiles[1] * core.n. Each row of a slice in shared memory is `padding`
+    elements longer than the slice, so the 8 rows one fragment load touches fall in different
+    banks (a row of 16 halves is 8 of the 32 four-byte banks: rows g and g + 4 would clash)."""
+
+    core: TensorCore
+    warps: tuple[int, int]
+    tiles: tuple[int, int]
+    padding: int = 8
+
+    def __post_init__(self) -> None:
+        if min(*self.warps, *self.tiles) < 1:
+            raise ValueError(f"a tensor-core block needs at least one warp and one tile along "
+                             f"each axis, got warps {self.warps} and tiles {self.tiles}")
+
+    def __repr__(self) -> str:
+        return (f"{self.rows}x{self.columns} block: {self.warps[0]}x{self.warps[1]} warps of "
+                f"{self.tiles[0]}x{self.tiles[1]} {self.core.name} tiles")
+
+    @property
+    def warp_count(self) -> int:
+        return self.warps[0] * self.warps[1]
+
+    @property
+    def threads(self) -> int:
+        return self.core.threads * self.warp_count
+
+    @property
+    def rows(self) -> int:
+        return self.warps[0] * self.tiles[0] * self.core.m
+
+    @property
+    def columns(self) -> int:
+        return self.warps[1] * self.tiles[1] * self.core.n
+
+    @property
+    def a_row_length(self) -> int:
+        """Elements per row of X's slice in shared memory (row-major, padded)."""
+        return self.core.k + self.padding
+
+    @property
+    def b_row_length(self) -> int:
+        """Elements per row (one k) of Y's slice in shared memory (padded)."""
+        return self.columns + self.padding
+
+    @property
+    def a_size(self) -> int:
+        return self.rows * self.a_row_length
+
+    @property
+    def b_size(self) -> int:
+        return self.core.k * self.b_row_length
+
+    @property
+    def a_elements(self) -> int:
+        """Elements of X's k-slice that the group copies per step (rows x k)."""
+        return self.rows * self.core.k
+
+    @property
+    def b_elements(self) -> int:
+        return self.core.k * self.columns
+
+    def loads_per_thread(self, elements: int) -> int:
+        return -(-elements // self.threads)
+
+    def tile_origin(self, warp, tile_m: int, tile_n: int) -> tuple:
+        """The block (row, column) where warp `warp`'s tile (tile_m, tile_n) starts."""
+        row = (warp // self.warps[1] * self.tiles[0] + tile_m) * self.core.m
+        column = (warp % self.warps[1] * self.tiles[1] + tile_n) * self.core.n
+        return row, column
+
+    def a_staging_cell(self, element, k_fastest: bool) -> tuple:
+        """Element `element` of X's slice (copied by thread element % threads) as (row, k):
+        k fastest when X is contiguous along k (a row-major A), else rows fastest."""
+        if k_fastest:
+            return element // self.core.k, element % self.core.k
+        return element % self.rows, element // self.rows
+
+    def b_staging_cell(self, element, columns_fastest: bool) -> tuple:
+        """Element `element` of Y's slice as (k, column): columns fastest when Y is
+        contiguous along its columns (a row-major B), else k fastest."""
+        if columns_fastest:
+            return element // self.columns, element % self.columns
+        return element % self.core.k, element // self.core.k
+
+    def a_slot(self, row, k):
+        return row * self.a_row_length + k
+
+    def b_slot(self, k, column):
+        return k * self.b_row_length + column
+
+    @cached_property
+    def warp_map(self) -> np.ndarray:
+        """[block row // core.m, block column // core.n] -> the warp computing that tile."""
+        owner = np.zeros((self.rows // self.core.m, self.columns // self.core.n), np.int64)
+        for warp in range(self.warp_count):
+            for tile_m in range(self.tiles[0]):
+                for tile_n in range(self.tiles[1]):
+                    row, column = self.tile_origin(warp, tile_m, tile_n)
+                    owner[row // self.core.m, column // self.core.n] = warp
+        return owner
+
+
+def tensor_core_block(core: TensorCore, shape: tuple[int, ...]) -> TensorCoreBlock:
+    """KernelOptions.tensor_core_block (warps along m, along n, tiles along m, along n) as a
+    block of `core`."""
+    warps_m, warps_n, tiles_m, tiles_n = shape
+    return TensorCoreBlock(core, (warps_m, warps_n), (tiles_m, tiles_n))
 
 
 # ---- which kernels can use it ----
@@ -325,14 +447,165 @@ class TensorCoreLowering:
         return total.cast(node.dtype)
 
 
-def tensor_core_lowering(ast: UOp) -> TensorCoreLowering:
-    """The lowering of a kernel under KernelOptions(tensor_core=True); a ValueError says why a
-    kernel cannot have one."""
+def _warp(block: TensorCoreBlock) -> UOp:
+    return UOp(Ops.SPECIAL, dtypes.int32, (), ("l", 1, block.warp_count))
+
+
+def _contiguous_along(operand: UOp, axis: int) -> bool:
+    """Does every buffer `operand` reads move by one element along `axis` of its shape?"""
+    loops = tuple(UOp(Ops.RANGE, dtypes.int32, (), ("r", k, size))
+                  for k, size in enumerate(operand.shape))
+    steps = [step_along(chain, loops, loops[axis]) for chain in buffer_reads(operand)]
+    return bool(steps) and all(step == 1 for step in steps)
+
+
+@dataclass
+class StagedTensorCoreLowering(TensorCoreLowering):
+    """Tensor cores fed from shared memory: one work-group per block of outputs
+    (TensorCoreBlock), the last two output axes tiled by `block.rows` and `block.columns`.
+
+    Thread (lane lidx0, warp lidx1) computes 4 outputs of each of its warp's tiles. Per step
+    of k: a barrier (slower warps have read the last step's slices), every thread copies its
+    elements of both k-slices into shared memory (`fragment_tasks` are those global loads),
+    a barrier, then each warp loads its fragments from shared memory and runs one WMMA per
+    tile; the accumulators sum them in float32."""
+
+    block: TensorCoreBlock
+
+    @cached_property
+    def tile_loops(self) -> dict[int, UOp]:
+        """A loop over work-groups for each output axis longer than 1 (the last two count
+        blocks, the others elements)."""
+        kept = self.kept_output_axes
+        per_group = {kept[-2]: self.block.rows, kept[-1]: self.block.columns}
+        return {axis: UOp(Ops.RANGE, dtypes.int32, (),
+                          ("w", axis, -(-self.shape[axis] // per_group.get(axis, 1))))
+                for axis in kept}
+
+    @cached_property
+    def output_cells(self) -> list[tuple[int, int, int]]:
+        """(tile along m, tile along n, element of D) of each output index, in order."""
+        tiles_m, tiles_n = self.block.tiles
+        return [(tile_m, tile_n, j) for tile_m in range(tiles_m) for tile_n in range(tiles_n)
+                for j in range(self.plan.core.c_elements)]
+
+    @cached_property
+    def output_indices(self) -> list[Index]:
+        core, kept, block = self.plan.core, self.kept_output_axes, self.block
+        lane, warp = _lane(core), _warp(block)
+        indices = []
+        for tile_m, tile_n, j in self.output_cells:
+            origin_row, origin_column = block.tile_origin(warp, tile_m, tile_n)
+            row, column = core.c_cell(lane, j)
+            offsets = {kept[-2]: self.tile_loops[kept[-2]] * block.rows + origin_row + row,
+                       kept[-1]: self.tile_loops[kept[-1]] * block.columns + origin_column +
+                       column}
+            indices.append(tuple(offsets.get(axis, self.tile_loops.get(axis, index_const(0)))
+                                 for axis in range(len(self.shape))))
+        return indices
+
+    @cached_property
+    def shared(self) -> tuple[UOp, UOp]:
+        """The k-slices of X and Y in shared memory (local0, local1)."""
+        dtype = self.plan.dtype_in
+        return (UOp(Ops.DEFINE_LOCAL, dtype, (), (0, self.block.a_size)),
+                UOp(Ops.DEFINE_LOCAL, dtype, (), (1, self.block.b_size)))
+
+    def _thread(self) -> UOp:
+        return _warp(self.block) * self.plan.core.threads + _lane(self.plan.core)
+
+    def staging(self) -> list[tuple[UOp, tuple, Valid]]:
+        """Each element this thread copies per step: (operand, its cell in the slice,
+        whether it exists: the last round of copies may have fewer elements than threads)."""
+        tile, block = self.plan.tile, self.block
+        k_fastest = _contiguous_along(tile.x, tile.k_axis)
+        columns_fastest = _contiguous_along(tile.y, tile.n_axis)
+        copies = []
+        for operand, count in ((tile.x, block.a_elements), (tile.y, block.b_elements)):
+            for j in range(block.loads_per_thread(count)):
+                element = self._thread() + j * block.threads
+                within = None if (j + 1) * block.threads <= count else element.lt(count)
+                cell = block.a_staging_cell(element, k_fastest) if operand is tile.x \
+                    else block.b_staging_cell(element, columns_fastest)
+                copies.append((operand, cell, within))
+        return copies
+
+    def fragment_tasks(self, k_step: UOp) -> list[tuple[UOp, Index, Valid]]:
+        """The global loads of this thread's copies at step `k_step`, each valid inside the
+        matrices (the padding past an edge is copied as 0)."""
+        core, tile, kept, block = self.plan.core, self.plan.tile, self.kept_output_axes, \
+            self.block
+        shape, zero = tile.reduce.src[0].shape, index_const(0)
+        rows = self.tile_loops[kept[-2]] * block.rows
+        columns = self.tile_loops[kept[-1]] * block.columns
+        tasks = []
+        for operand, cell, within in self.staging():
+            if operand is tile.x:
+                m_entry, k_entry = rows + cell[0], k_step * core.k + cell[1]
+                valid = and_valid(within, and_valid(below(m_entry, shape[tile.m_axis]),
+                                                    below(k_entry, shape[tile.k_axis])))
+                index = self._source_index(m_entry, zero, k_entry)
+            else:
+                n_entry, k_entry = columns + cell[1], k_step * core.k + cell[0]
+                valid = and_valid(within, and_valid(below(n_entry, shape[tile.n_axis]),
+                                                    below(k_entry, shape[tile.k_axis])))
+                index = self._source_index(zero, n_entry, k_entry)
+            tasks.append((operand, tuple(index), valid))
+        return tasks
+
+    def _staged(self, k_step: UOp, values: list[UOp],
+                tasks: list[tuple[UOp, Index, Valid]]) -> UOp:
+        """The barrier after this step's copies into shared memory (a barrier before them too:
+        no warp still reads the previous step's slices)."""
+        step_start = UOp(Ops.BARRIER, dtypes.bool, (k_step,))
+        a_memory, b_memory = self.shared
+        stores = []
+        for value, (_, _, valid), (operand, cell, within) in zip(values, tasks, self.staging()):
+            is_a = operand is self.plan.tile.x
+            memory = a_memory if is_a else b_memory
+            slot = self.block.a_slot(*cell) if is_a else self.block.b_slot(*cell)
+            stored = _guarded(value, valid).cast(self.plan.dtype_in)
+            gate = () if within is None else (within,)
+            stores.append(UOp(Ops.STORE, stored.dtype, (memory, slot, stored, *gate,
+                                                        step_start)))
+        return UOp(Ops.BARRIER, dtypes.bool, tuple(stores))
+
+    def reduce(self, node: UOp, output_index: Index, k_step: UOp,
+               values: list[UOp], tasks: list[tuple[UOp, Index, Valid]]) -> UOp:
+        """This output's element of its tile's WMMA, with fragments read from shared memory,
+        summed over the k steps in float32 and cast to the reduction's dtype."""
+        plan, block, core = self.plan, self.block, self.plan.core
+        tile_m, tile_n, element = self.output_cells[self.output_indices.index(output_index)]
+        staged = self._staged(k_step, values, tasks)
+        lane, (a_memory, b_memory) = _lane(core), self.shared
+        origin_row, origin_column = block.tile_origin(_warp(block), tile_m, tile_n)
+        fragments = []
+        for i in range(core.a_elements):
+            row, k = core.a_cell(lane, i)
+            fragments.append(UOp(Ops.LOAD, plan.dtype_in,
+                                 (a_memory, block.a_slot(origin_row + row, k), staged)))
+        for i in range(core.b_elements):
+            k, column = core.b_cell(lane, i)
+            fragments.append(UOp(Ops.LOAD, plan.dtype_in,
+                                 (b_memory, block.b_slot(k, origin_column + column), staged)))
+        arg = WMMAArg(core, plan.dtype_in, dtypes.float32, element)
+        wmma = UOp(Ops.WMMA, dtypes.float32, tuple(fragments), arg)
+        total = UOp(Ops.REDUCE, dtypes.float32, (wmma, k_step), Ops.ADD)
+        return total.cast(node.dtype)
+
+
+def tensor_core_lowering(ast: UOp, block: tuple[int, ...] = ()) -> TensorCoreLowering:
+    """The lowering of a kernel under KernelOptions(tensor_core=True): one warp per tile, or
+    with `block` (KernelOptions.tensor_core_block) a block of warps fed from shared memory. A
+    ValueError says why a kernel cannot have one."""
     reason = why_no_tensor_core(ast)
     if reason is not None:
         raise ValueError(reason)
     plan = tensor_core_plan(ast)
     assert plan is not None
+    if block:
+        return StagedTensorCoreLowering(plan, kernel_value(ast).shape,
+                                        tensor_core_block(plan.core, block))
     return TensorCoreLowering(plan, kernel_value(ast).shape)
 
 

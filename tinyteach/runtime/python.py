@@ -521,14 +521,17 @@ def _run_define_var(run: _Run, pc: int, u: UOp) -> None:
 
 
 def _run_wmma(run: _Run, pc: int, u: UOp) -> None:
-    """A warp's tensor-core instruction (wmma.py): each group is one warp; its lanes' sources
-    are their fragments of A and B; this node's value is each lane's element `arg.element` of
-    D = A @ B. The WMMA nodes of one instruction share one product."""
+    """A warp's tensor-core instruction (wmma.py): each 32 consecutive threads of a group are
+    one warp; its lanes' sources are their fragments of A and B; this node's value is each
+    lane's element `arg.element` of D = A @ B. The WMMA nodes of one instruction share one
+    product."""
     arg: WMMAArg = u.arg
-    core, groups = arg.core, run.lanes.groups_in_batch
-    if run.launch.threads_per_group != core.threads:
-        raise EmulatorError(f"a WMMA ({core.name}) runs on a warp of {core.threads} threads; "
-                            f"this work-group has {run.launch.threads_per_group}")
+    core = arg.core
+    if run.launch.threads_per_group % core.threads or run.launch.local_size[0] != core.threads:
+        raise EmulatorError(f"a WMMA ({core.name}) runs on warps of {core.threads} threads "
+                            f"(along dimension 0 of the work-group); this work-group has "
+                            f"{run.launch.local_size}")
+    groups = run.lanes.count // core.threads  # warps: consecutive threads of a work-group
     per_group = run.active.reshape(groups, core.threads)
     split = per_group.any(axis=1) & ~per_group.all(axis=1)
     if split.any():
