@@ -234,18 +234,16 @@ def test_binary_arithmetic_with_special_values(device, name):
     function = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b,
                 "mul": lambda a, b: a * b, "div": lambda a, b: a / b}[name]
     a, b = pairs(SPECIAL)
-    if name == "div":  # dividing by a subnormal: see test_division_by_a_subnormal
-        b = b[:, np.abs(SPECIAL) >= SMALLEST_NORMAL]
     ours = function(Tensor(a, device=device), Tensor(b, device=device))
     assert_same(ours, function(torch.tensor(a), torch.tensor(b)), zero_sign=True, rtol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="Tensor.div is x * (1/y), and 1/1e-40 overflows to inf: "
-                   "0/1e-40 becomes 0*inf = NaN and 1e-39/1e-40 inf (PyTorch: 0 and 10)")
 def test_division_by_a_subnormal(device):
+    """Tensor.div is FDIV, a true division (it was x * (1/y), and 1/1e-40 overflows to inf:
+    0/1e-40 was 0*inf = NaN and 1e-39/1e-40 inf; PyTorch gives 0 and 10)."""
     x, y = np.float32([0.0, 1e-39]), np.float32([1e-40, 1e-40])
     assert_same(Tensor(x, device=device) / Tensor(y, device=device),
-                torch.tensor(x) / torch.tensor(y), rtol=1e-5)
+                torch.tensor(x) / torch.tensor(y), rtol=0.0, zero_sign=True)
 
 
 IDENTITIES: dict[str, tuple[Callable, Callable]] = {

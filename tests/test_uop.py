@@ -39,19 +39,19 @@ def node(op: Ops, dtype=dtypes.float32, arg=None, shape=(2, 3)) -> UOp:
 # ---- the op set is pinned ----
 
 def test_primitive_op_count_and_groups():
-    assert len(PRIMITIVE_OPS) == 28
-    assert len(set(PRIMITIVE_OPS)) == 28
+    assert len(PRIMITIVE_OPS) == 29
+    assert len(set(PRIMITIVE_OPS)) == 29
     assert set(SOURCES) == {Ops.BUFFER, Ops.CONST, Ops.COPY}
     assert set(UNARY) == {Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL,
                           Ops.CAST}
-    assert set(BINARY) == {Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
-                           Ops.AND, Ops.OR, Ops.XOR}
+    assert set(BINARY) == {Ops.ADD, Ops.MUL, Ops.IDIV, Ops.FDIV, Ops.MOD, Ops.MAX, Ops.CMPLT,
+                           Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
     assert TERNARY == (Ops.WHERE,)
     assert REDUCE_OPS == (Ops.REDUCE_AXIS,)
     assert set(MOVEMENT) == {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK,
                              Ops.FLIP}
     groups = [SOURCES, UNARY, BINARY, TERNARY, REDUCE_OPS, MOVEMENT]
-    assert sum(len(g) for g in groups) == 28
+    assert sum(len(g) for g in groups) == 29
     assert set(PRIMITIVE_OPS) == set(itertools.chain(*groups))
 
 

@@ -259,7 +259,8 @@ def truncate_to(dtype: DType, value: float | int | bool) -> float | int | bool:
     if dtype == dtypes.bfloat16:
         return float(from_bfloat16_bits(to_bfloat16_bits(np.array(value, dtype=np.float32))))
     if dtype.kind == "float":
-        return float(np.array(value, dtype=np.float64).astype(dtype.np))
+        with np.errstate(over="ignore"):  # a value beyond the dtype's range is stored as +-inf
+            return float(np.array(value, dtype=np.float64).astype(dtype.np))
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"cannot store {value} in {dtype}")
     bits = 8 * dtype.itemsize

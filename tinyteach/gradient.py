@@ -60,6 +60,14 @@ def _sin_grad(grad: UOp, node: UOp) -> Grads:
     return (grad * (x.const_like(math.pi / 2) - x).alu(Ops.SIN),)  # d sin x = cos x
 
 
+def _fdiv_grad(grad: UOp, node: UOp) -> Grads:
+    # d(x/y)/dx = 1/y and d(x/y)/dy = -x/y^2, written as PyTorch's autograd writes them
+    # (grad / y and -grad * ((x / y) / y)), so that special values come out as there: y = 0
+    # gives +-inf or NaN, and x/y/y does not overflow where x/(y*y) would
+    divisor = node.src[1]
+    return (grad.alu(Ops.FDIV, divisor), -grad * node.alu(Ops.FDIV, divisor))
+
+
 def _where_grad(grad: UOp, node: UOp) -> Grads:
     # the condition gets none; each branch gets the gradient where it was chosen
     condition = node.src[0]
@@ -102,6 +110,7 @@ CONTIGUOUS_BACKWARD = "contiguous_backward"
 GRADIENT_RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.ADD: lambda grad, node: (grad, grad),
     Ops.MUL: lambda grad, node: (grad * node.src[1], grad * node.src[0]),
+    Ops.FDIV: _fdiv_grad,
     Ops.NEG: lambda grad, node: (-grad,),
     Ops.EXP2: lambda grad, node: (grad * node * math.log(2),),         # d 2^x = 2^x ln 2
     Ops.LOG2: lambda grad, node: (grad * (node.src[0] * math.log(2)).alu(Ops.RECIPROCAL),),

@@ -497,7 +497,7 @@ _symbolic_memo: dict[UOp, UOp] = {}  # shared by every kernel's index simplifica
 
 # ---- vectorize: the lane loop becomes vector values ----
 
-VECTOR_ALU = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.MAX, Ops.RECIPROCAL, Ops.WHERE,
+VECTOR_ALU = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.MAX, Ops.RECIPROCAL, Ops.FDIV, Ops.WHERE,
               Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT}
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from tinyteach.dtype import DType, dtypes, truncate_to
 from tinyteach.helpers import DEBUG
-from tinyteach.uop import ALU, Ops, UOp
+from tinyteach.uop import ALU, Ops, UOp, float_divide
 
 COMMUTATIVE = (Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR)
 _ANY = object()
@@ -302,7 +302,7 @@ PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
     Ops.SQRT: lambda a: math.sqrt(a) if a >= 0 else math.nan,
     Ops.RECIPROCAL: lambda a: 1 / a if a != 0 else math.copysign(math.inf, a),
     Ops.ADD: lambda a, b: a + b, Ops.MUL: lambda a, b: a * b,
-    Ops.IDIV: _c_idiv, Ops.MOD: _c_mod, Ops.MAX: _max,
+    Ops.IDIV: _c_idiv, Ops.FDIV: float_divide, Ops.MOD: _c_mod, Ops.MAX: _max,
     Ops.CMPLT: lambda a, b: a < b, Ops.CMPNE: lambda a, b: a != b,
     Ops.AND: lambda a, b: a & b, Ops.OR: lambda a, b: a | b, Ops.XOR: lambda a, b: a ^ b,
     Ops.WHERE: lambda c, a, b: a if c else b,

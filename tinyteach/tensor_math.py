@@ -36,7 +36,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Self, TypeVar
 
-from tinyteach.dtype import DType, dtypes
+from tinyteach.dtype import DType, dtypes, truncate_to
 from tinyteach.helpers import prod
 from tinyteach.tensor_core import Scalar, pool, scalar_dtype, sum_dtype
 from tinyteach.tensor_movement import TensorMovement
@@ -162,10 +162,12 @@ class TensorMath(TensorMovement):
         return self * self
 
     def trunc(self) -> Self:
-        """Round toward zero: x - fmod(x, 1); huge floats are already whole numbers."""
+        """Round toward zero: x - fmod(x, 1); huge floats are already whole numbers. A zero
+        keeps x's sign (trunc(-0.5) is -0.0, as in PyTorch; x - fmod(x, 1) gives +0.0)."""
         if not dtypes.is_float(self.dtype):
             return self
         whole = self - self._binary(Ops.MOD, 1.0)
+        whole = (whole == 0).where(self * 0.0, whole)
         limit = 2.0 ** {2: 10, 4: 23, 8: 52}[self.dtype.itemsize]
         return _step_gradient((self.abs() < limit).where(whole, self), self)
 
@@ -186,10 +188,10 @@ class TensorMath(TensorMovement):
         return up.where(down + 1, down)
 
     def floordiv(self, other: Any, reverse: bool = False) -> Self:
-        """Python's //: rounds toward negative infinity."""
+        """Python's //: rounds toward negative infinity (floats: `_floor_quotient`)."""
         x, y = self._broadcasted(other, reverse)
         if dtypes.is_float(x.dtype):
-            return (x / y).floor()
+            return _step_gradient(_floor_quotient(x, y), x)
         quotient = x._apply(x.uop.alu(Ops.IDIV, y.uop), x, y)
         if x.dtype.kind == "uint":
             return quotient
@@ -197,19 +199,23 @@ class TensorMath(TensorMovement):
         return (inexact & ((x < 0) != (y < 0))).where(quotient - 1, quotient)
 
     def div(self, other: Any, reverse: bool = False, rounding_mode: str | None = None) -> Self:
-        """The core's true division, plus PyTorch's `rounding_mode`: round the quotient toward
-        zero ("trunc") or down ("floor"); integers then stay integers."""
+        """True division (`/`): the primitive FDIV, IEEE 754's correctly rounded quotient, as
+        PyTorch's; integers are divided as floats. PyTorch's `rounding_mode` rounds the quotient
+        toward zero ("trunc") or down ("floor"); integers then stay integers.
+        (tinygrad, and the core's div: x * (1/y), which is an ulp off for a quarter of all
+        quotients, and NaN for 0 / 1e-40, since 1/1e-40 overflows to inf.)"""
         if rounding_mode == "floor":
             return self.floordiv(other, reverse)
         if rounding_mode == "trunc":
             x, y = self._broadcasted(other, reverse)
             if dtypes.is_float(x.dtype):
-                return (x * y.reciprocal()).trunc()
+                return _true_quotient(x, y).trunc()  # PyTorch's: trunc(x / y)
             return x._apply(x.uop.alu(Ops.IDIV, y.uop), x, y)  # IDIV rounds toward zero, as C
         if rounding_mode is not None:
             raise ValueError(f"div rounding_mode must be None, 'trunc' or 'floor', "
                              f"not {rounding_mode!r}")
-        return super().div(other, reverse)
+        x, y = self._broadcasted(other, reverse, float_result=True)
+        return _true_quotient(x, y)
 
     def __floordiv__(self, other: Any) -> Self:
         return self.floordiv(other)
@@ -839,6 +845,50 @@ def _log1p(u: TM) -> TM:
 def _stable_softplus(x: TM) -> TM:
     """log(1 + e^x) = max(x, 0) + log1p(e^-|x|): e^x cannot overflow."""
     return x.maximum(0) + _log1p((-x.abs()).exp())
+
+
+def _true_quotient(x: TM, y: TM) -> TM:
+    """x / y for floats of one shape: FDIV, except by a constant power of two whose reciprocal
+    is a float too (`x / 2`, a mean over 1024 values), where x * 2^-k is the same number bit
+    for bit (both round the same exact quotient once) and a multiply is cheaper."""
+    reciprocal = _exact_reciprocal(y)
+    if reciprocal is not None:
+        return x * reciprocal
+    return x._apply(x.uop.alu(Ops.FDIV, y.uop), x, y)
+
+
+def _exact_reciprocal(y: TM) -> float | None:
+    """1/c if y is a constant c (without a gradient) that is a power of two whose reciprocal
+    is exactly representable in y's dtype, else None."""
+    node = y.uop
+    while node.op in (Ops.RESHAPE, Ops.EXPAND):
+        node = node.src[0]
+    if y.requires_grad or node.op is not Ops.CONST or not math.isfinite(node.arg) or \
+            node.arg == 0:
+        return None
+    mantissa, _ = math.frexp(node.arg)
+    reciprocal = truncate_to(y.dtype, 1.0 / node.arg)
+    exact = abs(mantissa) == 0.5 and reciprocal * node.arg == 1.0
+    return float(reciprocal) if exact else None
+
+
+def _floor_quotient(x: TM, y: TM) -> TM:
+    """floor(x / y) for floats as PyTorch computes it (c10::div_floor_floating): from the
+    exact multiple of y below x, (x - fmod(x, y)) / y, not from the rounded quotient, which
+    can round up to the next integer (1 // 0.1 is 9, while floor(1 / 0.1) = 10); a zero keeps
+    the quotient's sign, and y = 0 gives x / y itself (+-inf or NaN)."""
+    quotient = _true_quotient(x, y)
+    remainder = x._apply(x.uop.alu(Ops.MOD, y.uop), x, y)  # C's fmod
+    # fmod(x, +-inf) is x; WGSL's % is x - y * trunc(x / y), NaN there
+    remainder = (y.isinf() & x.isfinite()).where(x, remainder)
+    multiple = _true_quotient(x - remainder, y)
+    below = (remainder != 0) & ((y < 0) != (remainder < 0))
+    multiple = below.where(multiple - 1, multiple)
+    floored = multiple.floor()
+    floored = (multiple - floored > 0.5).where(floored + 1, floored)
+    negative = (quotient < 0) | (quotient.reciprocal() < 0)   # -0.0 included
+    zero = negative.where(-0.0, 0.0)
+    return (y == 0).where(quotient, (multiple != 0).where(floored, zero))
 
 
 def _step_gradient(value: TM, source: TM) -> TM:

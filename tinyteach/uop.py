@@ -3,8 +3,8 @@
 What this teaches:
 - every stage of the compiler speaks one language: `UOp(op, dtype, src, arg)`. A Tensor is a
   graph of UOps; a kernel is a graph of UOps; the loops and loads of a lowered kernel are UOps;
-- the ops a backend must implement are few and pinned here: `PRIMITIVE_OPS` (28 of them:
-  load/const/copy, 7 unary, 10 binary, 1 ternary, 1 reduce, 6 movement). Everything the Tensor
+- the ops a backend must implement are few and pinned here: `PRIMITIVE_OPS` (29 of them:
+  load/const/copy, 7 unary, 11 binary, 1 ternary, 1 reduce, 6 movement). Everything the Tensor
   API offers — softmax, conv2d, cross-entropy — is built from them;
 - UOps are hash-consed: building the same node twice gives the same object, so equal
   subgraphs are shared for free (common-subexpression elimination by construction);
@@ -61,6 +61,7 @@ class Ops(enum.Enum):
     ADD = enum.auto()
     MUL = enum.auto()
     IDIV = enum.auto()        # integer division, truncating toward zero (as C does)
+    FDIV = enum.auto()        # float division, correctly rounded (IEEE 754: x/0 is +-inf)
     MOD = enum.auto()         # remainder with the sign of the dividend (as C does)
     MAX = enum.auto()
     CMPLT = enum.auto()       # a < b, gives bool
@@ -117,7 +118,7 @@ class Ops(enum.Enum):
 
 
 UNARY = (Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.CAST)
-BINARY = (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
+BINARY = (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.FDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
           Ops.AND, Ops.OR, Ops.XOR)
 TERNARY = (Ops.WHERE,)
 ALU = UNARY + BINARY + TERNARY
@@ -533,6 +534,28 @@ def _bounds_mod(node: UOp) -> tuple[float | int, float | int] | None:
     return None
 
 
+def float_divide(a: float, b: float) -> float:
+    """FDIV on Python floats, as IEEE 754 defines it (Python raises ZeroDivisionError for
+    x/0): x/0 is inf with the sign of x times the sign of the zero, 0/0 and nan/0 are NaN.
+    A float32 quotient computed in float64 and then rounded to float32 is the correctly rounded
+    float32 quotient (float64 has more than 2*24+2 bits), so constant folding agrees with the
+    devices bit for bit."""
+    if b != 0:
+        return a / b
+    if a != a or a == 0:
+        return math.nan
+    return math.copysign(math.inf, a) * math.copysign(1.0, b)
+
+
+def _bounds_fdiv(node: UOp) -> tuple[float | int, float | int] | None:
+    """A float divided by a finite nonzero constant: the ends divided (swapped if negative)."""
+    a, b = node.src
+    if b.op is not Ops.CONST or b.arg == 0 or not math.isfinite(b.arg):
+        return None
+    low, high = float_divide(a.vmin, b.arg), float_divide(a.vmax, b.arg)
+    return (low, high) if b.arg > 0 else (high, low)
+
+
 BOUNDS_RULES = {
     Ops.CONST: lambda node: (node.arg, node.arg),
     Ops.RANGE: lambda node: (0, sym_max(node.arg[2]) - 1),
@@ -544,13 +567,15 @@ BOUNDS_RULES = {
     Ops.NEG: lambda node: (-node.src[0].vmax, -node.src[0].vmin),
     Ops.MUL: _bounds_mul,
     Ops.IDIV: _bounds_idiv,
+    Ops.FDIV: _bounds_fdiv,
     Ops.MOD: _bounds_mod,
     Ops.MAX: lambda node: (max(node.src[0].vmin, node.src[1].vmin),
                            max(node.src[0].vmax, node.src[1].vmax)),
     Ops.CMPLT: lambda node: (False, True),
     Ops.CMPNE: lambda node: (False, True),
 }
-BOUNDS_FROM_SOURCES = (Ops.ADD, Ops.NEG, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.BIND)
+BOUNDS_FROM_SOURCES = (Ops.ADD, Ops.NEG, Ops.MUL, Ops.IDIV, Ops.FDIV, Ops.MOD, Ops.MAX,
+                       Ops.BIND)
 
 
 # ---- the parts of a LOAD and a STORE ----

@@ -112,6 +112,11 @@ CASES: dict[Ops, list[Case]] = {
               binary_ints(Ops.MUL, [65536, -3, 7], [65536, 3, 0])],
     Ops.IDIV: [binary_ints(Ops.IDIV, [7, -7, 7, -7, 5, INT_MIN, 0], [2, 2, -2, -2, 0, -1, 3]),
                alu_case("uint32", Ops.IDIV, array([7, 5, 2**32 - 1], u32), array([2, 0, 3], u32))],
+    Ops.FDIV: [alu_case("float32", Ops.FDIV,
+                        array([7.0, -1.0, 1.0, -1.0, 0.0, INF, 0.0, 1.0], f32),
+                        array([2.0, 3.0, 0.0, 0.0, 0.0, INF, -5.0, 1e-40], f32)),
+               alu_case("float64", Ops.FDIV, array([1.0, -7.5, NAN], f64),
+                        array([3.0, 0.5, 1.0], f64))],
     Ops.MOD: [binary_ints(Ops.MOD, [7, -7, 7, -7, 5, INT_MIN], [3, 3, -3, -3, 0, -1]),
               alu_case("float32 (fmod)", Ops.MOD, array([5.5, -5.5, 1.0], f32),
                        array([2.0, 2.0, 3.0], f32))],
@@ -183,6 +188,8 @@ HINTS: dict[Ops, str] = {
     Ops.MUL: "a * b in the operands' dtype: integers wrap around, 0*inf is NaN.",
     Ops.IDIV: "IDIV truncates toward zero as C does (-7/2 is -3, Python's // gives -4); "
               "dividing by zero gives 0, and MIN/-1 wraps to MIN.",
+    Ops.FDIV: "a / b on floats, rounded once as IEEE 754 says (np.divide; C's /): x/0 is "
+              "+-inf, 0/0 and inf/inf are NaN, 0/-5 is -0.0, not an error.",
     Ops.MOD: "the remainder takes the dividend's sign as in C (-7 % 3 is -1; np.fmod); "
              "x % 0 gives 0. Floats use fmod.",
     Ops.MAX: "np.maximum: if either side is NaN the result is NaN (C: a>b||a!=a ? a : b).",

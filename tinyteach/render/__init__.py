@@ -209,6 +209,7 @@ class CStyleRenderer:
         Ops.NEG: negate, Ops.RECIPROCAL: reciprocal, Ops.CAST: cast,
         **{op: math_function(name) for op, name in MATH_FUNCTIONS.items()},
         Ops.ADD: infix("+"), Ops.MUL: infix("*"), Ops.IDIV: integer_division, Ops.MOD: remainder,
+        Ops.FDIV: infix("/"),  # on floats C's `/` is IEEE 754's correctly rounded division
         Ops.MAX: maximum, Ops.CMPLT: infix("<"), Ops.CMPNE: infix("!="),
         Ops.AND: logic("&", "&"), Ops.OR: logic("|", "|"), Ops.XOR: logic("!=", "^"),
         Ops.WHERE: where,
@@ -413,7 +414,7 @@ class CStyleRenderer:
 
 
 # ops that C and OpenCL apply to whole vectors; the others are written lane by lane
-NATIVE_VECTOR_OPS = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIPROCAL)
+NATIVE_VECTOR_OPS = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIPROCAL, Ops.FDIV)
 
 
 @dataclass

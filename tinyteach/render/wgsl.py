@@ -117,6 +117,20 @@ HELPERS["times_zero_f32"] = (
     "fn times_zero_f32(x: f32, zero: f32) -> f32 {\n"
     "  var sign = (bitcast<u32>(x) ^ bitcast<u32>(zero)) & 0x80000000u;\n"
     "  return select(bitcast<f32>(sign), nan_f32(), is_nan_or_inf_f32(x));\n}")
+# ... and it folds a division with a literal zero operand as if the other one were finite and
+# nonzero: `x / 0.0f` and `0.0f / x` both come out 0 (IEEE: +-inf, NaN or a signed zero). Such
+# a division is written with bit tests for its zero operands (a division by anything else,
+# zeros that arrive at run time included, is IEEE's on lavapipe)
+HELPERS["divide_f32"] = (
+    "fn divide_f32(a: f32, b: f32) -> f32 {\n"
+    "  var sign = (bitcast<u32>(a) ^ bitcast<u32>(b)) & 0x80000000u;\n"
+    "  var a_zero = (bitcast<u32>(a) & 0x7fffffffu) == 0u;\n"
+    "  var b_zero = (bitcast<u32>(b) & 0x7fffffffu) == 0u;\n"
+    "  if (!a_zero && !b_zero) { return a / b; }\n"
+    "  if ((a_zero && b_zero) || is_nan_f32(a) || is_nan_f32(b)) { return nan_f32(); }\n"
+    "  return select(bitcast<f32>(sign), bitcast<f32>(sign | 0x7f800000u), b_zero);\n}")
+HELPERS["divide_f16"] = ("fn divide_f16(a: f16, b: f16) -> f16 "
+                         "{ return f16(divide_f32(f32(a), f32(b))); }")
 HELPERS["plus_zero_f32"] = ("fn plus_zero_f32(x: f32) -> f32 "  # -0.0 + 0.0 is +0.0
                             "{ return select(x, 0.0f, bitcast<u32>(x) == 0x80000000u); }")
 HELPERS["plus_zero_f16"] = ("fn plus_zero_f16(x: f16) -> f16 "
@@ -170,6 +184,19 @@ def wgsl_mul(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list
              dtype: DType) -> str:
     a, b = operands
     return f"({a}&&{b})" if dtype == dtypes.bool else f"({a}*{b})"
+
+
+LITERAL_ZEROS = ("0.0f", "-0.0f", "0.0h", "-0.0h")  # how _float_const writes a zero
+
+
+def wgsl_divide(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+                dtype: DType) -> str:
+    """FDIV: `/`, or the `divide_f32` helper where an operand is a literal zero (lavapipe
+    folds those divisions to 0)."""
+    if not any(operand in LITERAL_ZEROS for operand in operands):
+        return infix("/")(renderer, operands, operand_dtypes, dtype)
+    a, b = operands
+    return f"divide_{VALUE_TYPES[dtype]}({a}, {b})"
 
 
 def wgsl_remainder(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
@@ -234,7 +261,8 @@ class WGSLRenderer(GPURenderer):
     supports_local_tile = True  # matmul tiles staged in shared memory (lower.py)
     type_names = VALUE_TYPES
     code_for_op = {**GPURenderer.code_for_op, Ops.NEG: wgsl_negate, Ops.CAST: wgsl_cast,
-                   Ops.ADD: wgsl_add, Ops.MUL: wgsl_mul, Ops.MOD: wgsl_remainder,
+                   Ops.ADD: wgsl_add, Ops.MUL: wgsl_mul, Ops.FDIV: wgsl_divide,
+                   Ops.MOD: wgsl_remainder,
                    Ops.MAX: wgsl_max, Ops.CMPLT: wgsl_less, Ops.CMPNE: wgsl_not_equal,
                    Ops.LOG2: typed_helper("log2"), Ops.EXP2: typed_helper("exp2")}
     # 8- and 16-bit integers are held as 32-bit ones: wrapped back into range after these

@@ -1,7 +1,7 @@
 """Chapter 9 (part 2): the NUMPY device — the reference semantics of every primitive op.
 
 What this teaches:
-- each of the 28 primitive ops in `uop.PRIMITIVE_OPS` is one small numpy function here. This table
+- each of the 29 primitive ops in `uop.PRIMITIVE_OPS` is one small numpy function here. This table
   *is* the definition of what an op means; every other backend is tested against it;
 - an interpreter backend needs no compiler: its Program walks the kernel's AST and applies these
   functions. Fusion still happens (the schedule is the same for every device), but inside a
@@ -13,7 +13,8 @@ operands to float32, computes there, and rounds the result back to a word (`_in_
 PyTorch and tinygrad compute it; movement ops and `where` move the words as they are.
 
 Integer semantics are C's (which every compiled backend shares): IDIV truncates toward zero, MOD
-takes the dividend's sign, dividing by zero gives 0, and integers wrap around on overflow.
+takes the dividend's sign, dividing by zero gives 0, and integers wrap around on overflow. Float
+semantics are IEEE 754's: FDIV is the correctly rounded quotient, x/0 is +-inf, 0/0 is NaN.
 
 Builds on: uop.py, device.py.
 """
@@ -37,6 +38,14 @@ def _idiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # overflows for the smallest integer)
     quotient = np.floor_divide(a - remainder, safe) if a.dtype.kind in "iu" else a // safe
     return np.where(b == 0, 0, quotient).astype(a.dtype)
+
+
+def _fdiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IEEE 754 division, correctly rounded in the operands' dtype; floats only (integers
+    divide with IDIV, or are cast to a float first, as Tensor.div does)."""
+    if a.dtype.kind != "f":
+        raise TypeError(f"FDIV divides floats, not {a.dtype} (integers use IDIV)")
+    return np.divide(a, b, dtype=a.dtype)
 
 
 def _mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -99,6 +108,7 @@ NUMPY_OPS: dict[Ops, Callable[..., np.ndarray]] = {
     Ops.ADD: lambda node, a, b: np.add(a, b, dtype=a.dtype),
     Ops.MUL: lambda node, a, b: np.multiply(a, b, dtype=a.dtype),
     Ops.IDIV: lambda node, a, b: _idiv(a, b),
+    Ops.FDIV: lambda node, a, b: _fdiv(a, b),
     Ops.MOD: lambda node, a, b: _mod(a, b),
     Ops.MAX: lambda node, a, b: _max(a, b),
     Ops.CMPLT: lambda node, a, b: np.less(a, b),

@@ -1,0 +1,256 @@
+"""True float division: the primitive FDIV, against PyTorch, on every device.
+
+`Tensor.div` (`/`) is FDIV, the correctly rounded IEEE 754 quotient, as PyTorch's `/` is: the
+same bits for random quotients, x/0, 0/0, inf/inf, -0.0 and subnormals (tinygrad's
+x * (1/y) was an ulp off for about a quarter of random quotients, and 0 / 1e-40 was NaN).
+The rounding modes "trunc" and "floor", integer division, the gradients, constant folding and
+what each renderer writes are checked here too.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import skip_unless_supported
+
+from tinyteach import Tensor, dtypes
+from tinyteach.lower import lower
+from tinyteach.render.cuda import CUDARenderer
+from tinyteach.render.wgsl import WGSLRenderer
+from tinyteach.rewrite import PYTHON_ALU
+from tinyteach.schedule import create_schedule
+from tinyteach.uop import Ops, float_divide
+
+NAN, INF = float("nan"), float("inf")
+SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
+SPECIAL = np.array([NAN, INF, -INF, -0.0, 0.0, 1e-40, -1e-40, 1e-45, SMALLEST_NORMAL, 3e38,
+                    -3e38, 2.0 ** 127, 2.0 ** -126, 1.5, -2.0, 3.0], dtype=np.float32)
+INT32 = np.iinfo(np.int32)
+INT_SPECIAL = np.array([INT32.min, INT32.max, INT32.min + 1, -7, -1, 0, 1, 7, 2, -2],
+                       dtype=np.int32)
+
+
+def random_floats(count: int, seed: int, exponents: tuple[int, int] = (-30, 30)) -> np.ndarray:
+    """Random signs, mantissas and exponents: every part of the float32 format is exercised."""
+    rng = np.random.default_rng(seed)
+    mantissas = rng.uniform(1.0, 2.0, count) * rng.choice([-1.0, 1.0], count)
+    return np.ldexp(mantissas, rng.integers(*exponents, count)).astype(np.float32)
+
+
+def assert_bits_equal(ours: Tensor | np.ndarray, reference: torch.Tensor | np.ndarray) -> None:
+    """The same float bits (NaN matches any NaN); zeros must have the same sign."""
+    result = ours.numpy() if isinstance(ours, Tensor) else np.asarray(ours)
+    expected = reference.numpy() if isinstance(reference, torch.Tensor) else reference
+    assert result.shape == expected.shape and result.dtype == expected.dtype
+    both_nan = np.isnan(result) & np.isnan(expected)
+    integer = np.dtype(f"int{8 * result.dtype.itemsize}")
+    same = (result.view(integer) == expected.view(integer)) | both_nan
+    wrong = np.flatnonzero(~same)
+    examples = (result.reshape(-1)[wrong[:5]], expected.reshape(-1)[wrong[:5]])
+    assert wrong.size == 0, f"{wrong.size} of {same.size} differ, e.g. ours {examples[0]} " \
+                            f"torch {examples[1]}"
+
+
+def pairs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return values[:, None], values[None, :]
+
+
+# ---- forward: the same bits as PyTorch ----
+
+@pytest.mark.parametrize("exponents", [(-30, 30), (-126, 128)], ids=["moderate", "full_range"])
+def test_random_quotients_bit_for_bit(device, exponents):
+    """10^5 random quotients (the full range includes overflow to inf and subnormal results).
+    Measured: 0 ulp on every device (lavapipe too; WGSL allows 2.5 ulp)."""
+    x, y = random_floats(100_000, 1, exponents), random_floats(100_000, 2, exponents)
+    ours = Tensor(x, device=device) / Tensor(y, device=device)
+    assert_bits_equal(ours, torch.tensor(x) / torch.tensor(y))
+
+
+def test_every_pair_of_special_values(device):
+    """x/0, 0/0, inf/inf, -0.0, subnormal dividends and divisors, overflow and underflow."""
+    a, b = pairs(SPECIAL)
+    ours = Tensor(a, device=device) / Tensor(b, device=device)
+    assert_bits_equal(ours, torch.tensor(a) / torch.tensor(b))
+
+
+def test_division_by_a_subnormal(device):
+    x, y = np.float32([0.0, 1e-39, -1e-39, 1.0]), np.float32([1e-40, 1e-40, 1e-40, 1e-40])
+    ours = Tensor(x, device=device) / Tensor(y, device=device)
+    assert_bits_equal(ours, torch.tensor(x) / torch.tensor(y))
+
+
+@pytest.mark.parametrize("divisor", [0.0, -0.0, 1.0, -1.0, 3.0, 0.1, 4.0, 2.0 ** -130, INF,
+                                     NAN, 1e-40])
+def test_constant_divisors(device, divisor):
+    """A Python number as the divisor (a literal in the kernel, which a driver may fold: x/0.0
+    and 0.0/x come out 0 on lavapipe unless the renderer guards them)."""
+    x = np.concatenate([SPECIAL, random_floats(1000, 3)])
+    ours = Tensor(x, device=device) / divisor
+    assert_bits_equal(ours, torch.tensor(x) / torch.tensor(divisor, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("dividend", [0.0, -0.0, 1.0, 3.0, INF])
+def test_constant_dividends(device, dividend):
+    """A number divided by a tensor. (PyTorch's own `c / t` is reciprocal(t) * c, which is
+    NaN for 0 / 1e-40: compared with torch.div, its true division.)"""
+    ours = dividend / Tensor(SPECIAL, device=device)
+    expected = torch.div(torch.tensor(dividend, dtype=torch.float32), torch.tensor(SPECIAL))
+    assert_bits_equal(ours, expected)
+
+
+def test_float16_and_float64(device):
+    for dtype, torch_dtype in ((dtypes.float16, torch.float16), (dtypes.float64, torch.float64)):
+        skip_unless_supported(device, dtype)
+        x = random_floats(10_000, 4, (-12, 12)).astype(dtype.np)
+        y = random_floats(10_000, 5, (-12, 12)).astype(dtype.np)
+        ours = Tensor(x, device=device) / Tensor(y, device=device)
+        assert_bits_equal(ours, torch.tensor(x, dtype=torch_dtype) / torch.tensor(y))
+
+
+def test_integers_divide_as_floats(device):
+    a, b = pairs(INT_SPECIAL)
+    ours = Tensor(a, device=device) / Tensor(b, device=device)
+    assert_bits_equal(ours, torch.tensor(a) / torch.tensor(b))
+
+
+# ---- rounding modes ----
+
+@pytest.mark.parametrize("mode", ["trunc", "floor"])
+def test_float_rounding_modes_with_special_values(device, mode):
+    a, b = pairs(np.concatenate([SPECIAL, np.float32([7.0, -7.0, 0.5])]))
+    ours = Tensor(a, device=device).div(Tensor(b, device=device), rounding_mode=mode)
+    assert_bits_equal(ours, torch.div(torch.tensor(a), torch.tensor(b), rounding_mode=mode))
+
+
+def inexact_fmod_on_webgpu(device: str, mode: str) -> None:
+    if device == "WEBGPU" and mode == "floor":
+        pytest.xfail("WGSL's float % is x - y * trunc(x / y), not C's exact fmod, so the "
+                     "multiple of y below x that floor division starts from is off")
+
+
+@pytest.mark.parametrize("mode", ["trunc", "floor"])
+def test_float_rounding_modes(device, mode):
+    """Negative operands and quotients that round up to the next integer (1 // 0.1 is 9:
+    PyTorch floors the exact multiple below, not the rounded quotient 10)."""
+    inexact_fmod_on_webgpu(device, mode)
+    a, b = pairs(np.float32([1.0, -1.0, 1.5, 0.1, -0.1, 7.0, -7.0, 0.3, 3.0, 2.0 ** 30]))
+    ours = Tensor(a, device=device).div(Tensor(b, device=device), rounding_mode=mode)
+    assert_bits_equal(ours, torch.div(torch.tensor(a), torch.tensor(b), rounding_mode=mode))
+    x, y = random_floats(20_000, 6, (-4, 8)), random_floats(20_000, 7, (-4, 4))
+    ours = Tensor(x, device=device).div(Tensor(y, device=device), rounding_mode=mode)
+    assert_bits_equal(ours, torch.div(torch.tensor(x), torch.tensor(y), rounding_mode=mode))
+
+
+def test_float_floordiv_operator(device):
+    inexact_fmod_on_webgpu(device, "floor")
+    x, y = random_floats(20_000, 8, (-4, 8)), random_floats(20_000, 9, (-4, 4))
+    assert_bits_equal(Tensor(x, device=device) // Tensor(y, device=device),
+                      torch.tensor(x) // torch.tensor(y))
+
+
+@pytest.mark.parametrize("mode", ["trunc", "floor"])
+def test_integer_rounding_modes_keep_int32(device, mode):
+    """int32 limits and negative operands. PyTorch raises for x / 0 and traps (SIGFPE) on
+    MIN / -1: the project's are 0 and MIN (wrapping), as C's guarded / gives."""
+    a, b = pairs(INT_SPECIAL)
+    b = b[:, (INT_SPECIAL != 0) & (INT_SPECIAL != -1)]
+    ours = Tensor(a, device=device).div(Tensor(b, device=device), rounding_mode=mode)
+    np.testing.assert_array_equal(ours.numpy(), torch.div(torch.tensor(a), torch.tensor(b),
+                                                          rounding_mode=mode).numpy())
+    assert ours.dtype == dtypes.int32
+    x = Tensor(np.int32([INT32.min, INT32.max, -7, 7]), device=device)
+    by_minus_one = x.div(Tensor(np.int32([-1, -1, -1, 0]), device=device), rounding_mode=mode)
+    np.testing.assert_array_equal(by_minus_one.numpy(), [INT32.min, -INT32.max, 7, 0])
+
+
+# ---- gradients: PyTorch's formulas, so special values agree too ----
+
+def torch_gradients(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    tx, ty = torch.tensor(x, requires_grad=True), torch.tensor(y, requires_grad=True)
+    (tx / ty).sum().backward()
+    assert tx.grad is not None and ty.grad is not None
+    return tx.grad.numpy(), ty.grad.numpy()
+
+
+def our_gradients(x: np.ndarray, y: np.ndarray, device: str) -> tuple[np.ndarray, np.ndarray]:
+    ox = Tensor(x, device=device, requires_grad=True)
+    oy = Tensor(y, device=device, requires_grad=True)
+    (ox / oy).sum().backward()
+    assert ox.grad is not None and oy.grad is not None
+    return ox.grad.numpy(), oy.grad.numpy()
+
+
+def test_gradients_bit_for_bit(device):
+    x, y = random_floats(10_000, 10), random_floats(10_000, 11)
+    for ours, theirs in zip(our_gradients(x, y, device), torch_gradients(x, y)):
+        assert_bits_equal(ours, theirs)
+
+
+def test_gradients_with_special_values(device):
+    """y = 0 gives inf or NaN, x/y/y for tiny y does not overflow where x/y^2 would."""
+    a, b = pairs(SPECIAL)
+    x, y = np.broadcast_to(a, (16, 16)).copy(), np.broadcast_to(b, (16, 16)).copy()
+    for ours, theirs in zip(our_gradients(x, y, device), torch_gradients(x, y)):
+        assert_bits_equal(ours, theirs)
+
+
+def test_gradient_of_the_rounding_modes_is_zero():
+    x = Tensor(np.float32([1.5, -2.5, 7.0]), requires_grad=True, device="NUMPY")
+    y = Tensor(np.float32([0.5, 2.0, -3.0]), requires_grad=True, device="NUMPY")
+    (x.div(y, rounding_mode="floor") + x.div(y, rounding_mode="trunc")).sum().backward()
+    assert x.grad is not None and y.grad is not None
+    np.testing.assert_array_equal(x.grad.numpy(), np.zeros(3, np.float32))
+    np.testing.assert_array_equal(y.grad.numpy(), np.zeros(3, np.float32))
+
+
+# ---- the op, folding and rendering ----
+
+def test_constant_folding_follows_ieee():
+    """float_divide on Python floats, rounded to float32, is numpy's float32 division."""
+    a, b = pairs(SPECIAL)
+    with np.errstate(all="ignore"):
+        expected = np.divide(a, b)
+    folded = np.array([[float_divide(float(p), float(q)) for q in SPECIAL] for p in SPECIAL])
+    with np.errstate(over="ignore"):  # float64 quotients beyond float32's range round to inf
+        assert_bits_equal(folded.astype(np.float32), expected)
+    assert PYTHON_ALU[Ops.FDIV] is float_divide
+    ours = Tensor.full((3,), -1.0, device="NUMPY") / Tensor.full((3,), 0.0, device="NUMPY")
+    assert_bits_equal(ours, np.full(3, -INF, np.float32))
+
+
+def kernel_ast(tensor: Tensor):
+    items, _ = create_schedule([tensor.uop], "CPU")
+    return next(item.ast for item in items if item.kind == "kernel")
+
+
+def test_the_graph_divides_with_fdiv_except_by_powers_of_two():
+    x = Tensor(random_floats(8, 12), device="NUMPY")
+    ops = {node.op for node in (x / 3.0).uop.toposort}
+    assert Ops.FDIV in ops and Ops.RECIPROCAL not in ops
+    # x / 4 is x * 0.25 exactly (both round the same exact quotient): a multiply
+    assert Ops.FDIV not in {node.op for node in (x / 4.0).uop.toposort}
+    assert Ops.FDIV in {node.op for node in (x / 2.0 ** -130).uop.toposort}  # 2^130: inf
+
+
+def test_each_renderer_writes_a_division():
+    x = Tensor(random_floats(8, 13), device="NUMPY").realize()
+    y = Tensor(random_floats(8, 14), device="NUMPY").realize()
+    program = lower(kernel_ast(x / y))
+    assert "/" in CUDARenderer().render("E_8", program)
+    assert "(val0/val1)" in WGSLRenderer().render("E_8", program).replace(" ", "")
+    guarded = WGSLRenderer().render("E_8", lower(kernel_ast(x / 0.0)))
+    assert "divide_f32(" in guarded and "fn divide_f32" in guarded
+
+
+def test_opencl_asks_for_correctly_rounded_division():
+    pytest.importorskip("pyopencl")
+    from tinyteach.device import Device
+    from tinyteach.runtime.opencl import build_options
+    try:
+        compiler = Device["OPENCL"].compiler
+    except Exception as error:  # no OpenCL platform here
+        pytest.skip(str(error))
+    device = compiler.device
+    import pyopencl as cl
+    offered = device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
+    assert ("-cl-fp32-correctly-rounded-divide-sqrt" in build_options(device)) == bool(offered)
