@@ -203,12 +203,12 @@ def test_command_line_grades_a_module_and_a_student_notebook(tmp_path):
     passing = subprocess.run([*command, "tinyteach.exercises.reference"], capture_output=True,
                              text=True, cwd=ROOT, timeout=120)
     assert passing.returncode == 0, passing.stdout + passing.stderr
-    assert "28 of 28 pass" in passing.stdout and "RuntimeWarning" not in passing.stderr
+    assert "29 of 29 pass" in passing.stdout and "RuntimeWarning" not in passing.stderr
     assert "Stretch (rewrite rules): 6 of 6 pass" in passing.stdout
     student = write_student_version(NOTEBOOK, tmp_path)
     failing = subprocess.run([*command, str(student)], capture_output=True, text=True,
                              cwd=ROOT, timeout=120)
-    assert failing.returncode == 1 and "26 not implemented" in failing.stdout
+    assert failing.returncode == 1 and "27 not implemented" in failing.stdout
     assert "Stretch (rewrite rules): 0 of 6 pass, 0 fail, 5 not implemented" in failing.stdout
 
 

@@ -1,12 +1,12 @@
 # %% [markdown] id="ex-title"
 # # 12 · Exercise: build a backend
 #
-# A backend is the **28 primitive ops** of [`tinyteach/uop.py`](../tinyteach/uop.py) plus three small classes
+# A backend is the **29 primitive ops** of [`tinyteach/uop.py`](../tinyteach/uop.py) plus three small classes
 # (Allocator, Compiler, Program). Everything above them — fusion, autograd, the JIT, `nn` — comes for free.
 # In this chapter you build two backends yourself:
 #
-# - **Exercise A, an interpreter:** each op is a small numpy function (26 of them: the engine handles BUFFER and COPY).
-# - **Exercise B, a code generator:** each ALU op becomes a snippet of C (`code_for_op`, 18 of them), plus the
+# - **Exercise A, an interpreter:** each op is a small numpy function (27 of them: the engine handles BUFFER and COPY).
+# - **Exercise B, a code generator:** each ALU op becomes a snippet of C (`code_for_op`, 19 of them), plus the
 #   Compiler/Program glue. The renderer writes the loops and the indexing; you get fusion and the JIT for free.
 # - **Stretch, an optimization pass:** five rewrite rules (chapter 5's pattern matcher), such as `x*2 -> x+x`.
 #
@@ -155,6 +155,12 @@ def idiv(node: UOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     ### END SOLUTION
 
 
+def fdiv(node: UOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    ### BEGIN SOLUTION
+    return np.divide(a, b, dtype=a.dtype)
+    ### END SOLUTION
+
+
 def mod(node: UOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     ### BEGIN SOLUTION
     safe = np.where(b == 0, 1, b)
@@ -204,6 +210,7 @@ def bitwise_xor(node: UOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # - IDIV truncates toward zero as C does: `-7 / 2` is `-3`, while Python's and numpy's `//` give `-4`.
 #   `np.fmod` has C's sign rule; `a - fmod(a, b)` is an exact multiple of `b`.
 # - Dividing by zero gives 0 (replace the zeros first, then put 0 back with `np.where`), and `MIN / -1` wraps to MIN.
+# - FDIV is the float division, rounded once as IEEE 754 says: `x/0` is ±inf and `0/0` NaN, values, not errors.
 # - MAX: NaN wins on either side — `np.maximum` does that, Python's `max` does not.
 # </details>
 
@@ -282,7 +289,7 @@ def flip(node: UOp, a: np.ndarray) -> np.ndarray:
 student_ops = {
     Ops.CONST: const, Ops.NEG: neg, Ops.EXP2: exp2, Ops.LOG2: log2, Ops.SIN: sin, Ops.SQRT: sqrt,
     Ops.RECIPROCAL: reciprocal, Ops.CAST: cast,
-    Ops.ADD: add, Ops.MUL: mul, Ops.IDIV: idiv, Ops.MOD: mod, Ops.MAX: maximum,
+    Ops.ADD: add, Ops.MUL: mul, Ops.IDIV: idiv, Ops.FDIV: fdiv, Ops.MOD: mod, Ops.MAX: maximum,
     Ops.CMPLT: cmplt, Ops.CMPNE: cmpne,
     Ops.AND: bitwise_and, Ops.OR: bitwise_or, Ops.XOR: bitwise_xor,
     Ops.WHERE: where, Ops.REDUCE_AXIS: reduce_axis,
@@ -456,6 +463,14 @@ def idiv_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DTy
     ### END SOLUTION
 
 
+def fdiv_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
+              dtype: DType) -> str:
+    a, b = operands
+    ### BEGIN SOLUTION
+    return f"({a}/{b})"  # on floats C's / is IEEE's division: x/0 is inf, never a trap
+    ### END SOLUTION
+
+
 def mod_code(renderer: CRenderer, operands: list[str], operand_dtypes: list[DType],
              dtype: DType) -> str:
     a, b = operands
@@ -571,7 +586,8 @@ class StudentProgram:
 student_code_for_op = {
     Ops.NEG: neg_code, Ops.EXP2: exp2_code, Ops.LOG2: log2_code, Ops.SIN: sin_code,
     Ops.SQRT: sqrt_code, Ops.RECIPROCAL: reciprocal_code, Ops.CAST: cast_code,
-    Ops.ADD: add_code, Ops.MUL: mul_code, Ops.IDIV: idiv_code, Ops.MOD: mod_code, Ops.MAX: max_code,
+    Ops.ADD: add_code, Ops.MUL: mul_code, Ops.IDIV: idiv_code, Ops.FDIV: fdiv_code, Ops.MOD: mod_code,
+    Ops.MAX: max_code,
     Ops.CMPLT: cmplt_code, Ops.CMPNE: cmpne_code, Ops.AND: and_code, Ops.OR: or_code,
     Ops.XOR: xor_code, Ops.WHERE: where_code,
 }
