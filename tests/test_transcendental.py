@@ -134,40 +134,54 @@ def test_the_polynomial_starts_at_one_so_exp2_of_zero_is_one():
     assert abs(EXP2_COEFFICIENTS[1] - np.log(2)) < 1e-7
 
 
+def body_of(source: str) -> str:
+    """The kernel's function, without the helpers before it."""
+    return source[source.index("\nvoid "):]
+
+
 def sum_loop_of(source: str) -> str:
     start = source.index("for (int ridx1")
     return source[start:source.index("\n    }\n", start)]
 
 
 def test_the_sum_loop_has_no_exp2f_call_and_the_setting_brings_it_back():
-    """By default the exp2 of softmax's sum loop (split across SIMD lanes) is arithmetic, the
-    column loop's (which gcc does not vectorize, 4 rows at a time) keeps exp2f; 2: both are
-    arithmetic; 0: both calls."""
+    """By default the exp2 of softmax's sum loop (split across vector lanes) is arithmetic, and
+    the column loop reads each exp back from the row's array (render/c.py's ROW_CACHE): no
+    exp2f at all. Without the row's array the column loop computes exp2 again, as arithmetic
+    too (one row per iteration: gcc vectorizes that loop); 2: arithmetic; 0: both calls."""
     source = softmax_source()
-    assert "exp2f" not in sum_loop_of(source) and "exp2f" in source
+    assert "exp2f" not in source and "local0[gidx1]" in source
     assert all(name in source for name in BITCAST_FUNCTIONS.values())
     assert "no-trapping-math" in source
+    with Context(ROW_CACHE=0):
+        uncached = softmax_source()
+    assert "exp2f" not in uncached and "local0" not in uncached
+    assert body_of(uncached).count("tt_bits_to_float(") == \
+        2 * body_of(source).count("tt_bits_to_float(")
     with Context(TRANSCENDENTAL=2):
         assert "exp2f" not in softmax_source()
-    with Context(TRANSCENDENTAL=0):
+    with Context(TRANSCENDENTAL=0, ROW_CACHE=0):
         kept = softmax_source()
     assert "exp2f" in sum_loop_of(kept) and "tt_bits_to_float(" not in kept
+    assert kept.count("exp2f(") == 2
 
 
 def test_several_exp2_in_several_loops_each_place_their_own_ops():
-    """softmax's kernel computes exp2 in the sum loop and again in the column loop, 4 rows at
-    a time: each copy's ops are placed in its own loop (an op placed in an earlier loop is out
-    of scope in a later one), and the program compiles and gives numpy's softmax."""
+    """softmax's kernel computes exp2 in the sum loop and again in the column loop (without
+    the row's array): each copy's ops are placed in its own loop (an op placed in an earlier
+    loop is out of scope in a later one), and the program compiles and gives torch's
+    softmax."""
     x = np.random.default_rng(1).standard_normal((64, 1024)).astype(np.float32)
     (item,) = schedule_of(Tensor(x, device="CPU").realize().softmax(-1))
     program = lower(item.ast, None, vector_width=8)
     exps = sum(u.op is Ops.EXP2 for u in program.uops)
-    assert exps >= 8
+    assert exps == 2
     decomposed = decompose_program(program, simd_loops_only=False)
     assert not any(u.op is Ops.EXP2 for u in decomposed.uops)
     assert sum(is_bitcast(u) for u in decomposed.uops) >= 3 * exps
-    with Context(TRANSCENDENTAL=2):
+    with Context(TRANSCENDENTAL=2, ROW_CACHE=0):
         source = CRenderer().render(item.name, program)
+    assert body_of(source).count("tt_bits_to_float(") == 2 * exps  # 2**n in two halves
     want = torch.softmax(torch.from_numpy(x), -1).numpy()
     np.testing.assert_allclose(build_and_run(source, x), want, rtol=2e-6, atol=1e-9)
     got = Tensor(x, device="CPU").softmax(-1).numpy()  # the device's path: the default

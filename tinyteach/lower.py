@@ -59,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tinyteach.dtype import DType, dtypes
-from tinyteach.helpers import NOOPT
+from tinyteach.helpers import NOOPT, ContextVar
 from tinyteach.opt import (
     NO_OPTIONS,
     KernelOptions,
@@ -705,12 +705,18 @@ class _Linearizer:
 
 
 SIMD_MIN_LOOP = 16  # shorter loops are not split into vector lanes (see below)
+# 1: a renderer that can (C) writes a lane loop's accumulators as W lanes combined in a fixed
+# order (render/c.py), so float maxima are split into lanes too; 0: sums only, under
+# `#pragma omp simd`, in the order the compiler picks
+FIXED_LANES = ContextVar("FIXED_LANES", 1)
 
 
 def _sums_over_contiguous_memory(group: list[UOp], loop: UOp) -> bool:
     """Can the innermost loop's float sums be split into vector lanes? Only when every load in
     it walks memory one element at a time (or stays put), without padding guards. Reordering a
-    float sum changes rounding, as it does in tinygrad; never for max, never for ints.
+    float sum changes rounding, as it does in tinygrad; never for ints. A float max is split
+    only with FIXED_LANES (the renderer combines the lanes with the NaN-keeping max itself;
+    OpenMP's max reduction may drop a NaN).
 
     And only when the loop is long (SIMD_MIN_LOOP): each time it ends, every accumulator's
     lanes are added up. A convolution's 3-tap loop over kernel columns, split into 8 lanes,
@@ -718,8 +724,8 @@ def _sums_over_contiguous_memory(group: list[UOp], loop: UOp) -> bool:
     across lanes after every 3 steps (the CNN's conv kernels ran 4-6x slower with it)."""
     if sym_max(loop.arg[2]) < SIMD_MIN_LOOP:  # (a symbolic loop: by its largest count)
         return False
-    if not all(r.arg is Ops.ADD and r.dtype.kind == "float" and r.dtype.count == 1
-               for r in group):
+    ops = (Ops.ADD, Ops.MAX) if FIXED_LANES else (Ops.ADD,)
+    if not all(r.arg in ops and r.dtype.kind == "float" and r.dtype.count == 1 for r in group):
         return False
     loads = {n for r in group for n in r.src[0].toposort if n.op is Ops.LOAD}
     inside = [n for n in loads if loop in n.src[1].toposort or len(n.src) == 3]

@@ -41,6 +41,7 @@ from dataclasses import replace
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import ContextVar
 from tinyteach.lower import LinearProgram
+from tinyteach.opt import index_value
 from tinyteach.uop import Ops, UOp
 
 # 1: exp2 as arithmetic in the loops the compiler vectorizes (sums split across SIMD lanes);
@@ -61,6 +62,8 @@ ROUNDER = 12582912.0
 ROUNDER_BITS = 0x4B400000
 MANTISSA_BITS = 23
 EXPONENT_BIAS = 127
+EXPONENT_FIELD = 0xFF  # the 8 bits of a float32's exponent
+SIGN_CLEARED = 0x7FFFFFFF
 
 
 def bitcast(value: UOp, dtype: object) -> UOp:
@@ -87,8 +90,10 @@ def _nearest_integer(x: UOp) -> tuple[UOp, UOp]:
     no fraction; minus 1.5*2**23 it is the float, and its bits minus those of 1.5*2**23 are the
     integer (kernels are compiled without -ffast-math, so the compiler keeps both roundings)."""
     shifted = x + _const(x, ROUNDER)
-    as_int = bitcast(shifted, dtypes.int32) - UOp.const(dtypes.int32, ROUNDER_BITS)
-    return shifted - _const(x, ROUNDER), as_int
+    # (the sign bit cleared: a no-op for the positive sum, and a NaN's bits minus ROUNDER_BITS
+    # cannot overflow: render/c.py compiles such kernels without -fwrapv)
+    bits = bitcast(shifted, dtypes.int32) & UOp.const(dtypes.int32, SIGN_CLEARED)
+    return shifted - _const(x, ROUNDER), bits - UOp.const(dtypes.int32, ROUNDER_BITS)
 
 
 def horner(x: UOp, coefficients: tuple[float, ...]) -> UOp:
@@ -103,7 +108,10 @@ def _power_of_two(exponent: UOp) -> UOp:
     """2**exponent, for an int32 exponent in [-126, 127]: its bits are the biased exponent
     shifted into the exponent field (a multiplication by 2**23), with sign and mantissa 0."""
     biased = exponent + UOp.const(dtypes.int32, EXPONENT_BIAS)
-    return bitcast(biased * UOp.const(dtypes.int32, 1 << MANTISSA_BITS), dtypes.float32)
+    # (kept to the 8 bits of the field: no change in that range, and a NaN's meaningless
+    # exponent cannot overflow the multiplication)
+    field = biased & UOp.const(dtypes.int32, EXPONENT_FIELD)
+    return bitcast(field * UOp.const(dtypes.int32, 1 << MANTISSA_BITS), dtypes.float32)
 
 
 def exp2(x: UOp) -> UOp:
@@ -132,13 +140,15 @@ def decompose_program(program: LinearProgram, simd_loops_only: bool = False) -> 
     same loop); the nodes after it that use it are rebuilt on the new value. A replacement's
     nodes are placed anew each time (one placed in another loop is out of scope here); only
     the program's own nodes, all in scope where it used them, are not repeated.
-    `simd_loops_only`: only the EXP2 inside a loop marked for SIMD (`program.simd_loops`, a
-    sum split across vector lanes), the loops the compiler is known to vectorize; elsewhere
-    the call costs about what the arithmetic does when the loop stays scalar."""
+    `simd_loops_only`: only the EXP2 inside a loop the compiler is known to vectorize: one
+    marked for SIMD (`program.simd_loops`, a sum split across vector lanes), or a row
+    kernel's column loop (`row_column_loops`); elsewhere the call costs about what the
+    arithmetic does when the loop stays scalar."""
     new_of: dict[UOp, UOp] = {}
     in_program: set[UOp] = set()
     uops: list[UOp] = []
     open_loops: list[UOp] = []
+    vector_loops = set(program.simd_loops) | row_column_loops(program)
     for node in program.uops:
         sources = tuple(new_of.get(s, s) for s in node.src)
         rebuilt = node if sources == node.src else node.replace(src=sources)
@@ -146,7 +156,7 @@ def decompose_program(program: LinearProgram, simd_loops_only: bool = False) -> 
             open_loops.append(node)
         elif node.op is Ops.END_RANGE and open_loops:
             open_loops.pop()
-        wanted = not simd_loops_only or (open_loops and open_loops[-1] in program.simd_loops)
+        wanted = not simd_loops_only or (open_loops and open_loops[-1] in vector_loops)
         replacement = decompose(rebuilt) if wanted else None
         if replacement is not None:
             uops += [n for n in replacement.toposort if n not in in_program]
@@ -162,3 +172,34 @@ def decompose_program(program: LinearProgram, simd_loops_only: bool = False) -> 
     simd_loops = {new_of.get(k, k): [new_of.get(a, a) for a in accs]
                   for k, accs in program.simd_loops.items()}
     return replace(program, uops=uops, accumulators=accumulators, simd_loops=simd_loops)
+
+
+def row_column_loops(program: LinearProgram) -> set[UOp]:
+    """The column loops of a kernel over whole rows (softmax's output loop, after its max and
+    its sum) that walk memory in order: an output loop opened after a reduction was closed,
+    with no loop inside, whose every load and store moves by 0 or 1 element per step. gcc
+    vectorizes such a loop once nothing in it is a call."""
+    found: set[UOp] = set()
+    reduced, candidate = False, None
+    memory: list[UOp] = []
+    for node in program.uops:
+        if node.op is Ops.REDUCE:
+            reduced = True
+        elif node.op is Ops.RANGE:
+            is_output = node.arg[0] == "g"
+            candidate, memory = (node if reduced and is_output else None), []
+        elif node.op in (Ops.LOAD, Ops.STORE) and candidate is not None:
+            memory.append(node.src[1])
+        elif node.op is Ops.END_RANGE and candidate is not None:
+            if node.src[0] is candidate and all(_steps_by_one(i, candidate) for i in memory):
+                found.add(candidate)
+            candidate = None
+    return found
+
+
+def _steps_by_one(index: UOp, loop: UOp) -> bool:
+    """Does `index` move by 0 or 1 as `loop` counts 0, 1, 2 (every other loop held at 0)?"""
+    values = [index_value(index, {loop: step}) for step in (0, 1, 2)]
+    if any(value is None for value in values):
+        return False
+    return all(b - a in (0, 1) for a, b in zip(values, values[1:]))  # type: ignore[operator]

@@ -18,11 +18,13 @@ Builds on: render/__init__.py.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
 from tinyteach.dtype import DType, dtypes, to_bfloat16_bits
-from tinyteach.lower import LinearProgram
+from tinyteach.helpers import ContextVar
+from tinyteach.lower import FIXED_LANES, LinearProgram
 from tinyteach.render import (
     MATH_FUNCTIONS,
     CodeForOp,
@@ -30,7 +32,12 @@ from tinyteach.render import (
     KernelWriter,
     typed_math_function,
 )
-from tinyteach.transcendental import TRANSCENDENTAL, decompose_program, is_bitcast
+from tinyteach.transcendental import (
+    TRANSCENDENTAL,
+    decompose_program,
+    is_bitcast,
+    row_column_loops,
+)
 from tinyteach.uop import Ops, UOp
 
 C_PRELUDE = "#include <math.h>\n#include <stdbool.h>\n"
@@ -84,6 +91,13 @@ typedef float tt_float_lane TT_LANES(4);
 # reads the floating-point exception flags, and no result changes: a kernel with exp2 as
 # arithmetic is compiled without that assumption
 NO_TRAPS = "no-trapping-math"
+# every kernel is compiled with -fwrapv (runtime/cpu.py): an int32 that overflows wraps, as in
+# numpy. But then a position `row + column`, an int that may wrap, is not a straight line in
+# `column` once widened for the address (gcc: "evolution of base is not affine"), and a loop over
+# a row does not vectorize, or reads through gathers. A kernel whose only integers are positions
+# (loop counters and the arithmetic on them, which stays far from 2**31) and exp2's bit fields
+# (which cannot overflow, transcendental.py) has nothing that wraps: it is compiled without
+NO_WRAP = "no-wrapv"
 BITCAST_FUNCTIONS = {dtypes.float32: "tt_bits_to_float", dtypes.int32: "tt_float_to_bits"}
 
 
@@ -117,6 +131,179 @@ def bfloat16_literal(renderer: CStyleRenderer, value: float | int | bool) -> str
     word = int(to_bfloat16_bits(np.array(float(value), dtype=np.float32)).view(np.uint16))
     return f"(({renderer.type_names[dtypes.bfloat16]}){word})"
 FUSED_MULTIPLY_ADD = "fp-contract=fast"
+
+
+def integers_are_positions(program: LinearProgram) -> bool:
+    """Are the program's integers only positions and exp2's bit fields (NO_WRAP)? No integer is
+    loaded, stored, accumulated or converted to or from another type (a BITCAST excepted), so
+    every integer op computes an index, a guard's bound, or exp2's exponent."""
+    for u in program.uops:
+        value_dtype = u.src[2].dtype if u.op is Ops.STORE else u.dtype
+        if u.op in (Ops.LOAD, Ops.STORE, Ops.DEFINE_ACC) and not dtypes.is_float(value_dtype) \
+                and value_dtype != dtypes.bool:
+            return False
+        if u.op is Ops.CAST and not is_bitcast(u) and \
+                (dtypes.is_int(u.dtype) or dtypes.is_int(u.src[0].dtype)):
+            return False
+    return True
+
+
+# ---- a row's values computed once (softmax's exp, kept for its column loop) ----
+
+ROW_CACHE = ContextVar("ROW_CACHE", 1)  # 0: a row kernel's column loop computes its exp again
+MAX_ROW_CACHE = 4096  # elements of one row kept on the stack (16 KB of float32)
+COSTLY = (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT)  # worth storing rather than computing again
+
+
+def cache_row_values(program: LinearProgram) -> LinearProgram:
+    """Softmax's kernel computes exp(x - max) twice per element: in the sum loop and again in
+    the column loop that divides it by the sum. Where a value of the column loop is, with its
+    loop counter renamed, a value the sum loop computes (the same UOp: the graph is hash-
+    consed), the sum loop also stores it in an array of one row (`DEFINE_LOCAL`, on the
+    stack), and the column loop reads it back: the same bits, one exp per element.
+    Only for a value with a costly op in it (COSTLY), a loop of a known length of at most
+    MAX_ROW_CACHE, and the two loops in the same enclosing loop, the sum loop first."""
+    spans = _loop_spans(program.uops)
+    for column in sorted(row_column_loops(program), key=lambda loop: spans[loop][0]):
+        for source in program.simd_loops:
+            cached = _cache_between(program, source, column, spans) \
+                if _same_row(spans, source, column) else program
+            if cached is not program:
+                program, spans = cached, _loop_spans(cached.uops)
+                break
+    return program
+
+
+def _loop_spans(uops: list[UOp]) -> dict[UOp, tuple[int, int, UOp | None]]:
+    """Each loop's (position of its RANGE, of its END_RANGE, enclosing loop)."""
+    spans: dict[UOp, tuple[int, int, UOp | None]] = {}
+    open_loops: list[tuple[UOp, int]] = []
+    for position, u in enumerate(uops):
+        if u.op is Ops.RANGE:
+            open_loops.append((u, position))
+        elif u.op is Ops.END_RANGE and open_loops:
+            loop, start = open_loops.pop()
+            spans[loop] = (start, position, open_loops[-1][0] if open_loops else None)
+    return spans
+
+
+def _same_row(spans: dict[UOp, tuple[int, int, UOp | None]], source: UOp, column: UOp) -> bool:
+    size = source.arg[2]
+    return source in spans and column in spans and spans[source][2] is spans[column][2] and \
+        spans[source][1] < spans[column][0] and isinstance(size, int) and \
+        size == column.arg[2] and size <= MAX_ROW_CACHE
+
+
+def _cache_between(program: LinearProgram, source: UOp, column: UOp,
+                   spans: dict[UOp, tuple[int, int, UOp | None]]) -> LinearProgram:
+    uops = program.uops
+    (source_start, source_end, _), (column_start, column_end, _) = spans[source], spans[column]
+    in_source = set(uops[source_start + 1:source_end])
+    body = uops[column_start + 1:column_end]
+    renamed: dict[UOp, UOp] = {column: source}
+    for node in body:
+        if any(s in renamed for s in node.src):
+            renamed[node] = node.replace(src=tuple(renamed.get(s, s) for s in node.src))
+    shared = {node for node in renamed if node is not column and renamed[node] in in_source}
+    used_outside = {s for node in body if node not in shared for s in node.src}
+    kept = [node for node in body if node in shared and node in used_outside and
+            dtypes.is_float(node.dtype) and node.dtype.count == 1 and
+            any(n.op in COSTLY and n in shared for n in node.toposort)]
+    if not kept:
+        return program
+    locals_used = sum(u.op is Ops.DEFINE_LOCAL for u in uops)
+    rows = {node: UOp(Ops.DEFINE_LOCAL, node.dtype, (), (locals_used + number, source.arg[2]))
+            for number, node in enumerate(kept)}
+    stores = {renamed[node]: UOp(Ops.STORE, node.dtype, (row, source, renamed[node]))
+              for node, row in rows.items()}
+    new_of = {node: UOp(Ops.LOAD, node.dtype, (row, column)) for node, row in rows.items()}
+    new_body: list[UOp] = []
+    for node in body:
+        if node in new_of:
+            new_body.append(new_of[node])
+            continue
+        sources = tuple(new_of.get(s, s) for s in node.src)
+        rebuilt = node if sources == node.src else node.replace(src=sources)
+        if rebuilt is not node:
+            new_of[node] = rebuilt
+        new_body.append(rebuilt)
+    new_body = _without_unused(new_body)
+    before = [u for u in uops[:source_start]]
+    in_loop = [v for u in uops[source_start:source_end] for v in (u, stores.get(u)) if v]
+    result = [*before, *rows.values(), *in_loop, *uops[source_end:column_start + 1],
+              *new_body, *uops[column_end:]]
+    return replace(program, uops=result)
+
+
+def _without_unused(body: list[UOp]) -> list[UOp]:
+    """The body without the values nothing reads any more (those the cache replaced)."""
+    effects = (Ops.STORE, Ops.ACCUMULATE, Ops.RANGE, Ops.END_RANGE, Ops.DEFINE_ACC)
+    kept = list(body)
+    while True:
+        read = {s for node in kept for s in node.src}
+        pruned = [node for node in kept if node.op in effects or node in read]
+        if len(pruned) == len(kept):
+            return kept
+        kept = pruned
+
+
+LANE_DTYPES = (dtypes.float32, dtypes.float64)
+
+
+@dataclass
+class LanedProgram(LinearProgram):
+    """A program some of whose reduction loops (`lane_loops`, loop -> its accumulators) the C
+    renderer writes with `lanes` explicit lanes per accumulator (FIXED_LANES)."""
+
+    lane_loops: dict[UOp, list[UOp]] = field(default_factory=dict)
+    lanes: int = 0
+
+
+def with_lanes(program: LinearProgram, width: int) -> LinearProgram:
+    """The loops the linearizer marked for SIMD (`simd_loops`) as lane loops: with `width` >= 2
+    lanes, where each accumulator is a float32 or float64. Elsewhere a loop of sums keeps the
+    `omp simd` pragma (the compiler's order), and a loop with a max is an ordinary loop.
+
+    Lane l of a lane loop takes the elements l, l + W, l + 2W, ... in order, and the lanes are
+    combined by halving: the same operations in the same order under gcc -O2, gcc -O0 and tcc,
+    so every compiler gives the same bits (the fast tier can build the kernel), and a max,
+    whose NaN OpenMP's reduction would not keep, is split too. gcc vectorizes the lane loop
+    (W consecutive elements, W independent accumulators)."""
+    if not program.simd_loops:
+        return program
+    lane_loops, pragma_loops = {}, {}
+    for loop, accumulators in program.simd_loops.items():
+        reduces = [r for r, acc in program.accumulators.items() if acc in accumulators]
+        if width >= 2 and all(r.dtype in LANE_DTYPES for r in reduces):
+            lane_loops[loop] = accumulators
+        elif all(r.arg is Ops.ADD for r in reduces):
+            pragma_loops[loop] = accumulators
+    fields_of = {f.name: getattr(program, f.name) for f in fields(LinearProgram)}
+    return LanedProgram(**{**fields_of, "simd_loops": pragma_loops}, lane_loops=lane_loops,
+                        lanes=width)
+
+
+@dataclass
+class LaneWriter(KernelWriter):
+    """The C renderer's writer: it knows the program's lane loops by name, and after each
+    one's closing brace writes the combination of its lanes (`CRenderer.combine_lanes`)."""
+
+    lane_loop_names: dict[str, UOp] = field(default_factory=dict)
+    open_lanes: list[tuple[int, str, list[UOp]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.program, LanedProgram):
+            self.lane_loop_names = {f"ridx{loop.arg[1]}": loop
+                                    for loop in self.program.lane_loops}
+
+    def emit(self, line: str) -> None:
+        super().emit(line)
+        if line == "}" and self.open_lanes and self.open_lanes[-1][0] == self.depth:
+            _, name, accumulators = self.open_lanes.pop()
+            renderer = self.renderer
+            assert isinstance(renderer, CRenderer)
+            renderer.combine_lanes(self, name, accumulators)
 
 
 class CRenderer(CStyleRenderer):
@@ -164,8 +351,11 @@ class CRenderer(CStyleRenderer):
         instruction does both at once, twice as fast and rounded once. EXP2 is written as
         arithmetic first (transcendental.py), and such a kernel is compiled without
         -ftrapping-math (NO_TRAPS)."""
+        if ROW_CACHE:
+            program = cache_row_values(program)
         if self.decompose_transcendentals and TRANSCENDENTAL.value:
             program = decompose_program(program, simd_loops_only=TRANSCENDENTAL.value == 1)
+        program = with_lanes(program, self.vector_width if FIXED_LANES else 0)
         source = super().render(name, program)
         options = []
         if self.fused_multiply_add and any(u.op is Ops.ACCUMULATE and u.dtype.count > 1
@@ -173,6 +363,8 @@ class CRenderer(CStyleRenderer):
             options.append(FUSED_MULTIPLY_ADD)
         if any(is_bitcast(u) for u in program.uops):
             options.append(NO_TRAPS)
+        if integers_are_positions(program):
+            options.append(NO_WRAP)
         if options:
             attribute = "__attribute__((optimize(" + ", ".join(f'"{o}"' for o in options) + ")))"
             source = source.replace(f"void {name}(", f"{attribute}\nvoid {name}(", 1)
@@ -214,6 +406,52 @@ class CRenderer(CStyleRenderer):
 
     def parallel_pragma(self) -> str | None:
         return "#pragma omp parallel for"
+
+    def define_local(self, writer: KernelWriter, name: str, dtype: DType, size: int) -> str:
+        """An array of one row, on the stack (`cache_row_values`)."""
+        return f"{self.type_name(dtype)} {name}[{size}];"
+
+    def new_writer(self, program: LinearProgram) -> KernelWriter:
+        return LaneWriter(self, program)
+
+    def loop(self, writer: KernelWriter, name: str, size: int | str) -> str:
+        """A loop; a lane loop (`LanedProgram`) is two: blocks of W steps, and the W lanes of
+        a block, lane l adding into (or taking the max with) element l of each accumulator's
+        lane array. The last block of a row that W does not divide has fewer lanes."""
+        if not isinstance(writer, LaneWriter) or name not in writer.lane_loop_names:
+            return super().loop(writer, name, size)
+        program = writer.program
+        assert isinstance(program, LanedProgram)
+        width, block, lane = program.lanes, f"{name}_block", f"{name}_lane"
+        accumulators = program.lane_loops[writer.lane_loop_names[name]]
+        for acc in accumulators:
+            writer.emit(self.declare(f"{writer.names[acc]}_lanes[{width}]", acc.dtype,
+                                     "{" + ", ".join([writer.names[acc]] * width) + "}"))
+            writer.names[acc] = f"{writer.names[acc]}_lanes[{lane}]"
+        writer.open_lanes.append((writer.depth, name, accumulators))
+        lanes: int | str = width
+        if not isinstance(size, int) or size % width:
+            lanes = f"({size}-{block} < {width} ? {size}-{block} : {width})"
+        return (f"for (int {block} = 0; {block} < {size}; {block} += {width}) "
+                f"for (int {lane} = 0; {lane} < {lanes}; {lane}++) {{ "
+                f"int {name} = {block}+{lane};")
+
+    def combine_lanes(self, writer: LaneWriter, name: str, accumulators: list[UOp]) -> None:
+        """After a lane loop: each accumulator's W lanes combined by halving (lane l with lane
+        l + W/2, then l + W/4, ...), a fixed order whatever the compiler, then the result
+        back in the accumulator."""
+        width = writer.program.lanes if isinstance(writer.program, LanedProgram) else 0
+        half, lane = f"{name}_half", f"{name}_l"
+        for acc in accumulators:
+            lanes = writer.names[acc].split("[")[0]
+            own, other = f"{lanes}[{lane}]", f"{lanes}[{lane}+{half}]"
+            reduce_op = next(r.arg for r, a in writer.program.accumulators.items() if a is acc)
+            combined = f"({own}+{other})" if reduce_op is Ops.ADD else \
+                self.code(Ops.MAX)(self, [own, other], [acc.dtype, acc.dtype], acc.dtype)
+            writer.emit(f"for (int {half} = {width // 2}; {half} > 0; {half} /= 2) "
+                        f"for (int {lane} = 0; {lane} < {half}; {lane}++) {own} = {combined};")
+            writer.names[acc] = lanes.removesuffix("_lanes")
+            writer.emit(f"{writer.names[acc]} = {lanes}[0];")
 
     def simd_pragma(self, accumulators: list[str]) -> str | None:
         return f"#pragma omp simd reduction(+:{','.join(accumulators)})"

@@ -1,0 +1,249 @@
+"""Issue 16: softmax and layernorm at PyTorch's speed on the CPU (opt.py, lower.py, render/c.py).
+
+A fused row kernel (schedule.fuses_along_rows) on the CPU takes one row per iteration of its
+outer loop (opt._one_row_at_a_time), so each of its loops walks one row in order and gcc
+vectorizes it: the max and the sums in W explicit lanes combined in a fixed order (FIXED_LANES,
+W = the renderer's vector width), the column loop with exp2 as arithmetic, reading softmax's exp
+back from an array of one row (ROW_CACHE), every integer a position (compiled without -fwrapv).
+Checked against PyTorch: softmax, log_softmax, layernorm and their gradients, rows of 1, 7,
+1000, 1024 and 1031, NaN and infinite rows, with each new path on and off; the kernels'
+structure; that gcc vectorizes every loop of the row; that tcc (the fast tier) builds the
+kernel and computes the same bits as gcc -O2; that a kernel with integer data keeps -fwrapv.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tinyteach import Tensor
+from tinyteach.device import Device
+from tinyteach.helpers import Context, clear_caches
+from tinyteach.lower import lower
+from tinyteach.opt import choose_options
+from tinyteach.render.c import CRenderer, integers_are_positions
+from tinyteach.runtime.cpu import C_FLAGS, needs_optimized_build
+from tinyteach.schedule import create_schedule
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+LENGTHS = [1, 7, 1000, 1024, 1031]
+# (FIXED_LANES, ROW_CACHE): the new paths on, each off, and the old path
+SETTINGS = [(1, 1), (0, 1), (1, 0), (0, 0)]
+
+
+@pytest.fixture(params=SETTINGS, ids=lambda s: f"lanes{s[0]}-cache{s[1]}")
+def setting(request):
+    lanes, cache = request.param
+    clear_caches()  # compiled kernels are cached by AST: build them again under this setting
+    with Context(FIXED_LANES=lanes, ROW_CACHE=cache):
+        yield request.param
+    clear_caches()
+
+
+def rows(length: int, count: int = 33, seed: int = 0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((count, length)) * 4).astype(np.float32)
+
+
+OPS = {
+    "softmax": (lambda t: t.softmax(-1), lambda t: torch.softmax(t, -1)),
+    "log_softmax": (lambda t: t.log_softmax(-1), lambda t: torch.log_softmax(t, -1)),
+    "layernorm": (lambda t: t.layernorm(-1, eps=1e-5),
+                  lambda t: torch.nn.functional.layer_norm(t, t.shape[-1:], eps=1e-5)),
+}
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("name", list(OPS))
+def test_row_kernels_match_torch(name, length, setting):
+    ours, theirs = OPS[name]
+    x = rows(length)
+    got = ours(Tensor(x, device="CPU")).numpy()
+    want = theirs(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("length", [7, 1031])
+@pytest.mark.parametrize("name", list(OPS))
+def test_row_kernel_gradients_match_torch(name, length, setting):
+    ours, theirs = OPS[name]
+    x, weights = rows(length, seed=1), rows(length, seed=2)
+    t = Tensor(x, device="CPU", requires_grad=True)
+    (ours(t) * Tensor(weights, device="CPU")).sum().backward()
+    reference = torch.from_numpy(x).requires_grad_()
+    (theirs(reference) * torch.from_numpy(weights)).sum().backward()
+    assert t.grad is not None and reference.grad is not None
+    np.testing.assert_allclose(t.grad.numpy(), reference.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("length", [7, 1024, 1031])
+@pytest.mark.parametrize("name", list(OPS))
+def test_nan_and_infinite_rows_match_torch(name, length, setting):
+    """A NaN anywhere in a row makes the whole row NaN (the max keeps it, in every lane and
+    through the combination); +inf gives inf - inf = NaN; -inf entries give 0 (softmax); a
+    row of -inf only is NaN."""
+    ours, theirs = OPS[name]
+    x = rows(length, count=8, seed=3)
+    x[0, length // 2] = np.nan
+    x[1, -1] = np.nan
+    x[2, 0] = np.inf
+    x[3, length // 3] = -np.inf
+    x[4, :] = -np.inf
+    x[5, :] = np.inf
+    x[6, 0] = -np.inf
+    got = ours(Tensor(x, device="CPU")).numpy()
+    want = theirs(torch.from_numpy(x)).numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_a_nan_in_any_lane_reaches_the_max(setting):
+    """The row max alone (x.max(-1) after the softmax's subtraction needs it): a NaN at each
+    position of a 37-long row, so that every lane and the tail see one."""
+    lanes, cache = setting
+    x = rows(37, count=37, seed=4)
+    np.fill_diagonal(x, np.nan)
+    clear_caches()
+    with Context(FIXED_LANES=lanes, ROW_CACHE=cache):
+        got = Tensor(x, device="CPU").softmax(-1).numpy()
+    clear_caches()
+    assert np.isnan(got).all()
+
+
+# ---- the kernel: one row per iteration, lanes, no libm call, the row's array ----
+
+def row_kernel(tensor: Tensor):
+    (item,) = create_schedule([tensor.uop], "CPU")[0]
+    return item
+
+
+def softmax_item(length: int = 1024):
+    return row_kernel(Tensor(np.zeros((64, length), np.float32), device="CPU").realize()
+                      .softmax(-1))
+
+
+def test_the_heuristic_takes_one_row_at_a_time():
+    """No tile: a 4x4 tile interleaved 4 rows, and gcc vectorized none of the column loop."""
+    item = softmax_item()
+    for width in (0, 8, 16):
+        options = choose_options(item.ast, width)
+        assert options.upcasts == () and options.vector_width == 0
+
+
+@pytest.mark.parametrize("width", [4, 8, 16])
+def test_the_lanes_are_the_renderers_vector_width(width):
+    """W lanes per accumulator, W what runtime/cpu.py reports (CPU_VECTOR_WIDTH pins it):
+    the max and the sum each have their lane array; no OpenMP simd pragma; the column loop
+    reads the row's exp back; no exp2f."""
+    item = softmax_item()
+    source = CRenderer(vector_width=width).render(item.name, lower(item.ast, None, width))
+    assert f"acc0_lanes[{width}]" in source and f"acc1_lanes[{width}]" in source
+    assert "#pragma omp simd" not in source and "exp2f" not in source
+    assert re.search(r"float local0\[1024\];", source)
+    column_loop = source[source.index("for (int gidx1"):]
+    assert "local0[gidx1]" in column_loop and "tt_bits_to_float" not in column_loop
+    assert not needs_optimized_build(source)  # the fast tier may build it: no reordering
+
+
+def test_the_old_path_splits_sums_only_under_the_pragma():
+    item = softmax_item()
+    with Context(FIXED_LANES=0):
+        source = CRenderer(vector_width=8).render(item.name, lower(item.ast, None, 8))
+    assert "_lanes[" not in source and "#pragma omp simd reduction(+:acc1)" in source
+    assert needs_optimized_build(source)
+
+
+def test_without_vectors_there_are_no_lanes():
+    item = softmax_item()
+    source = CRenderer(vector_width=0).render(item.name, lower(item.ast, None, 0))
+    assert "_lanes[" not in source and "reduction(+:acc0)" not in source
+
+
+def gcc_vectorized_lines(source: str, tmp_path) -> set[int]:
+    flags = [f for f in C_FLAGS if f != "-shared"] + ["-fopenmp", "-fopt-info-vec"]
+    report = subprocess.run(["gcc", *flags, "-c", "-x", "c", "-", "-o", "kernel.o"],
+                            input=source, capture_output=True, text=True, check=True,
+                            cwd=tmp_path).stderr
+    return {int(n) for n in re.findall(r":(\d+):\d+: optimized: loop vectorized", report)}
+
+
+def build_and_run(source: str, x: np.ndarray, command: list[str] | None = None) -> np.ndarray:
+    """Build a kernel's C source (gcc -O2 with the CPU device's flags, or `command`) and run
+    it on x: the kernel's first parameter is its output."""
+    with tempfile.TemporaryDirectory() as directory:
+        library = Path(directory) / "kernel.so"
+        command = command or ["gcc", *C_FLAGS, "-fopenmp", "-x", "c"]
+        subprocess.run([*command, "-o", str(library), "-"], input=source, text=True,
+                       check=True, capture_output=True)
+        match = re.search(r"void (\w+)\(", source)
+        assert match is not None
+        kernel = getattr(ctypes.CDLL(str(library)), match[1])
+        out = np.empty_like(x)
+        kernel(out.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p))
+        return out
+
+
+def line_of(source: str, text: str) -> int:
+    return source[:source.index(text)].count("\n") + 1
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_gcc_vectorizes_every_loop_of_the_row(name, tmp_path):
+    """The max's or the sums' lane loops and the column loop: each is named in gcc's report
+    of the loops it vectorized (with -fwrapv kept, the row + column position was not affine
+    and the column loop stayed scalar)."""
+    width = Device["CPU"].renderer.vector_width
+    if width < 4:
+        pytest.skip("this CPU has no vector registers of 4 floats or more")
+    item = row_kernel(OPS[name][0](Tensor(rows(1024), device="CPU").realize()))
+    source = Device["CPU"].renderer.render(item.name, lower(item.ast, None, width))
+    vectorized = gcc_vectorized_lines(source, tmp_path)
+    reductions = re.findall(r"for \(int (ridx\d+)_block", source)
+    assert len(reductions) == 2
+    for loop in [f"for (int {r}_block" for r in reductions] + ["for (int gidx1"]:
+        assert line_of(source, loop) in vectorized, loop
+
+
+@pytest.mark.skipif(shutil.which("tcc") is None, reason="tcc is not installed")
+@pytest.mark.parametrize("length", [1024, 1031])
+@pytest.mark.parametrize("name", list(OPS))
+def test_tcc_computes_the_same_bits_as_gcc(name, length):
+    """The lanes' order is written in the source: tcc, gcc -O0 and gcc -O2 compute the same
+    operations in the same order, bit for bit."""
+    x = rows(length, count=64, seed=5)
+    item = row_kernel(OPS[name][0](Tensor(x, device="CPU").realize()))
+    source = CRenderer(vector_width=8).render(item.name, lower(item.ast, None, 8))
+    optimized = build_and_run(source, x)
+    fast = build_and_run(source, x, ["tcc", "-shared"])
+    np.testing.assert_array_equal(fast.view(np.int32), optimized.view(np.int32))
+    want = OPS[name][1](torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(optimized, want, rtol=2e-5, atol=2e-5)
+
+
+# ---- -fwrapv is dropped only where no integer can wrap ----
+
+def test_a_kernel_of_positions_only_is_built_without_wrapv():
+    item = softmax_item()
+    program = lower(item.ast, None, 8)
+    assert integers_are_positions(program)
+    assert '"no-wrapv"' in CRenderer(vector_width=8).render(item.name, program)
+
+
+def test_integer_data_keeps_wrapv_and_wraps():
+    big = np.array([[2**31 - 1, 5, -(2**31)]] * 3, dtype=np.int32)
+    tensor = Tensor(big, device="CPU").realize()
+    for result, want in [(tensor + 1, big + 1), ((tensor * 3).sum(-1), (big * 3).sum(-1))]:
+        (item,) = create_schedule([result.uop], "CPU")[0]
+        program = lower(item.ast, None, 8)
+        assert not integers_are_positions(program)
+        assert "no-wrapv" not in CRenderer(vector_width=8).render(item.name, program)
+        with np.errstate(over="ignore"):
+            np.testing.assert_array_equal(result.numpy(), want.astype(np.int32))
