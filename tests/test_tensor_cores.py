@@ -524,3 +524,22 @@ def test_cuda_staged_bfloat16_block_compiles():
     kernel = cuda_compiler("sm_80").compile(source)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in kernel.ptx
     assert kernel.cubin is not None
+
+
+def test_viz_draws_which_warp_computes_which_tile_of_a_block():
+    from tinyteach.wmma import tensor_core_block
+    from viz.threads import block_layout
+    block = tensor_core_block(M16N8K16, BLOCK)
+    figure = block_layout(block)
+    rows = figure.text.splitlines()[1:]
+    assert rows == ["0 0 0 0 1 1 1 1"] * 2 + ["2 2 2 2 3 3 3 3"] * 2  # 16x8 tiles of 64x64
+    item = last_kernel(Tensor(halves(64, 16)) @ Tensor(halves(16, 64)))
+    program = lower(item.ast, KernelOptions(tensor_core=True, tensor_core_block=BLOCK))
+    out = np.zeros(64 * 64, np.float16)
+    trace = emulate(program, [out, halves(64 * 16), halves(16 * 64)], record=True)
+    for event in (e for e in trace.accesses("write") if not e.is_shared):
+        rows_written, columns_written = event.addresses // 64, event.addresses % 64
+        warps = event.threads[:, 1]  # the emulator's record: warp = lidx1
+        np.testing.assert_array_equal(block.warp_map[rows_written // 16, columns_written // 8],
+                                      warps)
+    assert figure.svg is not None and figure.svg.count("<rect") == 4 * 8

@@ -14,11 +14,13 @@ What a student sees:
 - `launch_summary(trace)`: groups, threads per group, shared bytes, barriers, and the loads and
   stores of one thread;
 - `fragment_layout(trace)`: a tensor core's fragments — A, B and D of the instruction, each
-  element labelled with the lane of the warp that holds it.
+  element labelled with the lane of the warp that holds it;
+- `block_layout(block)`: a tensor-core block (wmma.TensorCoreBlock): which warp computes which
+  16x8 tile of the work-group's block of outputs.
 
-Every function reads a `Trace` recorded with `record_threads()` (or `emulate(..., record=True)`)
-and returns a `Figure`: inline SVG in a notebook, text in a terminal. Nothing runs again; output
-is deterministic (the same trace gives the same bytes).
+Every function but `block_layout` reads a `Trace` recorded with `record_threads()` (or
+`emulate(..., record=True)`) and returns a `Figure`: inline SVG in a notebook, text in a
+terminal. Nothing runs again; output is deterministic (the same trace gives the same bytes).
 
 Builds on: tinyteach.runtime.python (Trace, AccessEvent), viz/figure.py.
 
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyteach.runtime.python import AccessEvent, Trace
+from tinyteach.wmma import TensorCoreBlock
 from viz.figure import PALETTE, Figure, escape, preformatted, table, wrap
 
 CELL = 26       # pixels per drawn element
@@ -301,3 +304,24 @@ def fragment_layout(trace: Trace) -> Figure:
              f"{c_cells.shape[1]} of D"]
     title = f"{trace.name}: which lane holds which element ({first.instruction})"
     return _figure(title, _svg(x, height, parts), "\n".join(lines), notes)
+
+
+def block_layout(block: TensorCoreBlock) -> Figure:
+    """The tiles of a tensor-core block, each square one tile of the instruction (m x n
+    outputs) labelled and coloured by the warp that computes it (`TensorCoreBlock.warp_map`,
+    the definition the lowering uses)."""
+    owner = block.warp_map
+    core = block.core
+    parts, lines = [], [f"{block!r}: warp computing each {core.m}x{core.n} tile"]
+    for row in range(owner.shape[0]):
+        for column in range(owner.shape[1]):
+            warp = int(owner[row, column])
+            tip = (f"rows {row * core.m}..{(row + 1) * core.m - 1}, columns "
+                   f"{column * core.n}..{(column + 1) * core.n - 1}: warp {warp}")
+            parts.append(_cell(column * CELL, row * CELL, thread_color(warp), str(warp), tip))
+        lines.append(" ".join(str(int(w)) for w in owner[row]))
+    notes = [f"{block.warp_count} warps of {core.threads} threads; each tile is one "
+             f"{core.name} per {core.k} steps of the reduction"]
+    title = f"tensor-core block {block.rows}x{block.columns}: which warp computes which tile"
+    svg = _svg(owner.shape[1] * CELL, owner.shape[0] * CELL, parts)
+    return _figure(title, svg, "\n".join(lines), notes)
