@@ -161,9 +161,6 @@ def test_bfloat16_matmuls_on_the_emulator_use_tensor_cores_and_match_float64(pyt
     np.testing.assert_allclose(values, expected, rtol=2 ** -8, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="found here, not this file's to fix: the CPU renderer's "
-                   "SIMD-lane sum over several axes reads past a row that is no multiple of 8 "
-                   "(render/c.py's lane loop has no guard); reported")
 def test_a_sum_over_two_axes_on_cpu_matches_numpy():
     x = np.random.default_rng(0).normal(size=(6, 3000)).astype(np.float32)
     np.testing.assert_allclose(Tensor(x, device="CPU").sum().numpy(), x.sum(dtype=np.float64),

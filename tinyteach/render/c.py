@@ -24,7 +24,7 @@ import numpy as np
 
 from tinyteach.dtype import DType, dtypes, to_bfloat16_bits
 from tinyteach.helpers import ContextVar
-from tinyteach.lower import FIXED_LANES, LinearProgram
+from tinyteach.lower import FIXED_LANES, LinearProgram, identity_element
 from tinyteach.render import (
     MATH_FUNCTIONS,
     CodeForOp,
@@ -425,8 +425,13 @@ class CRenderer(CStyleRenderer):
         width, block, lane = program.lanes, f"{name}_block", f"{name}_lane"
         accumulators = program.lane_loops[writer.lane_loop_names[name]]
         for acc in accumulators:
+            # lane 0 carries the accumulator's value in, the others start at the identity: the
+            # accumulator may already hold the sums of an outer loop (a sum over two axes)
+            reduce_op = next(r.arg for r, a in program.accumulators.items() if a is acc)
+            identity = self.render_const(identity_element(reduce_op, acc.dtype), acc.dtype)
+            starts = [writer.names[acc]] + [identity] * (width - 1)
             writer.emit(self.declare(f"{writer.names[acc]}_lanes[{width}]", acc.dtype,
-                                     "{" + ", ".join([writer.names[acc]] * width) + "}"))
+                                     "{" + ", ".join(starts) + "}"))
             writer.names[acc] = f"{writer.names[acc]}_lanes[{lane}]"
         writer.open_lanes.append((writer.depth, name, accumulators))
         lanes: int | str = width
