@@ -22,7 +22,9 @@ What this teaches:
   is two loops: over steps of the tile size (`ridx0`), in which every thread copies one element
   of X and one of Y into shared memory, then a barrier, then the sum of a row of the one tile
   times a column of the other (`ridx1`). A barrier at the top of each step keeps the copies of
-  the next step from overwriting what slower threads still read.
+  the next step from overwriting what slower threads still read. With a block of r x r
+  outputs per thread (`tile_upcast`), a thread copies r elements of each operand per step,
+  and its inner loop reads r + r values for r * r multiply-adds.
 - with tensor cores (opt.py, wmma.py), each 16 x 8 tile of outputs is a work-group of one
   warp; each thread's 4 outputs are its elements of the warp's D fragment, and the reduction
   is a loop over steps of 16 along k whose body is the thread's fragment loads and a `WMMA`.
@@ -67,8 +69,8 @@ from tinyteach.opt import (
     can_group_reduce,
     choose_options,
     index_value,
-    local_tile_plan,
     row_kernel_axis,
+    tile_plan,
 )
 from tinyteach.rewrite import graph_rewrite, sum_terms, symbolic
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, sint, sym_max, variables_of
@@ -108,6 +110,10 @@ class _Lowerer:
     rows: bool = False  # a kernel over whole rows: one work-group per row (row_output_index)
     tile: TilePlan | None = None  # a local tile: how the kernel splits (opt.local_tile_plan)
     tile_size: int = 0
+    tile_upcast: int = 1  # a local tile's r x r block of outputs per thread
+    tile_indices: dict[tuple[int, int], Index] = field(default_factory=dict)  # (i, j) -> output
+    tile_position: tuple[int, int] = (0, 0)  # where output_index lies in the thread's block
+    tile_stages: dict[UOp, tuple[UOp, UOp, UOp]] = field(default_factory=dict)  # per reduction
     output_index: Index = ()  # the output element this thread computes (for a local tile)
     tensor_core: TensorCoreLowering | None = None  # tensor cores: the reduction is WMMAs
     reduce_count: int = 0
@@ -280,53 +286,90 @@ class _Lowerer:
 
     def _plan_tile_reduce(self, node: UOp) -> tuple[list[Task], Combine]:
         """Thread (row, column) = (lidx1, lidx0) stages X at (its row, step * T + column) and Y
-        at (step * T + row, its column); elements past an edge are staged as 0."""
+        at (step * T + row, its column); elements past an edge are staged as 0. With a block
+        of r x r outputs per thread (`tile_upcast`), it stages r rows of X (its row + i * T)
+        and r columns of Y (its column + j * T): the tasks are those 2r copies, the same for
+        each of its outputs, and `_sum_of_tiles` builds the staging once."""
         assert self.tile is not None
         tile, size = self.tile, self.tile_size
         shape = node.src[0].shape
-        steps = make_range("r", self.reduce_count, -(-shape[tile.k_axis] // size))
-        within = make_range("r", self.reduce_count + 1, size)
-        self.reduce_count += 2
+        if node not in self.reduce_ranges:
+            self.reduce_ranges[node] = [
+                make_range("r", self.reduce_count, -(-shape[tile.k_axis] // size)),
+                make_range("r", self.reduce_count + 1, size)]
+            self.reduce_count += 2
+        steps, within = self.reduce_ranges[node]
         column, row = local_thread_id(size, 0), local_thread_id(size, 1)
-        base = self._source_index(shape, tile.k_axis)
-        x_index, y_index = list(base), list(base)
-        x_index[tile.n_axis], x_index[tile.k_axis] = index_const(0), steps * size + column
-        y_index[tile.m_axis], y_index[tile.k_axis] = index_const(0), steps * size + row
-        x_valid = and_valid(below(base[tile.m_axis], shape[tile.m_axis]),
-                       below(x_index[tile.k_axis], shape[tile.k_axis]))
-        y_valid = and_valid(below(base[tile.n_axis], shape[tile.n_axis]),
-                       below(y_index[tile.k_axis], shape[tile.k_axis]))
+        tasks: list[Task] = []
+        for i in range(self.tile_upcast):  # the X rows this thread stages
+            base = self._source_index(self.tile_indices.get((i, 0), self.output_index), shape)
+            x_index = list(base)
+            x_index[tile.n_axis], x_index[tile.k_axis] = index_const(0), steps * size + column
+            tasks.append((tile.x, tuple(x_index),
+                          and_valid(below(base[tile.m_axis], shape[tile.m_axis]),
+                                    below(x_index[tile.k_axis], shape[tile.k_axis]))))
+        for j in range(self.tile_upcast):  # the Y columns
+            base = self._source_index(self.tile_indices.get((0, j), self.output_index), shape)
+            y_index = list(base)
+            y_index[tile.m_axis], y_index[tile.k_axis] = index_const(0), steps * size + row
+            tasks.append((tile.y, tuple(y_index),
+                          and_valid(below(base[tile.n_axis], shape[tile.n_axis]),
+                                    below(y_index[tile.k_axis], shape[tile.k_axis]))))
+        position = self.tile_position
 
         def combine(values: list[UOp]) -> UOp:
-            x_value, y_value = _guarded(values[0], x_valid), _guarded(values[1], y_valid)
-            return self._sum_of_tiles(node.dtype, x_value, y_value, steps, within)
-        return [(tile.x, tuple(x_index), x_valid), (tile.y, tuple(y_index), y_valid)], combine
+            staged = [_guarded(value, task[2]) for value, task in zip(values, tasks)]
+            return self._sum_of_tiles(node, staged, position, steps, within)
+        return tasks, combine
 
-    def _source_index(self, shape: tuple[int, ...], k_axis: int) -> list[UOp]:
-        """The reduction's source index of this thread's output (the output's axes of size > 1
-        are the source's, in order; opt.local_tile_plan checked it)."""
-        outputs = iter(entry for entry in self.output_index if entry.op is not Ops.CONST)
-        return [next(outputs) if size > 1 and axis != k_axis else index_const(0)
+    def _source_index(self, output_index: Index, shape: tuple[int, ...]) -> list[UOp]:
+        """The reduction's source index of an output of this thread (the output's axes of size
+        > 1 are the source's, in order; opt.local_tile_plan checked it)."""
+        assert self.tile is not None
+        outputs = iter(entry for entry in output_index if entry.op is not Ops.CONST)
+        return [next(outputs) if size > 1 and axis != self.tile.k_axis else index_const(0)
                 for axis, size in enumerate(shape)]
 
-    def _sum_of_tiles(self, dtype: DType, x_value: UOp, y_value: UOp, steps: UOp,
-                      within: UOp) -> UOp:
-        """Stage both tiles, wait, sum a row of X's tile times a column of Y's tile; the sum
-        over the steps adds those partial sums."""
-        size = self.tile_size
+    def _sum_of_tiles(self, node: UOp, staged: list[UOp], position: tuple[int, int],
+                      steps: UOp, within: UOp) -> UOp:
+        """Stage both tiles (once per reduction), wait, then sum row i of X's tile times column
+        j of Y's tile, for this output's place (i, j) in the thread's block; the sum over the
+        steps adds those partial sums. X's tile is (T * r) rows x T, Y's is T x (T * r)."""
+        if node not in self.tile_stages:
+            self.tile_stages[node] = self._stage_tiles(staged[0].dtype, staged, steps)
+        x_tile, y_tile, ready = self.tile_stages[node]
+        size, block = self.tile_size, self.tile_upcast
         column, row = local_thread_id(size, 0), local_thread_id(size, 1)
-        x_tile = UOp(Ops.DEFINE_LOCAL, dtype, (), (self.local_count, size * size))
-        y_tile = UOp(Ops.DEFINE_LOCAL, dtype, (), (self.local_count + 1, size * size))
+        i, j = position
+        x_element = UOp(Ops.LOAD, x_tile.dtype, (x_tile, (row + i * size) * size + within,
+                                                 ready))
+        y_element = UOp(Ops.LOAD, y_tile.dtype, (y_tile, within * (size * block) + column +
+                                                 j * size, ready))
+        product = x_element * y_element
+        if product.dtype != node.dtype:  # a half matmul's widening cast (opt.tile_plan)
+            product = product.cast(node.dtype)
+        partial = UOp(Ops.REDUCE, node.dtype, (product, within), Ops.ADD)
+        return UOp(Ops.REDUCE, node.dtype, (partial, steps), Ops.ADD)
+
+    def _stage_tiles(self, dtype: DType, staged: list[UOp],
+                     steps: UOp) -> tuple[UOp, UOp, UOp]:
+        """The two tiles in shared memory and the barrier after every thread's copies into
+        them: X's row i (of r) at slot (lidx1 + i * T) * T + lidx0, Y's column j at slot
+        lidx1 * T * r + lidx0 + j * T. A barrier at the top of each step keeps the copies from
+        overwriting what slower threads still read of the last step."""
+        size, block = self.tile_size, self.tile_upcast
+        column, row = local_thread_id(size, 0), local_thread_id(size, 1)
+        x_tile = UOp(Ops.DEFINE_LOCAL, dtype, (), (self.local_count, size * size * block))
+        y_tile = UOp(Ops.DEFINE_LOCAL, dtype, (), (self.local_count + 1, size * size * block))
         self.local_count += 2
-        step_start = UOp(Ops.BARRIER, dtypes.bool, (steps,))  # slower threads read the last step
-        slot = row * size + column
-        staged = UOp(Ops.BARRIER, dtypes.bool, (
-            UOp(Ops.STORE, dtype, (x_tile, slot, x_value, step_start)),
-            UOp(Ops.STORE, dtype, (y_tile, slot, y_value, step_start))))
-        x_element = UOp(Ops.LOAD, dtype, (x_tile, row * size + within, staged))
-        y_element = UOp(Ops.LOAD, dtype, (y_tile, within * size + column, staged))
-        partial = UOp(Ops.REDUCE, dtype, (x_element * y_element, within), Ops.ADD)
-        return UOp(Ops.REDUCE, dtype, (partial, steps), Ops.ADD)
+        step_start = UOp(Ops.BARRIER, dtypes.bool, (steps,))
+        x_stores = [UOp(Ops.STORE, dtype, (x_tile, (row + i * size) * size + column, value,
+                                           step_start))
+                    for i, value in enumerate(staged[:block])]
+        y_stores = [UOp(Ops.STORE, dtype, (y_tile, row * (size * block) + column + j * size,
+                                           value, step_start))
+                    for j, value in enumerate(staged[block:])]
+        return x_tile, y_tile, UOp(Ops.BARRIER, dtypes.bool, (*x_stores, *y_stores))
 
 
 def local_thread_id(threads: int, dimension: int = 0) -> UOp:
@@ -358,7 +401,7 @@ def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index
     lanes, an axis upcast by 32 contributes gidx*32 + lane and gidx*32 + 16 + lane: `lane`
     stands for all 16 lanes at once (`vectorize` below)."""
     if options.local_tile:
-        return [tile_output_index(shape, options.local_tile)]
+        return list(tile_output_indices(shape, options.local_tile, options.tile_upcast).values())
     if options.tensor_core:
         raise ValueError("with tensor cores the outputs are the warp's fragments: "
                          "wmma.TensorCoreLowering.output_indices")
@@ -387,18 +430,34 @@ def tile_output_index(shape: tuple[int, ...], size: int) -> Index:
     """A local tile's output index: the last two axes longer than 1 are `tile * size + lidx`
     (lidx1 along the rows, lidx0 along the columns), over loops of work-groups ('w'); other
     axes get a work-group each."""
+    return tile_output_indices(shape, size)[(0, 0)]
+
+
+def tile_output_indices(shape: tuple[int, ...], size: int,
+                        block: int = 1) -> dict[tuple[int, int], Index]:
+    """Every output of a local tile's thread, by its place (i, j) in the thread's r x r block
+    (r = `block`): row `tile * size * r + i * size + lidx1`, column `... + j * size + lidx0`.
+    The block's rows are `size` apart, so neighbouring threads still store neighbouring
+    columns, and a group covers (size * r) x (size * r) outputs."""
     kept = [axis for axis, length in enumerate(shape) if length > 1]
     thread_dimension = {kept[-1]: 0, kept[-2]: 1}
-    index = []
+    per_axis: list[list[UOp]] = []
     for axis, length in enumerate(shape):
         if length == 1:
-            index.append(index_const(0))
+            per_axis.append([index_const(0)])
         elif axis in thread_dimension:
-            tiles = make_range("w", axis, -(-length // size))
-            index.append(tiles * size + local_thread_id(size, thread_dimension[axis]))
+            tiles = make_range("w", axis, -(-length // (size * block)))
+            thread = local_thread_id(size, thread_dimension[axis])
+            per_axis.append([tiles * (size * block) + offset * size + thread
+                             for offset in range(block)])
         else:
-            index.append(make_range("w", axis, length))
-    return tuple(index)
+            per_axis.append([make_range("w", axis, length)])
+    row_axis, column_axis = kept[-2], kept[-1]
+    indices = {}
+    for combination in itertools.product(*(range(len(entries)) for entries in per_axis)):
+        index = tuple(entries[k] for entries, k in zip(per_axis, combination))
+        indices[(combination[row_axis], combination[column_axis])] = index
+    return indices
 
 
 def _inside_output(index: Index, shape: tuple[int, ...]) -> UOp | None:
@@ -417,13 +476,13 @@ def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
     if options.group and not can_group_reduce(ast):
         raise ValueError("a group reduction needs a kernel whose (non-bool) reductions all "
                          "reduce the same axes of the same shape")
-    tile = local_tile_plan(ast) if options.local_tile else None
+    tile = tile_plan(ast) if options.local_tile else None
     if options.local_tile and tile is None:
         raise ValueError("a local tile needs a matmul-like kernel: one sum over one axis of a "
                          "product X * Y, X constant along the output's last axis, Y along "
                          "the one before")
     lowerer = _Lowerer(options.group, options.group_combine, tile=tile,
-                       tile_size=options.local_tile)
+                       tile_size=options.local_tile, tile_upcast=options.tile_upcast)
     row_axis = row_kernel_axis(ast) if options.group else None
     if row_axis is not None:
         return _lower_rows(lowerer, ast, row_axis)
@@ -431,11 +490,16 @@ def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
         if options.tensor_core else None
     indices = lowerer.tensor_core.output_indices if lowerer.tensor_core is not None \
         else output_indices(value.shape, options)
+    if tile is not None:
+        lowerer.tile_indices = tile_output_indices(value.shape, options.local_tile,
+                                                   options.tile_upcast)
+        indices = list(lowerer.tile_indices.values())
+    places = list(lowerer.tile_indices) or [(0, 0)] * len(indices)
     stores = []
-    for index in indices:
+    for index, place in zip(indices, places):
         gated = tile is not None or lowerer.tensor_core is not None
         inside = _inside_output(index, value.shape) if gated else None
-        lowerer.output_index = index
+        lowerer.output_index, lowerer.tile_position = index, place
         lowered = lowerer.lower(value, index, inside)
         position = linear_index(index, value.shape)
         gate = () if inside is None else (inside,)

@@ -24,7 +24,14 @@ What this teaches:
   into shared memory (one element each), wait at a barrier, and each thread sums its row of
   the one tile times its column of the other: every element a group reads from global memory
   serves LOCAL_TILE threads. lower.py builds it; sizes that are not multiples of the tile are
-  padded with zeros (guards), and threads past the edge store nothing;
+  padded with zeros (guards), and threads past the edge store nothing. With `tile_upcast` r
+  each thread computes an r x r block of outputs (rows LOCAL_TILE apart): a group covers
+  (LOCAL_TILE * r)^2 outputs, and each value a thread reads from shared memory serves r of
+  them. The guards sit in the copies into shared memory, never in the loop over it, so a
+  tile needs no padding to its size (tinygrad's PADTO: tests/test_gpu_options.py);
+- **several outputs per thread on a GPU**: an elementwise kernel with more outputs than a GPU
+  runs threads at once computes GPU_UPCAST rows of an outer axis per thread
+  (`gpu_elementwise_upcast`); neighbouring threads still walk neighbouring columns;
 - **tensor cores** (GPU devices whose renderer says `supports_tensor_core`: CUDA, and the
   PYTHON emulator, which runs their semantics): a matmul-like kernel reading half or bfloat16
   gives each 16x8 tile of outputs a warp of 32 threads that runs one `mma` per 16 steps of the
@@ -82,6 +89,12 @@ MAX_GROUP_ROW = ROW_GROUP_THREADS * ROW_STEPS  # 2,048 elements: longer rows are
 TENSOR_CORE_TILE = (16, 8, 16)  # m, n, k of the tensor-core instruction (wmma.M16N8K16)
 TENSOR_CORE_BLOCK = (2, 2, 2, 4)  # 2x2 warps, each 2x4 tiles: 64x64 outputs, 128 threads
 LOCAL_TILE = 16            # a local tile: LOCAL_TILE x LOCAL_TILE threads (256, every GPU allows)
+TILE_UPCAST = 4            # ... each thread a TILE_UPCAST x TILE_UPCAST block of outputs
+MAX_SHARED_BYTES = 16384   # shared memory per work-group that every GPU API guarantees (WebGPU's
+                           # default maxComputeWorkgroupStorageSize is the smallest)
+GPU_UPCAST = 4             # rows per thread of a big elementwise GPU kernel (an outer axis)
+GPU_RESIDENT_THREADS = 1 << 18  # about the threads a big GPU runs at once (H200: 132 x 2048):
+                                # a kernel with 4x as many outputs still fills it at 4 per thread
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,7 @@ class KernelOptions:
     # work-group fed from shared memory (wmma.TensorCoreBlock); empty: one warp per tile
     tensor_core_block: tuple[int, ...] = ()
     tensor_core: bool = False  # a half/bf16 matmul on tensor cores: a warp per 16x8 tile (wmma.py)
+    tile_upcast: int = 1  # > 1: each thread of a local tile computes a block of r x r outputs
 
     def __post_init__(self) -> None:
         if self.group and (self.group & (self.group - 1) or self.group < 2):
@@ -117,6 +131,9 @@ class KernelOptions:
         if self.local_tile and (self.group or self.upcasts or self.vector_width or self.parallel):
             raise ValueError("a local tile does not combine with a group reduction, upcasts, "
                              "vectors or threads over the outer loop")
+        if self.tile_upcast < 1 or (self.tile_upcast > 1 and not self.local_tile):
+            raise ValueError(f"a tile upcast is a block of r x r outputs per thread of a local "
+                             f"tile (r >= 1, and r > 1 needs local_tile), got {self.tile_upcast}")
         if self.tensor_core and (self.local_tile or self.group or self.upcasts or
                                  self.vector_width or self.parallel):
             raise ValueError("tensor cores do not combine with a local tile, a group reduction, "
@@ -131,10 +148,16 @@ class KernelOptions:
             return ["tensor cores: a warp of 32 threads per 16x8 tile of outputs, one "
                     "mma m16n8k16 (half/bf16 in, float32 sums) per 16 steps of the reduction"]
         if self.local_tile:
-            size = self.local_tile
-            return [f"local tile: {size}x{size} threads per work-group, one output each; "
-                    f"{size}x{size} tiles of both operands staged in shared memory per "
-                    f"{size} steps of the reduction"]
+            size, block = self.local_tile, self.tile_upcast
+            if block == 1:
+                return [f"local tile: {size}x{size} threads per work-group, one output each; "
+                        f"{size}x{size} tiles of both operands staged in shared memory per "
+                        f"{size} steps of the reduction"]
+            return [f"local tile: {size}x{size} threads per work-group, a {block}x{block} "
+                    f"block of outputs each ({size * block}x{size * block} per group); "
+                    f"{size * block}x{size} tiles of both operands staged in shared memory "
+                    f"per {size} steps of the reduction; each value a thread reads from "
+                    f"shared memory serves {block} of its outputs"]
         if self.group:
             how = "a tree (halving)" if self.group_combine == "tree" else "thread 0 (serial)"
             return [f"group reduce: {self.group} threads of a work-group share each reduction, "
@@ -197,12 +220,14 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
     reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
     if group_reduce and row_kernel_axis(ast) is not None:
         return KernelOptions(group=row_group_threads(ast))
+    if group_reduce and not reduces:  # (group_reduce: a GPU renderer)
+        return gpu_elementwise_upcast(shape)
     if row_kernel_axis(ast) is not None:
         return _one_row_at_a_time(shape, reduces)
     if tensor_core and _worth_a_tensor_core(ast):
         return KernelOptions(tensor_core=True, tensor_core_block=_tensor_core_block(ast))
     if local_tile and worth_a_local_tile(ast):
-        return KernelOptions(local_tile=LOCAL_TILE)
+        return KernelOptions(local_tile=LOCAL_TILE, tile_upcast=heuristic_tile_upcast(ast))
     if group_reduce and can_group_reduce(ast) and prod(shape) <= GROUP_MAX_OUTPUTS \
             and reduces[0].src[0].shape[reduces[0].arg[1][-1]] >= GROUP_MIN_REDUCE:
         return KernelOptions(group=GROUP_THREADS)
@@ -377,14 +402,74 @@ def local_tile_plan(ast: UOp) -> TilePlan | None:
     return TilePlan(reduce, x, y, m_axis, n_axis, k_axis)
 
 
+def tile_plan(ast: UOp) -> TilePlan | None:
+    """`local_tile_plan`, also where a widening cast sits between the sum and the product (a
+    half matmul sums in float32: REDUCE_AXIS(CAST(MUL))). The plan is then made on the kernel
+    with the cast left out: its X, Y and axes are the kernel's own; the local tile stages X
+    and Y in their dtype and casts each product (lower.py), as the kernel does."""
+    plan = local_tile_plan(ast)
+    if plan is not None:
+        return plan
+    reduces = [n for n in kernel_value(ast).toposort if n.op is Ops.REDUCE_AXIS]
+    if len(reduces) != 1:
+        return None
+    source = reduces[0].src[0]
+    widening = source.op is Ops.CAST and source.src[0].op is Ops.MUL and \
+        dtypes.is_float(source.dtype) and source.dtype.itemsize > source.src[0].dtype.itemsize
+    return local_tile_plan(ast.substitute({source: source.src[0]})) if widening else None
+
+
 def worth_a_local_tile(ast: UOp) -> bool:
     """The heuristic's rule: a local tile pays when the tile is filled along both output axes
     and the reduction (each staged element is then read LOCAL_TILE times)."""
-    plan = local_tile_plan(ast)
+    plan = tile_plan(ast)
     if plan is None:
         return False
     shape = plan.reduce.src[0].shape
     return all(shape[axis] >= LOCAL_TILE for axis in (plan.m_axis, plan.n_axis, plan.k_axis))
+
+
+def gpu_elementwise_upcast(shape: tuple[int, ...]) -> KernelOptions:
+    """An elementwise kernel on a GPU: one output per thread, unless it has more than
+    GPU_UPCAST x GPU_RESIDENT_THREADS outputs (more threads than the GPU runs at once even at
+    GPU_UPCAST outputs each): then each thread computes GPU_UPCAST rows of an outer axis.
+    Never the innermost axis: neighbouring threads still walk neighbouring columns, so their
+    loads stay coalesced (4 consecutive columns per thread would spread a warp's loads over
+    4 times the memory)."""
+    axes = [axis for axis, size in enumerate(shape) if size > 1]
+    if prod(shape) < GPU_UPCAST * GPU_RESIDENT_THREADS:
+        return NO_OPTIONS
+    for axis in reversed(axes[:-1]):
+        if shape[axis] % GPU_UPCAST == 0 and shape[axis] >= 2 * GPU_UPCAST:
+            return KernelOptions(((axis, GPU_UPCAST),))
+    return NO_OPTIONS
+
+
+def heuristic_tile_upcast(ast: UOp) -> int:
+    """The heuristic's register block for a local tile: the biggest of TILE_UPCAST x
+    TILE_UPCAST (or half that on a side) outputs per thread whose group's tile both output
+    axes fill and whose shared memory fits; otherwise one output per thread."""
+    plan = tile_plan(ast)
+    if plan is None:
+        return 1
+    shape = plan.reduce.src[0].shape
+    for block in (TILE_UPCAST, TILE_UPCAST // 2):
+        filled = all(shape[axis] >= LOCAL_TILE * block for axis in (plan.m_axis, plan.n_axis))
+        fits = local_tile_fits(KernelOptions(local_tile=LOCAL_TILE, tile_upcast=block),
+                               plan.x.dtype.itemsize)
+        if filled and fits and block > 1:
+            return block
+    return 1
+
+
+def local_tile_shared_bytes(options: KernelOptions, itemsize: int) -> int:
+    """Shared memory of a local tile: two tiles of (size * r) x size elements."""
+    return 2 * options.local_tile ** 2 * options.tile_upcast * itemsize
+
+
+def local_tile_fits(options: KernelOptions, itemsize: int) -> bool:
+    """Does the tile's shared memory fit what every GPU guarantees (MAX_SHARED_BYTES)?"""
+    return local_tile_shared_bytes(options, itemsize) <= MAX_SHARED_BYTES
 
 
 def _only_elementwise_above(value: UOp, reduce: UOp) -> bool:

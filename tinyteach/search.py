@@ -10,6 +10,14 @@ What this teaches:
   `MAX_ROUNDS`);
 - timing is never allowed to trade correctness: every candidate's output is compared with the
   heuristic's on the same inputs, and one that disagrees is discarded;
+- on a GPU device (OPENCL, WEBGPU, CUDA, PYTHON) the candidates are the GPU options the kernel
+  can take there (`GPUSpace`): group reductions (threads per group, tree or serial), local
+  tiles (threads per group, and a block of r x r outputs per thread), tensor cores, upcasts
+  (several outputs per thread), and no option; each round also steps to the other kinds;
+- on PYTHON, the emulator, wall time would measure numpy, not a GPU: its candidates are ranked
+  by a **cost model** of the emulator's record instead (`emulator_cost`: the 32-byte sectors
+  each warp's global accesses touch, shared-memory wavefronts with bank conflicts, barriers),
+  and DEBUG=2 says so;
 - a search costs seconds (a compiler call per round), so its choice is cached, in memory and on
   disk (one small JSON file per kernel, keyed by device, compiler, machine and the kernel's AST):
   a second process reuses it without timing anything.
@@ -17,14 +25,17 @@ What this teaches:
 `BEAM=n` (environment, or `with Context(BEAM=2):`) turns the search on with a beam of width n;
 `BEAM=0`, the default, keeps the heuristic and changes nothing. `DEBUG=2` prints one line per
 searched kernel; `DEBUG=3`'s "optimizations of ..." line shows what was chosen. `NOOPT=1` wins
-over `BEAM`. The search runs on CPU and OPENCL; on WEBGPU and CUDA (not tried: their timing and
-buffers need more care) and on interpreters the heuristic is kept.
+over `BEAM`. The search runs on CPU, OPENCL, WEBGPU, CUDA (timed: on a machine with a GPU;
+here only its candidates' compile is tested, `search_space`) and PYTHON (the cost model); on
+interpreters the heuristic is kept.
 
 Scratch inputs: floats are random in [-1, 1], bools random, integers zero — an integer input may
 be an index, and a random one could read out of bounds.
 
-tinygrad: its BEAM also tries local (workgroup) sizes, unrolling of reduce loops and grouped
-reductions, and times with the kernel's real buffers; tinyteach has only upcasts and threads.
+tinygrad: its BEAM also tries unrolling of reduce loops, the threads per group of a plain
+kernel (tinyteach's launch picks those, render/gpu.py) and PADTO (a local tile needs none: its
+guards sit in the copies into shared memory, never in the loop over it), and times with the
+kernel's real buffers.
 
 Builds on: opt.py (the heuristic and KernelOptions), lower.py, device.py, helpers.py (the cache
 folder, the machine's identity). Used by: realize.py (`options_for`, when a kernel is compiled).
@@ -64,21 +75,30 @@ from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import BEAM, DEBUG, NOOPT, LRUCache, cache_dir, dedup, machine_identity, prod
 from tinyteach.lower import lower
 from tinyteach.opt import (
+    GROUP_THREADS,
+    LOCAL_TILE,
     MAX_UPCAST_AXES,
     KernelOptions,
+    can_group_reduce,
+    heuristic_tile_upcast,
     kernel_value,
+    local_tile_fits,
     options_for_renderer,
     outer_loop_size,
+    row_kernel_axis,
+    tile_plan,
 )
 from tinyteach.uop import Ops, UOp
 
-SEARCHED_DEVICES = ("CPU", "OPENCL")
+SEARCHED_DEVICES = ("CPU", "OPENCL", "WEBGPU", "PYTHON", "CUDA")
+COST_MODEL_DEVICES = ("PYTHON",)  # ranked by the emulator's record, not by wall time
 UPCAST_FACTORS = (2, 4, 8, 16, 32)
+TILE_UPCASTS = (1, 2, 4)   # a local tile's r x r block of outputs per thread
 MAX_TILE = 256             # outputs per loop iteration (16x16): more spill out of registers
 MAX_UNROLLED_NODES = 4096  # a tile copies the kernel's body: keep the copies compilable
 MAX_ROUNDS = 3
 REPEATS = 3                # timed runs per candidate; the minimum counts
-SEARCH_VERSION = "1"       # bump when a cached choice should no longer be trusted
+SEARCH_VERSION = "2"       # bump when a cached choice should no longer be trusted
 
 
 # ---- the candidates ----
@@ -89,13 +109,44 @@ def heuristic_options(backend: Backend, ast: UOp) -> KernelOptions:
     return options_for_renderer(ast, backend.renderer)
 
 
-def neighbours(options: KernelOptions, shape: tuple[int, ...], body_nodes: int = 1) \
-        -> list[KernelOptions]:
+@dataclass(frozen=True)
+class GPUSpace:
+    """The GPU options a kernel can take on a device's renderer (None on a CPU): a group
+    reduction, a local tile (whose shared memory must fit: `itemsize` of its operands),
+    tensor cores. A kernel over whole rows (a fused softmax) keeps a work-group per row."""
+
+    group: bool
+    local_tile: bool
+    tensor_core: bool
+    itemsize: int = 4
+    rows: bool = False
+    tile_upcast: int = 1  # the heuristic's block of outputs per thread of a local tile
+
+
+def gpu_space(ast: UOp, renderer: Any) -> GPUSpace | None:
+    """What `ast` can take on `renderer`, or None where the renderer has no work-groups."""
+    if not getattr(renderer, "supports_group_reduce", False):
+        return None
+    from tinyteach.wmma import why_no_tensor_core  # (wmma.py builds on opt.py, as this does)
+    plan = tile_plan(ast)
+    return GPUSpace(can_group_reduce(ast),
+                    plan is not None and getattr(renderer, "supports_local_tile", False),
+                    getattr(renderer, "supports_tensor_core", False) and
+                    why_no_tensor_core(ast) is None,
+                    plan.x.dtype.itemsize if plan is not None else 4,
+                    row_kernel_axis(ast) is not None, heuristic_tile_upcast(ast))
+
+
+def neighbours(options: KernelOptions, shape: tuple[int, ...], body_nodes: int = 1,
+               space: GPUSpace | None = None) -> list[KernelOptions]:
     """Every KernelOptions one step away: one axis's upcast factor changed (or removed), or
     threads switched. Other fields of `options` are kept (`dataclasses.replace`).
     A group reduction takes no upcasts, vectors or threads: its neighbours are the other group
     sizes, the other way to combine, and no group at all. Local tiles and tensor cores neither:
-    see `_tile_changes`."""
+    see `_tile_changes`. On a GPU (`space`: what the kernel can take there), see
+    `_gpu_neighbours`."""
+    if space is not None:
+        return _gpu_neighbours(options, shape, body_nodes, space)
     if options.group:
         return _group_changes(options)
     if options.local_tile or options.tensor_core:
@@ -103,6 +154,72 @@ def neighbours(options: KernelOptions, shape: tuple[int, ...], body_nodes: int =
     found = [*_upcast_changes(options, shape, body_nodes), _threads_switched(options),
              _vectors_off(options)]
     return [o for o in dedup(found) if o is not None and o != options and _is_valid(o, shape)]
+
+
+def _gpu_neighbours(options: KernelOptions, shape: tuple[int, ...], body_nodes: int,
+                    space: GPUSpace) -> list[KernelOptions]:
+    """On a GPU: the changes within the option's own kind (group sizes and combines; tile
+    sizes and blocks of outputs per thread; upcasts, which give a thread several outputs),
+    and a step to each other kind the kernel can take. No threads over cores or vectors:
+    a GPU's threads are its launch, and its renderers have no vector types."""
+    if options.group:
+        found = _group_changes(options)
+    elif options.local_tile:
+        found = _local_tile_changes(options, space)
+    elif options.tensor_core:
+        found = [KernelOptions()]
+    else:
+        found = _upcast_changes(dataclasses.replace(options, parallel=False, vector_width=0),
+                                shape, body_nodes)
+    if space.rows:  # a fused row kernel: one work-group per row, or the plain kernel
+        return [o for o in dedup(found) if o != options and (o.group or o == KernelOptions())]
+    found += [kind for kind in _gpu_kinds(space) if _kind(kind) != _kind(options)]
+    return [o for o in dedup(found) if o != options]
+
+
+def _gpu_kinds(space: GPUSpace) -> list[KernelOptions]:
+    """One option of each GPU kind the kernel can take, as the heuristic would set it."""
+    kinds = [KernelOptions()]
+    if space.group:
+        kinds.append(KernelOptions(group=GROUP_THREADS))
+    if space.local_tile:
+        kinds.append(KernelOptions(local_tile=LOCAL_TILE, tile_upcast=space.tile_upcast))
+    if space.tensor_core:
+        kinds.append(KernelOptions(tensor_core=True))
+    return kinds
+
+
+def _kind(options: KernelOptions) -> str:
+    if options.group:
+        return "group"
+    if options.local_tile:
+        return "local tile"
+    return "tensor cores" if options.tensor_core else "plain"
+
+
+def _local_tile_changes(options: KernelOptions, space: GPUSpace) -> list[KernelOptions]:
+    """Half and twice the tile (4 to 16 on a side), and every block of outputs per thread
+    (TILE_UPCASTS), where the tile's shared memory fits (opt.local_tile_fits)."""
+    sizes = [size for size in (options.local_tile // 2, options.local_tile * 2) if 4 <= size <= 16]
+    found = [dataclasses.replace(options, local_tile=size) for size in sizes]
+    found += [dataclasses.replace(options, tile_upcast=r) for r in TILE_UPCASTS]
+    return [o for o in found if local_tile_fits(o, space.itemsize)]
+
+
+def search_space(ast: UOp, renderer: Any, rounds: int = 2) -> list[KernelOptions]:
+    """Every KernelOptions a search from the heuristic's choice could reach in `rounds`
+    rounds (the whole neighbourhood, not only the best's): what a BEAM on this device may
+    compile. (tests/test_gpu_options.py compiles each for CUDA, where no GPU times them.)"""
+    shape, body_nodes = kernel_value(ast).shape, len(kernel_value(ast).toposort)
+    space = gpu_space(ast, renderer)
+    found = [options_for_renderer(ast, renderer)]
+    frontier = list(found)
+    for _ in range(rounds):
+        frontier = [n for o in frontier for n in neighbours(o, shape, body_nodes, space)
+                    if n not in found]
+        frontier = dedup(frontier)
+        found += frontier
+    return found
 
 
 def _group_changes(options: KernelOptions) -> list[KernelOptions]:
@@ -269,6 +386,68 @@ def time_candidate(backend: Backend, candidate: Candidate, scratch: Scratch,
     return fastest
 
 
+# ---- the emulator's cost model (PYTHON) ----
+
+SECTOR_BYTES = 32          # a GPU moves global memory in 32-byte sectors
+WARP_THREADS = 32          # ... for the 32 threads of a warp at once
+SHARED_BANKS = 32          # shared memory: 32 banks of 4-byte words, one word each per cycle
+SHARED_WEIGHT = 0.25       # a shared-memory wavefront costs about a quarter of a sector
+BARRIER_WEIGHT = 1.0       # a warp waiting at a barrier: about one sector's time
+
+
+def emulator_cost_of(candidate: Candidate, scratch: Scratch) -> float:
+    """Run the candidate on the emulator with its record on, and score the record
+    (`emulator_cost`). The emulator's wall time would rank how many numpy steps a kernel
+    takes, which says nothing about a GPU."""
+    from tinyteach.runtime.python import record_threads  # (a runtime: loaded when searched)
+    scratch.reset()
+    with record_threads() as traces:
+        candidate.program(*scratch.buffers)
+    return sum(emulator_cost(trace, candidate.program.linear) for trace in traces)
+
+
+def emulator_cost(trace: Any, program: Any) -> float:
+    """A GPU's time for one launch, estimated from what its threads did: every global load or
+    store step costs the 32-byte sectors its warps touch (a coalesced warp reading 32 floats:
+    4 sectors; 32 floats far apart: 32), every shared-memory step the wavefronts of its warps
+    (1, or more when threads hit the same bank at different words: a bank conflict), weighed
+    SHARED_WEIGHT, and every barrier each warp passes BARRIER_WEIGHT. Arithmetic is not
+    counted: this ranks memory traffic, which is what tiles and blocks of outputs change."""
+    itemsize = {f"data{u.arg[0]}": u.dtype.itemsize for u in program.globals}
+    itemsize.update({f"local{u.arg[0]}": u.dtype.itemsize for u in program.locals})
+    local = trace.launch.local_size
+    cost = 0.0
+    for event in trace.events:
+        warps = _warp_ids(event.groups, event.threads, local)
+        byte = event.addresses * itemsize[event.buffer]
+        if event.is_shared:
+            cost += SHARED_WEIGHT * _wavefronts(warps, byte // 4)
+        else:
+            cost += len(np.unique(np.stack([warps, byte // SECTOR_BYTES]), axis=1)[0])
+    warps_per_group = -(-prod(local) // WARP_THREADS)
+    cost += BARRIER_WEIGHT * trace.barriers * trace.launch.group_count * warps_per_group
+    return cost
+
+
+def _warp_ids(groups: np.ndarray, threads: np.ndarray,
+              local: tuple[int, int, int]) -> np.ndarray:
+    """A number for each access's warp: its group, and its thread's flat id // 32."""
+    flat = threads[:, 0] + local[0] * (threads[:, 1] + local[1] * threads[:, 2])
+    group = groups[:, 0] + (1 << 16) * (groups[:, 1] + (1 << 16) * groups[:, 2])
+    return group * 64 + flat // WARP_THREADS
+
+
+def _wavefronts(warps: np.ndarray, words: np.ndarray) -> int:
+    """Shared-memory cycles: per warp, the most distinct words any one bank serves."""
+    pairs = np.unique(np.stack([warps, words]), axis=1)  # threads reading one word: a broadcast
+    banks, per_bank = np.unique(pairs[0] * SHARED_BANKS + pairs[1] % SHARED_BANKS,
+                                return_counts=True)
+    warp_list, warp_of = np.unique(banks // SHARED_BANKS, return_inverse=True)
+    worst = np.zeros(len(warp_list), dtype=np.int64)
+    np.maximum.at(worst, warp_of, per_bank)
+    return int(worst.sum())
+
+
 # ---- the search ----
 
 @dataclass
@@ -281,6 +460,8 @@ class SearchResult:
     candidates: int           # distinct programs compiled and run
     discarded: int = 0        # of those, how many gave a wrong output
     search_seconds: float = 0.0
+    unit: str = "s"           # what `seconds` counts: "s", or "cost" (the emulator's model)
+    tried: dict[KernelOptions, float] = field(default_factory=dict)  # each one's time or cost
 
 
 @dataclass
@@ -324,6 +505,8 @@ class BeamSearch:
         elif not agrees(output, self.reference, self.scratch.buffers[0].dtype):
             self.discarded += 1
             return math.inf  # never trade correctness for speed
+        if self.backend.name in COST_MODEL_DEVICES:
+            return emulator_cost_of(candidate, self.scratch)
         return time_candidate(self.backend, candidate, self.scratch, min(self.times.values()))
 
     def best(self, count: int) -> list[KernelOptions]:
@@ -337,20 +520,23 @@ def beam_search(backend: Backend, ast: UOp, name: str, width: int) -> SearchResu
     start = time.perf_counter()
     heuristic = heuristic_options(backend, ast)
     shape, body_nodes = kernel_value(ast).shape, len(kernel_value(ast).toposort)
+    space = gpu_space(ast, backend.renderer)
     search = BeamSearch(backend, ast, name, width, scratch_for(backend.name, ast))
     search.try_options([heuristic])
     beam = search.best(width)
     if not beam:  # the heuristic's kernel itself failed: compiling it again will say why
-        return SearchResult(heuristic, math.inf, math.inf, search.programs)
+        return SearchResult(heuristic, math.inf, math.inf, search.programs,
+                            unit=_unit(backend))
     for _ in range(MAX_ROUNDS):
-        search.try_options([n for o in beam for n in neighbours(o, shape, body_nodes)])
+        search.try_options([n for o in beam for n in neighbours(o, shape, body_nodes, space)])
         previous, beam = beam, search.best(width)
         if not beam or beam[0] == previous[0]:
             break
     best = beam[0] if beam else heuristic
     return SearchResult(best, search.times.get(best, math.inf),
                         search.times.get(heuristic, math.inf), search.programs,
-                        search.discarded, time.perf_counter() - start)
+                        search.discarded, time.perf_counter() - start, _unit(backend),
+                        dict(search.times))
 
 
 # ---- the cache and the entry point ----
@@ -364,7 +550,8 @@ def options_for(backend: Backend, name: str, ast: UOp) -> KernelOptions:
     heuristic = heuristic_options(backend, ast)
     if not BEAM or NOOPT or backend.renderer is None or backend.name not in SEARCHED_DEVICES:
         return heuristic
-    if not neighbours(heuristic, kernel_value(ast).shape):
+    space = gpu_space(ast, backend.renderer)
+    if not neighbours(heuristic, kernel_value(ast).shape, space=space):
         return heuristic  # nothing else to try: no need to time anything
     key = cache_key(backend, ast, BEAM.value)
     if key not in _memory_cache:
@@ -383,9 +570,20 @@ def _report(name: str, result: SearchResult) -> None:
         return
     chosen = "; ".join(result.best.describe()) or "none"
     wrong = f", {result.discarded} discarded (wrong output)" if result.discarded else ""
+    if result.unit == "cost":
+        measured = (f"cost {result.seconds:.0f} (heuristic {result.heuristic_seconds:.0f}); "
+                    "ranked by the emulator's record (global memory sectors, shared-memory "
+                    "wavefronts, barriers per warp), not by wall time, which measures the "
+                    "emulator's numpy, not a GPU")
+    else:
+        measured = (f"{result.seconds * 1e3:.3f} ms "
+                    f"(heuristic {result.heuristic_seconds * 1e3:.3f} ms)")
     print(f"beam {name}: {result.candidates} candidates{wrong} in {result.search_seconds:.2f} s, "
-          f"best '{chosen}' {result.seconds * 1e3:.3f} ms "
-          f"(heuristic {result.heuristic_seconds * 1e3:.3f} ms)")
+          f"best '{chosen}' {measured}")
+
+
+def _unit(backend: Backend) -> str:
+    return "cost" if backend.name in COST_MODEL_DEVICES else "s"
 
 
 def ast_text(ast: UOp) -> str:
