@@ -16,6 +16,7 @@ memory (TENSOR_CORE_BLOCKS, one drawn at random).
 
     python tests/fuzz_gpu_matmul.py --cases 300 --seed 7          # every available device
     python tests/fuzz_gpu_matmul.py --cases 50 --devices PYTHON --verbose
+    python tests/fuzz_gpu_matmul.py --cases 60 --devices PYTHON --dtypes float16  # tensor cores
 
 tests/test_fuzz_gpu_matmul.py runs a fixed-seed slice.
 """
@@ -43,6 +44,7 @@ from tinyteach.lower import lower  # noqa: E402
 from tinyteach.opt import KernelOptions, can_group_reduce  # noqa: E402
 from tinyteach.realize import record_launches  # noqa: E402
 from tinyteach.schedule import create_schedule  # noqa: E402
+from tinyteach.tensor_core import NO_BFLOAT16  # noqa: E402
 from tinyteach.uop import UOp  # noqa: E402
 from tinyteach.wmma import product_plan, why_no_tensor_core  # noqa: E402
 
@@ -77,9 +79,9 @@ class Case:
                 f"epilogue={self.epilogue} seed={self.seed}")
 
 
-def random_case(rng: np.random.Generator) -> Case:
+def random_case(rng: np.random.Generator, dtypes_drawn: tuple[str, ...] = DTYPES) -> Case:
     return Case(int(rng.choice([0, 0, 0, 2, 3])), *(int(rng.choice(SIZES)) for _ in range(3)),
-                str(rng.choice(DTYPES)), bool(rng.random() < 0.3),
+                str(rng.choice(dtypes_drawn)), bool(rng.random() < 0.3),
                 bool(rng.random() < 0.3), str(rng.choice(EPILOGUES)), int(rng.integers(1 << 30)))
 
 
@@ -207,9 +209,9 @@ def option_kind(options: KernelOptions) -> str:
 
 
 def device_has(device: str, dtype: str) -> bool:
-    """Can `device` hold `dtype`? (pocl has no float16; only OPENCL of the three holds
-    bfloat16: WGSL has no 16-bit words, the emulator refuses bfloat16 tensors.)"""
-    if dtype == "bfloat16" and device in ("PYTHON", "WEBGPU"):
+    """Can `device` hold `dtype`? (pocl has no float16; WGSL has no 16-bit words for bfloat16;
+    a device in tensor_core.NO_BFLOAT16 refuses bfloat16 tensors.)"""
+    if dtype == "bfloat16" and (device == "WEBGPU" or device in NO_BFLOAT16):
         return False
     return getattr(dtypes, dtype) not in getattr(Device[device], "unsupported_dtypes", {})
 
@@ -261,12 +263,12 @@ def cuda_compiler() -> object | None:
 
 
 def fuzz(cases: int, devices: list[str], seed: int = 0, cuda: bool = True,
-         verbose: bool = False) -> Report:
+         verbose: bool = False, dtypes_drawn: tuple[str, ...] = DTYPES) -> Report:
     rng = np.random.default_rng(seed)
     report = Report()
     compiler = cuda_compiler() if cuda else None
     for _ in range(cases):
-        case = random_case(rng)
+        case = random_case(rng, dtypes_drawn)
         report.cases += 1
         if verbose:
             print(case)
@@ -296,10 +298,13 @@ def main() -> int:
     parser.add_argument("--devices", nargs="*", default=None, help="default: every available")
     parser.add_argument("--no-cuda", action="store_true", help="skip the CUDA compile column")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--dtypes", nargs="*", default=None,
+                        help=f"draw only these (default: {' '.join(DTYPES)})")
     args = parser.parse_args()
     devices = args.devices or available_devices()
     start = time.perf_counter()
-    report = fuzz(args.cases, devices, args.seed, not args.no_cuda, args.verbose)
+    report = fuzz(args.cases, devices, args.seed, not args.no_cuda, args.verbose,
+                  tuple(args.dtypes) if args.dtypes else DTYPES)
     seconds = time.perf_counter() - start
     print(f"{report.cases} cases, {report.runs} runs on {', '.join(devices)}, "
           f"{report.compiled} CUDA kernels compiled, {len(report.failures)} failures "

@@ -17,8 +17,15 @@ What this teaches:
   16 x 8 tile of outputs: per step of 16 along k, every thread loads its 8 + 4 fragment
   elements straight from global memory (elements past an edge load as 0, so any size works),
   the warp runs one WMMA, and each thread adds its 4 results to 4 float32 accumulators.
-  Products of halves are exact in float32 and the sums are float32: a half matmul on tensor
-  cores is *more* accurate than one that sums in half;
+  Products of halves are exact in float32 and the sums are float32 (every half sum in
+  tinyteach is, tensor_core.sum_acc_dtype; only the tensor core also keeps the products exact);
+- a *block* (`TensorCoreBlock`, KernelOptions.tensor_core_block) makes a work-group of several
+  warps, each computing several tiles (the heuristic's: 2x2 warps of 2x4 tiles, 64x64 outputs).
+  Per step of 16 along k the group copies both operands' k-slices into shared memory
+  (cooperative: each thread a few elements, neighbours neighbouring elements; zeros past the
+  edges), waits at a barrier, and each warp reads its fragments from shared memory: every
+  element read from global memory then serves a whole row or column of the block's tiles
+  (`StagedTensorCoreLowering`);
 - in the IR, a `WMMA` node is one element of a thread's D fragment (the program stays scalar:
   the linearizer, the accumulators and the emulator need nothing new). The 4 WMMA nodes that
   share their sources are one instruction: the CUDA renderer issues it once, the emulator
@@ -26,7 +33,7 @@ What this teaches:
 
 tinygrad: its WMMA UOp takes vector fragments and returns a vector (with GEP to take elements
 apart) and the TC optimization upcasts and permutes axes to build them; here the fragment
-elements are plain scalar loads, and the tile is fixed (one warp, one 16 x 8 x 16 tile).
+elements are plain scalar loads, and the instruction is fixed (16 x 8 x 16).
 
 Builds on: uop.py, view.py, opt.py (the matmul plan). Used by: lower.py (the `tensor_core`
 option), render/cuda.py (mma.sync), runtime/python.py (the semantics), viz/threads.py.

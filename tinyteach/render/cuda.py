@@ -21,6 +21,11 @@ the inline PTX `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (`.bf16` for 
     mma_m16n8k16_f16(wmma0, wmma0_a, wmma0_b);
     acc0 = (acc0+wmma0[0]);
 
+A tensor-core block (wmma.TensorCoreBlock) needs nothing more: its k-slices are `__shared__`
+arrays, its barriers `__syncthreads()`, and its fragments plain loads from shared memory; a
+work-group of (32, warps) threads makes threadIdx.y the warp, as CUDA numbers warps by
+consecutive thread ids (x fastest).
+
 Builds on: render/gpu.py.
 """
 from __future__ import annotations
