@@ -147,6 +147,7 @@ class CapturedJit:
         self.result = result
         self.output_uops = [t.uop for t in outputs]
         self.input_slots = self._find_input_slots(input_buffers)
+        self.changed = [(k, position) for k, position, _ in self.input_slots]  # for the graph
         self.symbolic = any(launch.var_vals for launch in launches)
         # a device graph replays the values it was built with: symbolic launches go one by one
         self.graph = None if self.symbolic else self._make_graph()
@@ -180,14 +181,14 @@ class CapturedJit:
                                      if name in captured.var_vals)
         start = time.perf_counter()
         if self.graph is not None:
-            self.graph(self.launches, [(k, position) for k, position, _ in self.input_slots])
+            self.graph(self.launches, self.changed)
         else:
             for launch in self.launches:
                 self._run_one(launch)
         seconds = time.perf_counter() - start
         GlobalCounters.kernel_count += len(self.launches)
         GlobalCounters.time_sum_s += seconds
-        if DEBUG >= 1:
+        if DEBUG.value >= 1:
             how = "one graph call" if self.graph is not None else "one by one"
             print(f"TinyJit: replayed {len(self.launches)} kernels ({how}) in "
                   f"{seconds * 1e6:.1f}us")
@@ -202,10 +203,14 @@ class CapturedJit:
     def outputs(self) -> Any:
         """The function's result, with tensors pointing at the replayed output buffers (a
         symbolic size bound to this call's value)."""
+        if isinstance(self.result, Tensor) and not self.var_vals:  # one tensor, as captured
+            return Tensor._from_uop(self.output_uops[0], self.result.device)
         replacements = iter(self._rebound_outputs())
 
         def rebuild(value: Any) -> Any:
-            return Tensor(next(replacements), value.device) if isinstance(value, Tensor) else value
+            # (the lean constructor: the node is built and the device canonical)
+            return Tensor._from_uop(next(replacements), value.device) \
+                if isinstance(value, Tensor) else value
         if isinstance(self.result, (tuple, list)):
             return type(self.result)(rebuild(r) for r in self.result)
         if isinstance(self.result, dict):
@@ -241,11 +246,18 @@ class TinyJit(Generic[ReturnType]):
         self.captured: CapturedJit | None = None
         self.signature: list[tuple[str, InputSignature]] = []
         self.fixed_arguments: list[tuple[str, Any]] = []
+        # (shape, dtype, device) of each argument, when all are tensors of plain-int shapes
+        # and nothing is symbolic: what the lean replay compares (`_replay_plain`)
+        self.plain_signature: list[tuple[tuple[int, ...], Any, str]] | None = None
 
     def __get__(self, obj: Any, objtype: Any = None) -> Callable[..., ReturnType]:
         return functools.partial(self.__call__, obj)  # a jitted method
 
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
+        if self.plain_signature is not None and not kwargs:
+            buffers = self._plain_buffers(args)
+            if buffers is not None:  # the lean replay
+                return self._replay(buffers, {})
         args, kwargs = _realized_inputs(args, kwargs)
         tensors, others = _split_arguments(args, kwargs)
         signature = [(name, InputSignature(_unbound_shape(t.shape), t.dtype, t.device))
@@ -260,8 +272,11 @@ class TinyJit(Generic[ReturnType]):
         if self.calls == 1:
             return self._capture(args, kwargs, signature, others, tensors)
         self._check(signature, others)
+        return self._replay([_buffer_of(t) for _, t in tensors], call_var_vals(args, kwargs))
+
+    def _replay(self, buffers: list[Buffer], var_vals: dict[str, int]) -> ReturnType:
         assert self.captured is not None
-        self.captured.replay([_buffer_of(t) for _, t in tensors], call_var_vals(args, kwargs))
+        self.captured.replay(buffers, var_vals)
         self.calls += 1
         replayed: ReturnType = self.captured.outputs()
         return replayed
@@ -279,11 +294,36 @@ class TinyJit(Generic[ReturnType]):
         input_buffers = [_buffer_of(t) for _, t in tensors]
         self.captured = CapturedJit(list(launches), input_buffers, result, outputs)
         self.signature, self.fixed_arguments, self.calls = signature, others, 2
+        plain = [(t.uop.shape, t.dtype, t.device) for _, t in tensors]
+        if not others and not kwargs and not self.captured.symbolic and \
+                not any(isinstance(size, UOp) for shape, _, _ in plain for size in shape):
+            self.plain_signature = plain
         if DEBUG >= 1:
             symbolic = " (over symbolic sizes: one capture for every value)" \
                 if self.captured.symbolic else ""
             print(f"TinyJit: captured {len(launches)} kernels of {self.fn.__name__}{symbolic}")
         return result
+
+    def _plain_buffers(self, args: tuple[Any, ...]) -> list[Buffer] | None:
+        """The lean replay's check, for a capture whose arguments are all tensors with plain
+        shapes: when each argument is already a buffer of the captured shape, dtype and
+        device, the launches replay on those buffers (nothing else can differ), so here are
+        the buffers. None when that is not so: the whole path then realizes, checks and
+        explains."""
+        expected = self.plain_signature
+        if expected is None or len(args) != len(expected) or self.captured is None:
+            return None
+        buffers = []
+        for value, (shape, dtype, device) in zip(args, expected):
+            if not isinstance(value, Tensor):
+                return None
+            node = value.uop
+            base = node if node.op is Ops.BUFFER else base_buffer(node)
+            if base is None or node.shape != shape or node.dtype is not dtype or \
+                    value.device != device or not base.arg.is_allocated:
+                return None
+            buffers.append(base.arg)
+        return buffers
 
     def _check(self, signature: list[tuple[str, InputSignature]],
                others: list[tuple[str, Any]]) -> None:

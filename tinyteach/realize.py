@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from tinyteach.opt import NO_OPTIONS
 from tinyteach.pack import pack_operands
 from tinyteach.schedule import Schedule, ScheduleItem, estimate_ops, schedule_graph
 from tinyteach.uop import (
+    ALU,
     Ops,
     UOp,
     _arg_key,
@@ -145,10 +147,11 @@ def forget_runners(device: str) -> None:
     for key in runner_cache:
         if key[0] == device:
             del runner_cache[key]
-    for plan_id in plan_cache:
-        plan = plan_cache.entries[plan_id]
-        if plan_id[2] == device or any(step.item.device == device for step in plan.steps):
-            del plan_cache[plan_id]
+    for cache in (plan_cache, elementwise_plans):
+        for plan_id in cache:
+            plan = cache.entries[plan_id]
+            if plan_id[2] == device or any(step.item.device == device for step in plan.steps):
+                del cache[plan_id]
 
 
 def _print_item(item: ScheduleItem) -> None:
@@ -293,12 +296,12 @@ class PlanStep:
 class Plan:
     """What realizing a graph of one structure does: holes 0..n-1 are its input buffers,
     `fresh` the new buffers to allocate (slots n, n+1, ...), `steps` the launches in order,
-    `results` for each root (slot, alias?) or None when the root stays as it is, and
-    `assigned` the slots an assign writes into."""
+    `results` for each root (slot, alias?, its shape or None when symbolic) or None when
+    the root stays as it is, and `assigned` the slots an assign writes into."""
 
     fresh: tuple[tuple[str, int, DType], ...]
     steps: tuple[PlanStep, ...]
-    results: tuple[tuple[int, bool] | None, ...]
+    results: tuple[tuple[int, bool, tuple[int, ...] | None] | None, ...]
     assigned: tuple[int, ...]
 
     @functools.cached_property  # (a frozen dataclass allows it: it writes the instance's dict)
@@ -370,7 +373,7 @@ def make_plan(schedule_: Schedule, roots: list[UOp], holes: list[Buffer]) -> Pla
                               sum(b.nbytes for b in item.buffers)))
     assigned = tuple(slot(item.output) for item in schedule_.items
                      if item.node is not None and item.node.op is Ops.ASSIGN)
-    results: list[tuple[int, bool] | None] = []
+    results: list[tuple[int, bool, tuple[int, ...] | None] | None] = []
     for root in roots:
         result = schedule_.becomes.get(root)
         if result is None:
@@ -381,7 +384,9 @@ def make_plan(schedule_: Schedule, roots: list[UOp], holes: list[Buffer]) -> Pla
             base = base.src[0]
         is_alias = root.op is Ops.ASSIGN
         buffer = schedule.assign_target(root) if is_alias else base.arg
-        results.append((slot(buffer), is_alias))
+        shape = root.shape  # kept when plain ints: a later root of this structure has it too
+        plain = None if any(isinstance(size, UOp) for size in shape) else shape
+        results.append((slot(buffer), is_alias, plain))
     return Plan(tuple(fresh), tuple(steps), tuple(results), assigned)
 
 
@@ -392,9 +397,12 @@ def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer],
     and its steps' counts were summed when the plan was made (`Plan.ops`, `Plan.nbytes`).
     `var_vals`: this graph's values of its Variables (the plan's key holds no value, so a
     new value reuses the plan and its kernels run with the new value)."""
-    buffers = holes + [Buffer(device, size, dtype) for device, size, dtype in plan.fresh]
-    for buffer in buffers:
-        _ = buffer.storage  # allocate now, so allocation is not counted as kernel time
+    for buffer in holes:
+        if not buffer.is_allocated:  # (an input may be a tensor's memory not yet written)
+            _ = buffer.storage
+    # allocate now, so allocation is not counted as kernel time
+    buffers = holes + [Buffer(device, size, dtype, allocate=True)
+                       for device, size, dtype in plan.fresh]
     start = time.perf_counter()
     for step in plan.steps:
         if step.runner is None:
@@ -416,10 +424,20 @@ def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer],
         if result is None:
             results.append(root)
             continue
-        k, is_alias = result
+        k, is_alias, shape = result
         buffer = buffers[k].alias() if is_alias else buffers[k]
-        results.append(schedule._buffer_node(buffer, root))
+        if shape is None:  # symbolic: the first elements of a buffer sized for the largest
+            results.append(schedule._buffer_node(buffer, root))
+        else:
+            results.append(_result_node(buffer, root.dtype, shape))
     return results
+
+
+def _result_node(buffer: Buffer, dtype: DType, shape: tuple[int, ...]) -> UOp:
+    """`buffer` read as `shape` (schedule._buffer_node, built directly for plain ints): a
+    BUFFER node, reshaped unless the shape is the buffer's own, (size,)."""
+    node = UOp(Ops.BUFFER, dtype, (), buffer)
+    return node if shape == (buffer.size,) else UOp(Ops.RESHAPE, dtype, (node,), shape)
 
 
 def schedule_uops(roots: list[UOp], default_device: str) -> tuple[list[ScheduleItem],
@@ -478,12 +496,122 @@ def _realize_unbound(roots: list[UOp], default_device: str,
             if item.node is not None and item.node.op is Ops.ASSIGN:
                 item.output.overwritten = True  # older graphs must not read it as if unchanged
         return [schedule_.becomes.get(node, node) for node in roots]
-    key, holes = plan_key(roots, default_device)
-    cached = plan_cache.get(key)
-    if cached is not None:
-        return run_plan(cached, roots, holes, var_vals)
-    schedule_ = build_schedule(roots, default_device)
-    precompile(schedule_.items)
-    plan = make_plan(schedule_, roots, holes)
-    plan_cache[key] = plan
+    plan, holes = plan_for(roots, default_device)
     return run_plan(plan, roots, holes, var_vals)
+
+
+def plan_for(roots: list[UOp], default_device: str) -> tuple[Plan, list[Buffer]]:
+    """The cached plan of this graph's structure (made and cached on a miss), and the graph's
+    input buffers in hole order."""
+    key, holes = plan_key(roots, default_device)
+    plan = plan_cache.get(key)
+    if plan is None:
+        schedule_ = build_schedule(roots, default_device)
+        precompile(schedule_.items)
+        plan = make_plan(schedule_, roots, holes)
+        plan_cache[key] = plan
+    return plan, holes
+
+
+# ---- the lean path: one elementwise kernel over realized buffers ----
+# `(x + 1).realize()` in a loop is the common eager case: one ALU node whose sources are
+# leaves, a buffer or a constant seen through movement ops. Its plan is cached like any other,
+# but found without walking the graph: each leaf's structure is numbered once and the number
+# kept on the leaf's node, so the key is the root's op and dtype, its leaves' numbers, which
+# leaves read the same buffer, and the settings. Every graph with that key has the same
+# structure (plan_key's), so it shares that plan; the key holds no object and no buffer.
+
+ELEMENTWISE = frozenset(ALU)
+LEAF_OPS = frozenset((Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP))
+_leaf_numbers: dict[tuple[Any, ...], int] = {}  # a leaf's structure -> its number
+_next_leaf_number = itertools.count()  # never reused: a number names one structure for good
+NOT_A_LEAF = (-1, None)
+# the lean path's keys -> the plans plan_cache holds for the same graphs (its own LRU: a plan
+# is counted once in plan_cache, and either table may drop an entry without the other)
+elementwise_plans: LRUCache[tuple[Any, ...], Plan] = LRUCache("realize.elementwise_plans",
+                                                              PLAN_CACHE_SIZE)
+
+
+def leaf_of(node: UOp) -> tuple[int, Buffer | None]:
+    """(the number of its structure, its buffer or None) for a leaf: a BUFFER or CONST seen
+    through movement ops with constant arguments; NOT_A_LEAF for anything else. Computed once
+    per node and kept in the node's `__dict__`, as a cached_property keeps its value."""
+    found: tuple[int, Buffer | None] | None = node.__dict__.get("_leaf")
+    if found is None:
+        found = node.__dict__["_leaf"] = _number_leaf(node)
+    return found
+
+
+def _number_leaf(node: UOp) -> tuple[int, Buffer | None]:
+    parts: list[Any] = []
+    while node.op in LEAF_OPS:
+        if any(isinstance(a, UOp) for a in _flat(node.arg)):
+            return NOT_A_LEAF  # a symbolic size: the whole path binds its Variables
+        parts.append((node.op, node.dtype.name, node.arg))
+        node = node.src[0]
+    if node.op is Ops.CONST:
+        parts.append((node.op, node.dtype.name, _arg_key(node.arg)))
+        buffer = None
+    elif node.op is Ops.BUFFER:
+        buffer = node.arg
+        parts.append((node.op, node.dtype.name, buffer.device, buffer.size, buffer.dtype.name))
+    else:
+        return NOT_A_LEAF
+    structure = tuple(parts)
+    if structure not in _leaf_numbers:
+        if len(_leaf_numbers) > 4096:  # a bound; the numbers of forgotten ones are not reused
+            _leaf_numbers.clear()
+        _leaf_numbers[structure] = next(_next_leaf_number)
+    return _leaf_numbers[structure], buffer
+
+
+def _flat(arg: Any) -> tuple[Any, ...]:
+    """A movement op's arg as a flat tuple: (2, 3) or ((0, 1), (0, 4)) -> its numbers."""
+    if isinstance(arg, tuple) and arg and isinstance(arg[0], tuple):
+        return tuple(x for pair in arg for x in pair)
+    return arg if isinstance(arg, tuple) else (arg,)
+
+
+def elementwise_key(root: UOp, default_device: str) -> tuple[tuple[Any, ...],
+                                                            list[Buffer]] | None:
+    """The lean path's plan key of `root` and its input buffers in hole order, or None when
+    `root` is not one elementwise op over leaves. `slots` says, for each source, which input
+    buffer it reads (-1: a constant); each buffer's `overwritten` flag is read now (assign()
+    sets it later), as plan_key does."""
+    if root.op not in ELEMENTWISE:
+        return None
+    numbers, slots, buffers = [], [], []
+    for source in root.src:
+        number, buffer = leaf_of(source)
+        if number < 0:
+            return None
+        numbers.append(number)
+        if buffer is None:
+            slots.append(-1)
+        else:
+            if buffer not in buffers:  # (a Buffer compares by identity)
+                buffers.append(buffer)
+            slots.append(buffers.index(buffer))
+    key = ("elementwise", (root.op, root.dtype.name, root.arg), default_device,
+           tuple(numbers), tuple(slots), tuple([b.overwritten for b in buffers]), _rules())
+    return key, buffers
+
+
+def realize_elementwise(root: UOp, default_device: str) -> UOp | None:
+    """Realize `root` by the lean path, or None when it does not apply (the root is not one
+    elementwise op over leaves, or the realize is watched: DEBUG, a recording, PLAN_CACHE=0).
+    A miss makes the plan through `plan_for` (the whole path) and caches it under this key
+    too, after checking that both keys number the input buffers alike."""
+    if not PLAN_CACHE.value or DEBUG.value or _launch_logs:
+        return None
+    found = elementwise_key(root, default_device)
+    if found is None:
+        return None
+    key, buffers = found
+    plan = elementwise_plans.get(key)
+    if plan is None:
+        plan, holes = plan_for([root], default_device)
+        if len(holes) != len(buffers) or any(h is not b for h, b in zip(holes, buffers)):
+            return run_plan(plan, [root], holes)[0]  # (never seen: the full key's order is ours)
+        elementwise_plans[key] = plan
+    return run_plan(plan, [root], buffers)[0]

@@ -56,11 +56,13 @@ from tinyteach.gradient import (
     reachable_by_gradient,
 )
 from tinyteach.helpers import Context, prod
-from tinyteach.realize import realize_uops, schedule_uops
+from tinyteach.realize import realize_elementwise, realize_uops, schedule_uops
 from tinyteach.schedule import ScheduleItem, device_of, is_contiguous_buffer
 from tinyteach.uop import (
+    COMPARISONS,
     Ops,
     UOp,
+    _arg_key,
     as_sint,
     base_buffer,
     sint,
@@ -98,6 +100,47 @@ def _by_id() -> weakref.WeakValueDictionary[int, CoreTensor]:
     return weakref.WeakValueDictionary()
 
 
+class LiveTensors:
+    """Every live tensor, by id, held weakly (`AUTOGRAD.tensors`).
+
+    A WeakValueDictionary would do, but registering in one is three Python calls and each
+    death a fourth (its callback), and an eager loop makes and drops tensors all the time.
+    Here each tensor is a plain `weakref.ref` without a callback (made in C): a dead one is
+    skipped when the tensors are listed, and swept out when the table has doubled since the
+    last sweep, so the table stays under twice the live count at no cost per death."""
+
+    def __init__(self) -> None:
+        self.refs: dict[int, weakref.ref[CoreTensor]] = {}
+        self.sweep_at = 1024
+
+    def add(self, tensor: CoreTensor) -> None:
+        key, refs = id(tensor), self.refs
+        refs.pop(key, None)  # a dead tensor's id, reused: the new one goes last (creation order)
+        refs[key] = weakref.ref(tensor)
+        if len(refs) > self.sweep_at:
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Drop the references of dead tensors."""
+        self.refs = {key: ref for key, ref in self.refs.items() if ref() is not None}
+        self.sweep_at = max(1024, 2 * len(self.refs))
+
+    def values(self) -> list[CoreTensor]:
+        """The live tensors, oldest first."""
+        alive = [ref() for ref in self.refs.values()]
+        return [tensor for tensor in alive if tensor is not None]
+
+    def get(self, key: int) -> CoreTensor | None:
+        ref = self.refs.get(key)
+        return None if ref is None else ref()
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, int) and self.get(key) is not None
+
+    def __len__(self) -> int:
+        return len(self.values())
+
+
 @dataclass
 class AutogradState:
     """Everything realize() and backward() remember across tensors. There is one, `AUTOGRAD`.
@@ -120,7 +163,7 @@ class AutogradState:
       so `loss.backward(); opt.step(); loss.item()` reports the loss before the step.
     Every map holds its keys or values weakly: autograd keeps nothing alive on its own."""
 
-    tensors: weakref.WeakValueDictionary[int, CoreTensor] = field(default_factory=_by_id)
+    tensors: LiveTensors = field(default_factory=LiveTensors)
     leaves: weakref.WeakValueDictionary[int, CoreTensor] = field(default_factory=_by_id)
     graph_behind: weakref.WeakKeyDictionary[UOp, UOp] = field(
         default_factory=weakref.WeakKeyDictionary)
@@ -182,7 +225,20 @@ class CoreTensor:
         self.grad: Self | None = None
         self._lazy: UOp | None = None  # the graph before realize, kept for backward()
         self.requires_grad = requires_grad
-        AUTOGRAD.tensors[id(self)] = self  # (weakly) so that backward() can find it
+        AUTOGRAD.tensors.add(self)  # (weakly) so that backward() can find it
+
+    @classmethod
+    def _from_uop(cls, uop: UOp, device: str) -> Self:
+        """The lean constructor of an op's result: its node is built and its device already
+        canonical, so what `__init__` converts and checks is done (building results is much
+        of an eager realize: `x + 1` makes one). The same fields, the same registration."""
+        if uop.dtype is dtypes.bfloat16 and device in NO_BFLOAT16:
+            raise TypeError(f"{device} cannot compute bfloat16: {NO_BFLOAT16[device]}")
+        tensor = cls.__new__(cls)
+        tensor.uop, tensor.device, tensor.grad, tensor._lazy = uop, device, None, None
+        tensor._requires_grad = None
+        AUTOGRAD.tensors.add(tensor)
+        return tensor
 
     @property
     def requires_grad(self) -> bool | None:
@@ -197,7 +253,7 @@ class CoreTensor:
                 self._requires_grad = None  # realized as a plain tensor, with no graph kept
                 self._become_leaf()
             AUTOGRAD.leaves[id(self)] = self
-        self._requires_grad = value
+        self._requires_grad = None if value is None else bool(value)
 
     def requires_grad_(self, requires_grad: bool | None = True) -> Self:
         """Set requires_grad and return the tensor (tinygrad's and PyTorch's)."""
@@ -261,8 +317,17 @@ class CoreTensor:
         """Compute this tensor (and `others`): `t.realize()` or `Tensor.realize(a, b, c)`.
         Three steps: pick the tensors that still need computing, run their graphs in one
         schedule (realize.py), and point each tensor at its buffer."""
-        if not others and not _SCHEDULED_NOT_RUN and is_contiguous_buffer(self.uop):
-            return self  # already a buffer (a JIT's inputs, every call): nothing to do
+        # (the WeakSet's own set of references: its truth is a C call, the WeakSet's a Python one)
+        if not others and not _SCHEDULED_NOT_RUN.data:  # type: ignore[attr-defined]
+            if is_contiguous_buffer(self.uop):
+                return self  # already a buffer (a JIT's inputs, every call): nothing to do
+            # the lean path (realize.py): one elementwise kernel over realized buffers, whose
+            # plan is cached. Such a graph assigns nothing, so no other tensor need be computed
+            # with it (`_still_lazy`), and it reads no unrun schedule() output (checked above)
+            result = realize_elementwise(self.uop, self.device)
+            if result is not None:
+                self._point_at(result)
+                return self
         pending = _still_lazy(list({id(t): t for t in (self, *others)}.values()))
         _refuse_unrun([self.uop, *(t.uop for t in others)])
         if pending:
@@ -301,10 +366,10 @@ class CoreTensor:
         """Make `result` (this tensor's computed buffer) its graph, and keep what backward()
         needs: the lazy graph in `_lazy`, and, for a non-leaf on a path to a leaf, the same
         graph in AUTOGRAD.graph_behind (see AutogradState)."""
-        if self.requires_grad is not None or self.uop.op is not Ops.BUFFER:
+        if self._requires_grad is not None or self.uop.op is not Ops.BUFFER:
             self._lazy = self._lazy or self.uop
         lazy = self._lazy or self.uop
-        if self.requires_grad and id(self) not in AUTOGRAD.leaves and result is not lazy:
+        if self._requires_grad and id(self) not in AUTOGRAD.leaves and result is not lazy:
             AUTOGRAD.graph_behind[result] = lazy  # (a view of a buffer is its own graph)
         self.uop = result
 
@@ -369,17 +434,18 @@ class CoreTensor:
         if type(self).no_grad and any(s.requires_grad is not False for s in sources) and \
                 dtypes.is_float(uop.dtype):
             uop = UOp(Ops.DETACH, uop.dtype, (uop,))  # made under no_grad: gradients stop here
-        result = type(self)(uop, self.device)
+        result = type(self)._from_uop(uop, self.device)
         result._inherit_grad(*sources)
         return result
 
     def _inherit_grad(self, *sources: CoreTensor) -> None:
         """tinygrad's rule: True if a source requires a gradient (and no_grad is off), False if
         every source is False, else None."""
-        wanted = [s.requires_grad for s in sources]
-        if any(wanted) and not type(self).no_grad:
-            self._requires_grad = True
-        elif wanted and all(w is False for w in wanted):
+        wanted = [s._requires_grad for s in sources]  # (the field: the property is a call)
+        if True in wanted:  # (each is True, False or None: the setter stores a bool)
+            if not type(self).no_grad:
+                self._requires_grad = True
+        elif wanted and None not in wanted:  # every source False
             self._requires_grad = False
 
     def _const(self, value: Scalar, dtype: DType | None = None) -> Self:
@@ -528,6 +594,18 @@ class CoreTensor:
                 y if y.shape == shape else y.expand(shape))
 
     def _binary(self, op: Ops, other: Any, reverse: bool = False) -> Self:
+        dtype = self.uop.dtype
+        if type(other) in (int, float) and (dtype.kind == "float" or type(other) is int) and \
+                dtype.kind != "bool":
+            # `x + 1`, the common case of an eager loop, where the scalar takes x's dtype
+            # (scalar_dtype): the constant is a node at x's shape, found in `_CONSTANTS`, not
+            # a Tensor, and the node is built as `alu` would (the shapes are equal). A constant
+            # never requires a gradient: the result inherits from x alone, as
+            # `_inherit_grad(x, constant)` would say
+            constant = _broadcast_constant(dtype, other, self.uop.shape)
+            sources = (constant, self.uop) if reverse else (self.uop, constant)
+            return self._apply(UOp(op, dtypes.bool if op in COMPARISONS else dtype, sources),
+                               self)
         x, y = self._broadcasted(other, reverse)
         return x._apply(x.uop.alu(op, y.uop), x, y)
 
@@ -961,6 +1039,26 @@ def _symbolic_note(start: sint, end: sint) -> str:
         return ""
     return (f" (symbolic bounds are checked over the variables' ranges: start in "
             f"[{sym_min(start)}, {sym_max(start)}], end in [{sym_min(end)}, {sym_max(end)}])")
+
+
+# broadcast constants by (dtype, value, shape): `x + 1` in a loop asks for the same one each
+# time, and building it (CONST, RESHAPE, EXPAND) is three lookups of the UOp table. A bound
+# keeps a loop over many values or shapes from growing it (it starts over, as _TRUNCATED does)
+_CONSTANTS: dict[tuple[Any, ...], UOp] = {}
+
+
+def _broadcast_constant(dtype: DType, value: Scalar, shape: tuple[int, ...]) -> UOp:
+    """The constant `value` of `dtype`, broadcast to `shape` (`CoreTensor._const`'s node)."""
+    key = (dtype.name, _arg_key(value), shape)  # (a dtype by its name: a str hashes in C)
+    node = _CONSTANTS.get(key)
+    if node is None:
+        if len(_CONSTANTS) > 4096:
+            _CONSTANTS.clear()
+        node = UOp.const(dtype, value)
+        if shape:
+            node = node.reshape((1,) * len(shape)).expand(shape)
+        _CONSTANTS[key] = node
+    return node
 
 
 def scalar_dtype(tensor_dtype: DType, value: Any) -> DType:

@@ -28,6 +28,7 @@ True
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import weakref
 from collections.abc import Callable
@@ -145,19 +146,21 @@ class UOpMetaClass(type):
 
     The table maps each key to a weak reference (it keeps no node alive); a node's reference
     removes its entry when the node dies. (This is what weakref.WeakValueDictionary does, but
-    its lookup is a Python function call, and every node built is looked up first.)"""
+    its lookup is a Python function call, and every node built is looked up first. The
+    reference's callback is a `functools.partial` holding the key: made in C, where a
+    weakref.KeyedRef runs two Python functions for every new node.)"""
 
-    cache: dict[tuple, weakref.KeyedRef] = {}
+    cache: dict[tuple, weakref.ref] = {}
 
     def __call__(cls, op: Ops, dtype: DType, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        key = (op, dtype, src, _arg_key(arg))
+        key = (op, dtype, src, arg if arg is None else _arg_key(arg))  # (most args are None)
         reference = UOpMetaClass.cache.get(key)
         if reference is not None:
             existing = reference()
             if existing is not None:
                 return existing
         node = super().__call__(op, dtype, src, arg)
-        UOpMetaClass.cache[key] = weakref.KeyedRef(node, _forget_node, key)
+        UOpMetaClass.cache[key] = weakref.ref(node, functools.partial(_forget_node, key))
         return node
 
 
@@ -166,13 +169,13 @@ class UOpMetaClass(type):
 _TRUNCATED: dict[tuple[DType, Any], Any] = {}
 
 
-def _forget_node(reference: weakref.KeyedRef,
-                 cache: dict[tuple, weakref.KeyedRef] = UOpMetaClass.cache) -> None:
+def _forget_node(key: tuple, reference: weakref.ref,
+                 cache: dict[tuple, weakref.ref] = UOpMetaClass.cache) -> None:
     """A node died: drop its entry, unless a new node with the same key has taken it. (The
     table is bound as a default: while the interpreter exits, module globals such as
     UOpMetaClass may already be None when the last nodes die.)"""
-    if cache.get(reference.key) is reference:
-        cache.pop(reference.key, None)
+    if cache.get(key) is reference:
+        cache.pop(key, None)
 
 
 @dataclass(frozen=True, eq=False)

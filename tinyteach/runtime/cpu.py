@@ -481,7 +481,8 @@ class CPUProgram:
         if function.argtypes is None:  # once per loaded function: ctypes then takes plain
             # ints as pointers, in C; a Variable's value (`const int i`) after the buffers
             function.argtypes = [ctypes.c_void_p] * len(buffers) + [ctypes.c_int] * len(vals)
-        function(*[buffer.storage.address for buffer in buffers], *vals)
+        # (a buffer's memory is allocated before its launch: `_storage` saves the property)
+        function(*[(buffer._storage or buffer.storage).address for buffer in buffers], *vals)
 
 
 @runtime_checkable
