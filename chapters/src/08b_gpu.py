@@ -305,6 +305,158 @@ assert reads["one thread per output"] == 2 * 20 * 18 * 17
 assert reads["local tiles"] == 3 * 20 * 17 + 3 * 17 * 18
 print(reads)
 
+# %% [markdown] id="gpu-50"
+# ## A block of outputs per thread
+#
+# In a local tile each thread reads two values from shared memory per multiply-add: its row of
+# the `A` tile and its column of the `B` tile, one element each. A thread that computes an
+# r×r **block** of outputs instead (`KernelOptions(local_tile=T, tile_upcast=r)`, tinygrad's
+# UPCAST inside a tile) reads r elements of the `A` tile and r of the `B` tile per step and
+# does r·r multiply-adds with them: every value it reads serves r outputs, held in r·r
+# registers. A work-group of T×T threads now covers (T·r)×(T·r) outputs, so each tile it
+# copies from global memory is r times taller (or wider), and serves r times as many
+# outputs. The block's rows are T apart (row `lidx1 + i·T`), so neighbouring threads still
+# store neighbouring columns. A 64×32 times 32×64 matmul in 8×8 tiles, with 1, 2 and 4
+# outputs a side per thread, counted from the emulator's record:
+
+# %% id="gpu-51"
+a64 = rng.normal(size=(64, 32)).astype(np.float32)
+b64 = rng.normal(size=(32, 64)).astype(np.float32)
+square = create_schedule([(Tensor(a64, device="PYTHON") @ Tensor(b64, device="PYTHON")).uop],
+                         "PYTHON")[0][-1]
+
+
+def run_square(options):
+    """The 64x32x64 matmul lowered with `options`, emulated with a record, checked."""
+    program = lower(square.ast, options)
+    output = np.zeros(64 * 64, np.float32)
+    trace = emulate(program, [output, a64.reshape(-1).copy(), b64.reshape(-1).copy()],
+                    square.name, record=True)
+    np.testing.assert_allclose(output.reshape(64, 64), a64 @ b64, rtol=1e-4, atol=1e-4)
+    return program, trace
+
+
+def reads_per_thread(trace):
+    """(global, shared) elements each thread read, on average."""
+    threads = trace.launch.threads_per_group * trace.launch.group_count
+    reads = [e for e in trace.accesses("read")]
+    return (sum(len(e.addresses) for e in reads if not e.is_shared) // threads,
+            sum(len(e.addresses) for e in reads if e.is_shared) // threads)
+
+
+blocks = {}
+for block in (1, 2, 4):
+    program, trace = run_square(KernelOptions(local_tile=8, tile_upcast=block))
+    threads = trace.launch.threads_per_group * trace.launch.group_count
+    blocks[block] = (trace.launch.groups, threads, *reads_per_thread(trace))
+steps = 32 // 8
+for block, (groups, threads, global_per_thread, shared_per_thread) in blocks.items():
+    outputs = block * block
+    assert threads * outputs == 64 * 64
+    assert global_per_thread == steps * 2 * block      # r rows of A, r columns of B per step
+    assert shared_per_thread == 32 * 2 * block         # 2r reads per step of the reduction
+    print(f"{block}x{block} block: {groups} groups, {threads:4} threads, per thread "
+          f"{global_per_thread:2} global and {shared_per_thread:3} shared reads for {outputs:2} "
+          f"outputs: {shared_per_thread / outputs:.0f} shared reads per output")
+
+# %% [markdown] id="gpu-52"
+# Per output, the reads from shared memory fall from 64 to 32 to 16, and the reads from global
+# memory by the same factor. Here is the 2×2 kernel in OpenCL C: each step copies 2 rows of
+# `A` and 2 columns of `B` into tiles of 16×8 (the `if` guards of the copies stay out of the
+# inner loop), and the loop over `ridx1` loads 2 + 2 values for its 4 multiply-adds:
+
+# %% id="gpu-53"
+blocked = lower(square.ast, KernelOptions(local_tile=8, tile_upcast=2))
+blocked_source = OpenCLRenderer().render(square.name, blocked)
+assert blocked_source.count("barrier(CLK_LOCAL_MEM_FENCE);") == 2
+assert "__local float local0[128];" in blocked_source and "local1[128]" in blocked_source
+print(blocked.applied_opts[0])
+print(blocked_source)
+
+# %% [markdown] id="gpu-54"
+# **Padding to a tile** (tinygrad's PADTO) pads a size that is no multiple of the tile, so that
+# the loops have no guard. A local tile does not need it: the guards sit where the tile is
+# copied in (2r loads per thread per step) and where the outputs are stored, never in the loop
+# over shared memory, which is the same for 63 as for 64 columns. Both run here, and the
+# 63-column one reads no element twice and none past the edge:
+
+# %% id="gpu-55"
+def inner_loop(program):
+    """The uops of the loop over a step's tile (the second reduction loop)."""
+    uops = program.uops
+    inner = [u for u in uops if u.op is Ops.RANGE and u.arg[0] == "r"][1]
+    start = uops.index(inner)
+    end = next(i for i, u in enumerate(uops) if u.op is Ops.END_RANGE and u.src[0] is inner)
+    return [u.op.name for u in uops[start + 1:end]]
+
+
+b63 = b64[:, :63].copy()
+odd = create_schedule([(Tensor(a64, device="PYTHON") @ Tensor(b63, device="PYTHON")).uop],
+                      "PYTHON")[0][-1]
+odd_program = lower(odd.ast, KernelOptions(local_tile=8, tile_upcast=2))
+output = np.zeros(64 * 63, np.float32)
+odd_trace = emulate(odd_program, [output, a64.reshape(-1).copy(), b63.reshape(-1)], record=True)
+np.testing.assert_allclose(output.reshape(64, 63), a64 @ b63, rtol=1e-4, atol=1e-4)
+assert inner_loop(odd_program) == inner_loop(blocked)
+assert "WHERE" not in inner_loop(odd_program) and "CMPLT" not in inner_loop(odd_program)
+b_reads = np.concatenate([e.addresses for e in odd_trace.accesses("read", "data2")])
+assert b_reads.max() < b63.size
+print("the inner loop on 63 columns:", " ".join(inner_loop(odd_program)))
+
+# %% [markdown] id="gpu-56"
+# ## BEAM on the GPU devices
+#
+# `BEAM=n` (chapter 7) searches these options too on OPENCL, WEBGPU, PYTHON and CUDA: starting
+# from the heuristic's choice, it tries other tile sizes and blocks, a group reduction, no
+# option at all and upcasts, keeps the n fastest, and checks every candidate's output against
+# the heuristic's. On the emulator wall time would measure numpy, not a GPU: there it ranks the
+# candidates by a **cost model** from the emulator's record instead: the 32-byte sectors each
+# warp's global loads and stores touch, the shared-memory wavefronts (more than one per warp
+# when threads hit the same bank at different words), and each warp's barriers. With
+# `DEBUG=2` it prints what it tried:
+
+# %% id="gpu-57"
+import math
+
+from tinyteach import search
+
+result = search.beam_search(Device["PYTHON"], square.ast, square.name, width=2)
+assert result.unit == "cost" and result.best in result.tried
+
+
+def label(options):
+    if options.local_tile:
+        size, block = options.local_tile, options.tile_upcast
+        return f"local tile {size}x{size}, {block}x{block} outputs per thread"
+    if options.group:
+        return f"group reduction, {options.group} threads ({options.group_combine})"
+    return "; ".join(options.describe()) or "no option"
+
+
+for options, cost in sorted(result.tried.items(), key=lambda item: item[1]):
+    if math.isfinite(cost):
+        print(f"{cost:7.0f}  {label(options)}")
+print("chosen:", label(result.best))
+program = lower(square.ast, result.best)
+output = np.zeros(64 * 64, np.float32)
+emulate(program, [output, a64.reshape(-1).copy(), b64.reshape(-1).copy()])
+np.testing.assert_allclose(output.reshape(64, 64), a64 @ b64, rtol=1e-4, atol=1e-4)
+
+# %% [markdown] id="gpu-58"
+# On OPENCL (pocl, on this machine's CPU) the same search times each candidate. Its choice is
+# whatever ran fastest here, so it changes from run to run and machine to machine (a CPU's
+# caches favour other tiles than a GPU's shared memory); the result is checked either way:
+
+# %% id="gpu-59"
+# NBVAL_IGNORE_OUTPUT
+from tinyteach.helpers import Context
+
+if Device.is_available("OPENCL"):
+    search.clear_memory_cache()
+    with Context(BEAM=1, DEBUG=2):
+        searched = (Tensor(a64, device="OPENCL") @ Tensor(b64, device="OPENCL")).numpy()
+    np.testing.assert_allclose(searched, a64 @ b64, rtol=1e-4, atol=1e-4)
+
 # %% [markdown] id="gpu-36"
 # ## Tensor cores
 #
