@@ -44,6 +44,7 @@ from tinyteach.device import Device
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import DEBUG, Context, GlobalCounters, clear_caches, getenv
 from tinyteach.jit import TinyJit, function
+from tinyteach.runtime import CPU_TIERED  # noqa: F401  # a setting Context knows
 from tinyteach.tensor import Tensor
 from tinyteach.transcendental import TRANSCENDENTAL  # noqa: F401  # a setting Context knows
 from tinyteach.uop import UOp, Variable

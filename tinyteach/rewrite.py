@@ -187,6 +187,12 @@ def record_rewrites() -> Iterator[RewriteLog]:
         _active_logs.remove(log)
 
 
+def recording() -> bool:
+    """Is every rewrite being watched (a `record_rewrites()` block, or DEBUG=5)? Then no pass
+    may skip one by remembering an earlier result."""
+    return bool(_active_logs) or DEBUG.value >= 5
+
+
 def _note(pass_name: str, rule: str, before: UOp, after: UOp) -> None:
     for log in _active_logs:
         log.steps.append(RewriteStep(pass_name, rule, before, after))
@@ -205,7 +211,7 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, max_steps: int = 1_000_000
     rules are pure functions of a node, so a node rewritten once is rewritten the same way
     again (kernels share much of their index arithmetic). It is skipped while rewrites are
     being recorded, which must see every step."""
-    if memo is not None and not _active_logs and DEBUG.value < 5:
+    if memo is not None and not recording():
         if len(memo) > MAX_MEMO:
             memo.clear()
         return _Rewriter(matcher, max_steps, memo).rewrite(root)

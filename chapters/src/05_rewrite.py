@@ -213,7 +213,7 @@ viz.rewrites(log)
 # recording — nothing runs — so you can see what the simplifier did to a real kernel's index
 # math. The text list of the same steps — notice where it stops: the last expression is
 # `((x//4)*4) + (x'%4)`, which is just `x = (ridx0*6)+gidx0`. `symbolic` has the rule for it,
-# "(x//c)*c + x%c -> x" (`recombine_divmod`), but it never fired: step 10 had already rewritten
+# "(x//c)*c + x%c -> x" (`recombine_divmod`), but it never fired: step 1 had already rewritten
 # the `MOD`'s operand from `(ridx0*6)+gidx0` to `(ridx0*2)+gidx0` (the same value modulo 4), so by
 # the time the `ADD` was rebuilt its two terms no longer shared the node `x`:
 
@@ -223,7 +223,7 @@ from viz.rewrites import collect_steps
 
 steps = collect_steps(out)
 print(steps_text(steps))
-assert steps[9].rule == "(a*c+b)%c -> b%c"                          # step 10: the MOD's operand
+assert steps[0].rule == "(a*c+b)%c -> b%c"                          # step 1: the MOD's operand
 assert "(x//c)*c + x%c -> x" not in [step.rule for step in steps]   # recombining never fired
 viz.rewrites(out)
 

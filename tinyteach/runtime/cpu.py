@@ -23,12 +23,14 @@ What this teaches:
   skip the fast tier and are built optimized at once, one compiler per core
   (`needs_optimized_build`); every other kernel gives the same bits on both tiers
   (tests/test_cpu_tiers.py compares NaN, ±inf, -0.0, subnormals, casts and integer division
-  by zero byte for byte). In the MLP's first step, 7 of 31 kernels are built at once; tcc
-  builds the other 24 in tens of milliseconds, where gcc -O2 spends ~0.7 s of CPU on them.
+  by zero byte for byte). In the MLP's first step, 4 of 33 kernels (vector matmuls that fuse
+  multiply-adds) are built at once; tcc builds the other 29 in one call of tens of
+  milliseconds, and their optimized builds start once those 4 are done.
 
 Settings: `CC` chooses the compiler (gcc or clang; default: cc, then gcc, then clang),
 `TINYTEACH_CACHE` moves the cache (default ~/.cache/tinyteach), `CPU_TIERED=0` (or
-`Context(CPU_TIERED=0)`) turns tiering off: every kernel waits for its optimized build, as
+`Context(CPU_TIERED=0)`, a setting of tinyteach.runtime, known from `import tinyteach` on)
+turns tiering off: every kernel waits for its optimized build, as
 under BEAM, which times the builds it is given. `DEBUG=2` shows the tiers: how many kernels
 start on the fast tier, a line before each launch of a fast-tier build naming its tier, the
 tier at the end of that launch's line (`tm 12.00us (tcc)`), and a line at the first launch
@@ -70,8 +72,9 @@ from tinyteach.device import (
     DeviceUnavailable,
     HostAllocator,
 )
-from tinyteach.helpers import BEAM, DEBUG, ContextVar, machine_identity
+from tinyteach.helpers import BEAM, DEBUG, machine_identity
 from tinyteach.render.c import CRenderer
+from tinyteach.runtime import CPU_TIERED  # (registered with `import tinyteach`)
 
 # -march=native: use this machine's vector instructions (the cache key names the machine).
 # -O2, not -O3: gcc 12's -O3 with AVX-512 miscompiles a padded load (`cond ? a[i % 4] : 0`
@@ -86,10 +89,10 @@ SELECT_FLAGS = ["-fvect-cost-model=dynamic"]  # gcc's; clang refuses it (and nee
 KERNELS_PER_PROCESS = 8   # compile_many starts another compiler per this many kernels (up to
                           # one per core)
 THREAD_FLAGS = ["-fopenmp"]  # `#pragma omp parallel for` on big kernels (opt.py decides)
+SIMD_FLAGS = ["-fopenmp-simd"]  # `#pragma omp simd` alone: the directive, no thread library
 # idle OpenMP threads sleep instead of spinning, so they do not steal the other core
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-CPU_TIERED = ContextVar("CPU_TIERED", 1)  # 0: no fast tier, every kernel waits for gcc -O2
 OPTIMIZED = "gcc -O2"  # the name DEBUG=2 gives the optimized tier (whichever CC built it)
 # what lets gcc -O2 compute other bits than an unoptimized build (see the docstring)
 REORDERING_MARKS = ("#pragma omp simd", "fp-contract=fast")
@@ -175,9 +178,11 @@ class FastCompiler:
     main compiler at -O0 (a process start and no optimizer: ~5x faster than -O2 here). Its
     libraries live in a temporary directory for this process only, never in the cache."""
 
-    def __init__(self, compiler: str, flags: list[str]):
+    def __init__(self, compiler: str, flags: list[str],
+                 openmp_flags: Callable[[str], list[str]] = lambda source: []):
         self.tcc = shutil.which("tcc")
         self.unoptimized = [compiler, *["-O0" if f == "-O2" else f for f in flags]]
+        self.openmp_flags = openmp_flags
         self.unoptimized_name = f"{Path(compiler).name} -O0"
         self._directory: Path | None = None
         self._directory_lock = threading.Lock()  # made once, from whichever thread asks first
@@ -199,7 +204,8 @@ class FastCompiler:
         if tier == "tcc":
             command = [str(self.tcc), "-shared", "-o", str(temporary), "-", "-lm"]
         else:
-            command = [*self.unoptimized, "-x", "c", "-", "-o", str(temporary), "-lm"]
+            command = [*self.unoptimized, *self.openmp_flags(source), "-x", "c", "-", "-o",
+                       str(temporary), "-lm"]
         result = subprocess.run(command, input=source, capture_output=True, text=True)
         if result.returncode != 0:
             temporary.unlink(missing_ok=True)
@@ -299,15 +305,25 @@ class ClangStyleCompiler(Compiler):
 
     def __init__(self, compiler: str):
         self.compiler = compiler
-        threads = THREAD_FLAGS if supports_flags(compiler, THREAD_FLAGS) else []
         selects = SELECT_FLAGS if supports_flags(compiler, SELECT_FLAGS) else []
-        self.flags = [*C_FLAGS, *selects, *threads]
+        self.flags = [*C_FLAGS, *selects]  # every build's; `openmp_flags` adds OpenMP's
+        self.threads = THREAD_FLAGS if supports_flags(compiler, THREAD_FLAGS) else []
+        self.simd = SIMD_FLAGS if supports_flags(compiler, SIMD_FLAGS) else self.threads
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True)
         self.cache_key = (f"{compiler} {version.stdout.splitlines()[0]} {' '.join(self.flags)} "
-                          f"{machine_identity()}")
-        self.fast = FastCompiler(compiler, self.flags)
+                          f"openmp: {' '.join(self.threads + self.simd)} {machine_identity()}")
+        self.fast = FastCompiler(compiler, self.flags, self.openmp_flags)
         self.optimized_tier = f"{Path(compiler).name} -O2"
         self.nice = shutil.which("nice")  # background builds yield the cores to the kernels
+
+    def openmp_flags(self, source: str) -> list[str]:
+        """OpenMP's flag, only for a source that has its pragmas: -fopenmp for threads
+        (`omp parallel`, which needs the thread library), the lighter -fopenmp-simd for
+        `omp simd` alone. Without pragmas either flag changes no instruction, and each cost
+        gcc ~15 ms per build here; most kernels have no pragma."""
+        if "#pragma omp parallel" in source:
+            return self.threads
+        return self.simd if "#pragma omp simd" in source else []
 
     def library_path(self, source: str) -> Path:
         """Where the cache keeps the optimized library of `source`."""
@@ -325,7 +341,8 @@ class ClangStyleCompiler(Compiler):
         target.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
         os.close(handle)
-        command = [self.compiler, *self.flags, "-x", "c", "-", "-o", temporary, "-lm"]
+        command = [self.compiler, *self.flags, *self.openmp_flags(source), "-x", "c", "-", "-o",
+                   temporary, "-lm"]
         if background and self.nice:
             command = [self.nice, "-n", "10", *command]
         result = subprocess.run(command, input=source, capture_output=True, text=True)
@@ -356,7 +373,10 @@ class ClangStyleCompiler(Compiler):
         with ThreadPoolExecutor(len(now) + 1) as pool:  # the threads only wait for compilers
             fast = pool.submit(self._fast_tier, late)
             built = list(pool.map(lambda group: self.compile("\n".join(group)), now))
-            binaries: dict[str, Path | TieredBinary] = fast.result()
+            binaries, queued = fast.result()
+        # the fast tier's optimized builds start only now: started with the fast tier, they
+        # took cores from the optimized builds this call was waiting for
+        self._queue_optimized(queued)
         for group, library in zip(now, built):
             binaries.update(dict.fromkeys(group, library))
         if DEBUG >= 2 and late:
@@ -364,9 +384,11 @@ class ClangStyleCompiler(Compiler):
                   f"fast tier, {self.optimized_tier} builds them in the background")
         return [binaries[source] for source in sources]
 
-    def _fast_tier(self, groups: list[list[str]]) -> dict[str, Path | TieredBinary]:
-        """Fast-tier libraries for `groups` (one per tier), and their optimized builds queued
-        in the background. A group the fast tier refuses is compiled optimized now."""
+    def _fast_tier(self, groups: list[list[str]]) -> tuple[dict[str, Path | TieredBinary],
+                                                           list[tuple[list[str], OptimizedBuild]]]:
+        """Fast-tier libraries for `groups` (one per tier), and the optimized builds to queue
+        for them (`_queue_optimized`). A group the fast tier refuses is compiled optimized
+        now."""
         by_tier: dict[str, list[str]] = {}
         for source in (s for group in groups for s in group):
             by_tier.setdefault(self.fast.tier_for(source), []).append(source)
@@ -385,10 +407,13 @@ class ClangStyleCompiler(Compiler):
                 library = fast_libraries[tier]
                 assert library is not None
                 binaries[source] = TieredBinary(library, tier, build, self.optimized_tier)
+        return binaries, queued
+
+    def _queue_optimized(self, queued: list[tuple[list[str], OptimizedBuild]]) -> None:
+        """Hand the optimized builds to the background thread."""
         if queued:
             _pending[:] = [future for future in _pending if not future.done()]
             _pending.append(background().submit(self._optimize, queued))
-        return binaries
 
     def _optimize(self, queued: list[tuple[list[str], OptimizedBuild]]) -> None:
         """In the background thread: the optimized build of every group, all at once."""
