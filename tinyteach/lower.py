@@ -61,7 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tinyteach.dtype import DType, dtypes
-from tinyteach.helpers import NOOPT, ContextVar
+from tinyteach.helpers import NOOPT, ContextVar, LRUCache, remember
 from tinyteach.opt import (
     NO_OPTIONS,
     KernelOptions,
@@ -72,13 +72,14 @@ from tinyteach.opt import (
     row_kernel_axis,
     tile_plan,
 )
-from tinyteach.rewrite import graph_rewrite, sum_terms, symbolic
+from tinyteach.rewrite import graph_rewrite, recording, sum_terms, symbolic
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, sint, sym_max, variables_of
 from tinyteach.view import (
     Index,
     Valid,
     and_valid,
     below,
+    index_add,
     index_const,
     index_into_buffer,
     linear_index,
@@ -418,11 +419,11 @@ def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index
         elif axis == vector_axis:
             base = make_range("g", axis, size // factor) * factor
             lane = make_range("v", axis, options.vector_width)
-            per_axis.append([base + offset + lane
+            per_axis.append([index_add(index_add(base, index_const(offset)), lane)
                              for offset in range(0, factor, options.vector_width)])
         else:
             base = make_range("g", axis, size // factor) * factor
-            per_axis.append([base + offset for offset in range(factor)])
+            per_axis.append([index_add(base, index_const(offset)) for offset in range(factor)])
     return [tuple(combination) for combination in itertools.product(*per_axis)]
 
 
@@ -468,9 +469,22 @@ def _inside_output(index: Index, shape: tuple[int, ...]) -> UOp | None:
     return inside
 
 
+_lowered: LRUCache[tuple[UOp, KernelOptions], UOp] = LRUCache("lower.lowered", limit=256)
+
+
 def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
     """SINK(STORE(out, value)) -> SINK(STORE(out, index, lowered value), ...) over loops:
-    one STORE per element of the tile each loop iteration computes."""
+    one STORE per element of the tile each loop iteration computes.
+
+    Remembered by (kernel, options): UOps are immutable, so the same kernel lowers the same
+    way, and a kernel is often lowered twice with the same options: once when the scheduler's
+    packing decides whether it is a vector tile (pack.py), once when it is compiled."""
+    if recording():  # every rewrite is watched: do them all again
+        return _lower_ast(ast, options)
+    return remember(_lowered, (ast, options), lambda: _lower_ast(ast, options))
+
+
+def _lower_ast(ast: UOp, options: KernelOptions) -> UOp:
     store = ast.src[0]
     output, value = store.src
     if options.group and not can_group_reduce(ast):
