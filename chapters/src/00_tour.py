@@ -48,7 +48,7 @@ out
 
 # %% [markdown] id="tour-05"
 # `out` is *lazy*: it knows its shape and dtype, but no arithmetic has run. Under the hood it
-# is a graph of `UOp` nodes (chapter 3), built from only 28 primitive operations (plus a few
+# is a graph of `UOp` nodes (chapter 3), built from only 29 primitive operations (plus a few
 # bookkeeping nodes such as `DETACH`, which compute nothing; chapter 1):
 
 # %% id="tour-06"

@@ -1,5 +1,5 @@
 # %% [markdown] id="tensors-01"
-# # Chapter 1 — Tensors: a PyTorch-like API from 28 primitive ops
+# # Chapter 1 — Tensors: a PyTorch-like API from 29 primitive ops
 #
 # A `Tensor` looks like a numpy array or a PyTorch tensor. This chapter shows what it really
 # is: a handle on a **lazy graph** of a few primitive operations.
@@ -8,7 +8,7 @@
 # - tensors are lazy: an expression builds a graph; `realize()`, `numpy()`, `item()` and
 #   `tolist()` run it;
 # - the whole API — `exp`, `softmax`, matmul, indexing, even random numbers — is composed from
-#   28 primitive ops;
+#   29 primitive ops;
 # - broadcasting and dtype promotion happen once, in the Tensor layer, before the graph is built;
 # - indexing is made of movement ops, and random numbers come from an integer hash.
 #
@@ -80,7 +80,7 @@ assert np.allclose(c.numpy(), np.maximum((a.numpy() + b_np) * 2, 0))
 # built, the whole of `((a + b) * 2).relu()` became one loop over the elements instead of three
 # passes over memory.
 #
-# ## 28 primitive ops
+# ## 29 primitive ops
 #
 # These are the backend contract, pinned in [`uop.py`](../tinyteach/uop.py): a new device only
 # has to implement them. A Tensor's graph may also hold three nodes that are not computation —
@@ -96,11 +96,11 @@ groups = {"sources": SOURCES, "unary": UNARY, "binary": BINARY, "ternary": TERNA
           "reduce": REDUCE_OPS, "movement": MOVEMENT}
 for name, ops in groups.items():
     print(f"{name:>9}: {', '.join(op.name for op in ops)}")
-assert len(PRIMITIVE_OPS) == 28
+assert len(PRIMITIVE_OPS) == 29
 
 
 # %% [markdown] id="tensors-13"
-# So where are `exp`, `sigmoid`, `-`, `/` and matmul? They are *compositions*. A small helper
+# So where are `exp`, `sigmoid`, `-` and matmul? They are *compositions*. A small helper
 # lists the ops a tensor's graph uses:
 
 # %% id="tensors-14"
@@ -114,12 +114,19 @@ for name, t in [("x - 1", x - 1), ("x / 3", x / 3), ("exp", x.exp()), ("relu", x
     print(f"{name:>8}: {ops_used(t)}")
 
 # %% [markdown] id="tensors-15"
-# Read them as identities: `x - 1 = x + (-1)`, `x / 3 = x · 3⁻¹`, `eˣ = 2^(x·log₂e)`,
+# Read them as identities: `x - 1 = x + (-1)`, `eˣ = 2^(x·log₂e)`,
 # `relu(x) = where(x < 0, 0, x)`, `cos x = sin(π/2 − x)`, and a matmul is a broadcast multiply
-# followed by a sum (`EXPAND`, `MUL`, `REDUCE_AXIS`). Each is checked against numpy:
+# followed by a sum (`EXPAND`, `MUL`, `REDUCE_AXIS`). Division is not composed: `x / 3` is the
+# primitive `FDIV`, the quotient rounded once, as numpy's and PyTorch's `/`. `x · 3⁻¹` would be
+# rounded twice (3⁻¹ first), and is one unit in the last place off for a third of these values.
+# Each is checked against numpy:
 
 # %% id="tensors-16"
 xs = x.numpy()
+samples = np.random.default_rng(1).standard_normal(10_000).astype(np.float32)
+exact = samples / np.float32(3)
+assert np.array_equal((Tensor(samples) / 3).numpy(), exact)            # rounded once
+assert np.mean(samples * (np.float32(1) / np.float32(3)) != exact) > 0.3  # rounded twice
 assert np.allclose(x.exp().numpy(), np.exp(xs))
 assert np.allclose(x.sigmoid().numpy(), 1 / (1 + np.exp(-xs)))
 assert np.allclose(x.cos().numpy(), np.cos(xs), atol=1e-6)

@@ -76,6 +76,7 @@ print("sources, no rule needed:", [op.name for op in PRIMITIVE_OPS if op not in 
 # | `MUL` | a · b | g·b, g·a |
 # | `EXP2` | 2ᵃ | g · 2ᵃ · ln 2 |
 # | `RECIPROCAL` | 1/a | −g / a² |
+# | `FDIV` | a / b | g / b, −g · (a / b) / b |
 # | `MAX` | max(a, b) | to the larger source (half each on a tie) |
 # | `WHERE` | c ? a : b | none to c; `c ? g : 0`, `c ? 0 : g` |
 # | `EXPAND` | broadcast | sum g over the broadcast axes |

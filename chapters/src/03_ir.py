@@ -8,7 +8,7 @@
 # **What you will learn**
 # - a node is `UOp(op, dtype, src, arg)`: what it does, what it produces, its inputs, and an
 #   op-specific argument;
-# - the backend contract is 28 primitive ops (`PRIMITIVE_OPS`), each with reference semantics;
+# - the backend contract is 29 primitive ops (`PRIMITIVE_OPS`), each with reference semantics;
 # - nodes are *hash-consed*: building the same node twice gives the same object, so equal
 #   subgraphs are shared for free;
 # - every node knows its shape, and integer nodes know their smallest and largest value;
@@ -60,7 +60,7 @@ print(pretty(expression))
 print(len(Ops), "ops in all;", len(PRIMITIVE_OPS), "primitive:")
 print(", ".join(op.name for op in PRIMITIVE_OPS))
 print("not primitive:", ", ".join(op.name for op in Ops if op not in PRIMITIVE_OPS))
-assert len(PRIMITIVE_OPS) == 28
+assert len(PRIMITIVE_OPS) == 29
 
 # %% [markdown] id="ir-08"
 # Each primitive op has *reference semantics*: one numpy function in the `NUMPY` device,
