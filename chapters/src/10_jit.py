@@ -284,6 +284,108 @@ print("two replays return the same buffer:", buffer_of(first) is buffer_of(secon
 assert len(held) == 3 and buffer_of(first) is buffer_of(second)
 
 
+# %% [markdown] id="jit-42"
+# ## What an eager call costs, and the lean path
+#
+# Without the JIT, every call pays for Python. Take the smallest eager step there is,
+# `(x + 1).realize()` on a 16-element tensor that already holds its values: the kernel runs in
+# well under a microsecond, and everything else is Python: build the graph (a Tensor and an ADD
+# node), find out what to run, allocate the output, launch, point the tensor at its buffer.
+# The engine (chapter 9) does it in three ways, from the most general to the leanest:
+#
+# - the **whole path** (`PLAN_CACHE=0`): schedule the graph into kernels, look up each kernel's
+#   program, run the schedule;
+# - the **plan cache**: a graph of the same *structure* (ops, dtypes, shapes, constants, which
+#   inputs are the same buffer, the settings; never an object's identity) was planned before,
+#   so its plan runs on this graph's buffers. Finding it walks the graph (`plan_key`);
+# - the **lean path**: a graph that is *one elementwise op over leaves* (a buffer or a
+#   constant, seen through movement ops) skips the walk as well. Each leaf's structure is
+#   numbered once and the number kept on the leaf's node, so the key is the op, its dtype, the
+#   leaves' numbers, which leaves read the same buffer, and the settings
+#   (`realize.elementwise_key`). `x + 1` also makes no Tensor for the constant: the broadcast
+#   constant is one cached node.
+#
+# A replay of a jitted `add_one` skips even the graph. We count *Python function calls*
+# (`sys.setprofile`), which, unlike a time, do not depend on how busy the machine is:
+
+# %% id="jit-43"
+# NBVAL_IGNORE_OUTPUT
+import sys
+
+from tinyteach import realize
+
+
+def python_calls(function) -> int:
+    """How many Python functions run during `function()` (calls into C not counted)."""
+    count = 0
+
+    def on_event(frame, event, arg):
+        nonlocal count
+        count += event == "call"
+    sys.setprofile(on_event)
+    try:
+        function()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def add_one(x: Tensor) -> Tensor:
+    return (x + 1).realize()
+
+
+sixteen = np.arange(16, dtype=np.float32)
+fresh = lambda: Tensor(sixteen.copy()).realize()  # a realized input, new every call
+jitted_add_one = TinyJit(add_one)
+for _ in range(3):
+    add_one(fresh()), jitted_add_one(fresh())  # compile, plan, capture
+inputs = [fresh() for _ in range(3)]
+with Context(PLAN_CACHE=0):
+    whole = python_calls(lambda: add_one(inputs[0]))
+lean = python_calls(lambda: add_one(inputs[1]))
+replay = python_calls(lambda: jitted_add_one(inputs[2]))
+print(f"whole path {whole} calls, lean path {lean}, JIT replay {replay}")
+assert lean < 60 and whole > 5 * lean and replay < 20
+
+# %% [markdown] id="jit-44"
+# (The counts are not stored: they change with the Python version.) The lean path makes a few
+# dozen calls where the whole path makes hundreds; what is left is the graph, the output
+# buffer and the result node, which a JIT replay does not build: it writes into the buffer of
+# its capture and only makes the Tensor it returns. Time follows the count only roughly
+# (a call into C, ctypes' launch among them, costs more than a Python call), which is why
+# `benchmarks/run.py` reports the time, next to PyTorch's.
+#
+# A cache that may hand out a wrong plan is worse than none. Each input of the lean key is a
+# structure, never a buffer; and what the key leaves out must not matter. Here the same
+# buffer twice and two buffers, `+0.0` and `-0.0`, and a buffer that `assign()` overwrote,
+# each against numpy:
+
+# %% id="jit-45"
+from tinyteach.helpers import clear_caches
+
+clear_caches()
+a, b = fresh(), fresh()
+for _ in range(3):  # a new graph of one structure each time: one plan
+    np.testing.assert_array_equal((fresh() + 1).numpy(), sixteen + 1)
+print("plans after 3 calls of x + 1:", len(realize.elementwise_plans))
+np.testing.assert_array_equal((a + a).numpy(), sixteen * 2)      # one buffer, read twice
+np.testing.assert_array_equal((a + b).numpy(), sixteen * 2)      # two buffers: another plan
+signs = [bool(np.signbit((-a * 0 + zero).numpy()[0])) for zero in (0.0, -0.0)]
+print("-0.0 + 0.0 and -0.0 + -0.0 have the sign bits", signs, "as numpy:",
+      [bool(np.signbit(np.float32(-0.0) + np.float32(z))) for z in (0.0, -0.0)])
+assert signs == [False, True]
+old = Tensor(a.uop)            # a's buffer as it is now
+(old + 1).realize()            # plans x + 1 on a buffer not yet overwritten
+a.assign(a * 3).realize()      # writes into that buffer: the old contents are gone
+try:
+    (old + 1).realize()        # not served the old plan: the scheduler's error
+    raise AssertionError("a graph on overwritten memory must not run")
+except RuntimeError as error:
+    print("RuntimeError:", str(error).split(";")[0])
+np.testing.assert_array_equal((a + 1).numpy(), sixteen * 3 + 1)
+print("plans now:", len(realize.elementwise_plans))
+
+
 # %% [markdown] id="jit-23"
 # ## Try it
 
