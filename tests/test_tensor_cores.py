@@ -456,10 +456,19 @@ def test_staging_reads_each_element_once_per_block_not_per_tile():
     assert per_tile / staged == 6
 
 
-def test_staged_copies_are_coalesced_and_free_of_races():
+STORED = {"plain": (lambda a, b: a @ b, (64, 32), (32, 64)),
+          "a_transposed": (lambda a, b: a.T @ b, (32, 64), (32, 64)),
+          "b_transposed": (lambda a, b: a @ b.T, (64, 32), (64, 32))}
+
+
+@pytest.mark.parametrize("stored", sorted(STORED))
+def test_staged_copies_are_coalesced_and_free_of_races(stored):
+    """Whichever way an operand is stored, the copy order follows its memory: neighbouring
+    threads read neighbouring halves (wmma.TensorCoreBlock's staging cells)."""
     from viz.threads import phase_traffic, strides
+    build, a_shape, b_shape = STORED[stored]
     m, k, n = 64, 32, 64
-    item = last_kernel(Tensor(halves(m, k)) @ Tensor(halves(k, n)))
+    item = last_kernel(build(Tensor(halves(*a_shape)), Tensor(halves(*b_shape))))
     program = lower(item.ast, KernelOptions(tensor_core=True, tensor_core_block=BLOCK))
     arrays = [np.zeros(m * n, np.float16), halves(m * k), halves(k * n)]
     trace = emulate(program, arrays, record=True)  # the race check ran on every access
