@@ -289,7 +289,8 @@ def flip(node: UOp, a: np.ndarray) -> np.ndarray:
 student_ops = {
     Ops.CONST: const, Ops.NEG: neg, Ops.EXP2: exp2, Ops.LOG2: log2, Ops.SIN: sin, Ops.SQRT: sqrt,
     Ops.RECIPROCAL: reciprocal, Ops.CAST: cast,
-    Ops.ADD: add, Ops.MUL: mul, Ops.IDIV: idiv, Ops.FDIV: fdiv, Ops.MOD: mod, Ops.MAX: maximum,
+    Ops.ADD: add, Ops.MUL: mul, Ops.IDIV: idiv, Ops.FDIV: fdiv, Ops.MOD: mod,
+    Ops.MAX: maximum,
     Ops.CMPLT: cmplt, Ops.CMPNE: cmpne,
     Ops.AND: bitwise_and, Ops.OR: bitwise_or, Ops.XOR: bitwise_xor,
     Ops.WHERE: where, Ops.REDUCE_AXIS: reduce_axis,
@@ -586,8 +587,8 @@ class StudentProgram:
 student_code_for_op = {
     Ops.NEG: neg_code, Ops.EXP2: exp2_code, Ops.LOG2: log2_code, Ops.SIN: sin_code,
     Ops.SQRT: sqrt_code, Ops.RECIPROCAL: reciprocal_code, Ops.CAST: cast_code,
-    Ops.ADD: add_code, Ops.MUL: mul_code, Ops.IDIV: idiv_code, Ops.FDIV: fdiv_code, Ops.MOD: mod_code,
-    Ops.MAX: max_code,
+    Ops.ADD: add_code, Ops.MUL: mul_code, Ops.IDIV: idiv_code, Ops.FDIV: fdiv_code,
+    Ops.MOD: mod_code, Ops.MAX: max_code,
     Ops.CMPLT: cmplt_code, Ops.CMPNE: cmpne_code, Ops.AND: and_code, Ops.OR: or_code,
     Ops.XOR: xor_code, Ops.WHERE: where_code,
 }
