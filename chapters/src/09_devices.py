@@ -351,8 +351,10 @@ z = Tensor(rng.standard_normal((16, 16)).astype(np.float32))
 #
 # Tiering must never change a number. An unoptimized build does each float operation as
 # written, in the order written; so does `cc -O2`, except where the source lets it reorder: a
-# sum split into vector lanes (`#pragma omp simd reduction`) or a fused multiply-add. A kernel
-# with either skips the fast tier and waits for its optimized build.
+# fused multiply-add (the vector matmul kernels allow it, `fp-contract=fast`) or, with
+# `FIXED_LANES=0`, a sum split into vector lanes by `#pragma omp simd reduction`. A kernel
+# with either skips the fast tier and waits for its optimized build. Lanes in a fixed order
+# (chapter 8) are written out in the C source, so tcc builds those sums bit for bit.
 #
 # `DEBUG=2` shows the tiers: a note names the build before a fast-tier launch, and the launch
 # line ends with the tier in parentheses; a launch of an optimized build has no mark. (We hold
@@ -370,10 +372,11 @@ with tempfile.TemporaryDirectory() as directory:
     os.environ["TINYTEACH_CACHE"] = directory
     runner_cache.clear()  # forget this session's programs: both kernels are built anew
     w = Tensor(np.arange(4096, dtype=np.float32) / 4096).realize()
+    square = w.reshape(64, 64)
     release = threading.Event()
     cpu.background().submit(release.wait, 60)  # the optimized builds wait behind this
     with Context(DEBUG=2), record_launches() as launches:
-        Tensor.realize((w * 0.375).exp2(), (w * 0.375).sum())
+        Tensor.realize((w * 0.375).exp2(), square @ square)
     tiers = [launch.runner.program.tier for launch in launches]  # before the swap
     release.set()
     cpu.wait_for_optimized_builds()
@@ -389,13 +392,122 @@ assert waited == [False, True] and tiers[0] != "optimized" and tiers[1] == "opti
 assert launches[0].runner.program.tier == "optimized"  # swapped in
 np.testing.assert_allclose(launches[0].buffers[0].numpy(),
                            np.exp2(np.arange(4096, dtype=np.float32) / 4096 * 0.375), rtol=1e-6)
+square_np = (np.arange(4096, dtype=np.float32) / 4096).reshape(64, 64)
+np.testing.assert_allclose(launches[1].buffers[0].numpy().reshape(64, 64), square_np @ square_np,
+                           rtol=1e-5)
 
 # %% [markdown] id="dev-72"
-# The elementwise kernel ran its tcc build first; the sum, whose optimized build splits it into
-# vector lanes, waited for `cc -O2`. `CPU_TIERED=0` (or `Context(CPU_TIERED=0)`) turns the fast
+# The elementwise kernel ran its tcc build first; the matmul, whose optimized build fuses
+# multiply-adds, waited for `cc -O2`. `CPU_TIERED=0` (or `Context(CPU_TIERED=0)`) turns the fast
 # tier off. Both tiers give the same bits for every kernel that is tiered:
 # `tests/test_cpu_tiers.py` compares NaN, ±inf, -0.0, subnormals, casts and integer division by
 # zero byte for byte.
+
+# %% [markdown] id="dev-73"
+# ### The first training step, stage by stage
+#
+# A training step with an empty cache goes through every stage of the book once per kernel:
+# the scheduler cuts the graph into kernels (chapter 6), each is lowered to loops and index
+# arithmetic (chapter 7) and rendered as C (chapter 8), the fast tier builds them all in one
+# tcc call while the kernels that may reorder wait for `cc -O2`, and then they run. Below, the
+# first step of a 784-128-10 MLP with Adam, watched with `DEBUG=2`: the summary line of
+# `compile_many`, then which build each launch ran (the tier at the end of its line, counted
+# here rather than printed 30 times). The optimized builds are held back again, so every
+# fast-tier launch surely finds its tcc build.
+
+# %% id="dev-74"
+import contextlib
+import io
+import re
+from collections import Counter
+from unittest import mock
+
+import tinyteach.realize as realize
+from tinyteach import nn
+from tinyteach.nn import optim
+
+stage_seconds: Counter[str] = Counter()
+
+
+def timed(stage: str, function):  # noqa: ANN001, ANN201
+    """`function`, adding the seconds each call takes to `stage_seconds[stage]`."""
+    def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            stage_seconds[stage] += time.perf_counter() - start
+    return run
+
+
+Tensor.manual_seed(0)
+layer1, layer2 = nn.Linear(784, 128), nn.Linear(128, 10)
+parameters = [layer1.weight, layer1.bias, layer2.weight, layer2.bias]
+adam = optim.Adam(parameters, lr=1e-3)
+images = rng.standard_normal((128, 784)).astype(np.float32)
+labels = rng.integers(0, 10, 128).astype(np.int32)
+Tensor.realize(*parameters)
+start_weights = [p.numpy() for p in parameters]
+cpu_backend = Device["CPU"]
+with tempfile.TemporaryDirectory() as directory, \
+        mock.patch.dict(os.environ, TINYTEACH_CACHE=directory), \
+        mock.patch.object(realize, "build_schedule", timed("schedule", realize.build_schedule)), \
+        mock.patch.object(realize, "lower", timed("lower", realize.lower)), \
+        mock.patch.object(cpu_backend.renderer, "render",
+                          timed("render", cpu_backend.renderer.render)), \
+        mock.patch.object(cpu_backend.compiler, "compile_many",
+                          timed("compile", cpu_backend.compiler.compile_many)), \
+        mock.patch.object(realize, "run_item", timed("run", realize.run_item)):
+    runner_cache.clear()  # every kernel of the step is new
+    release = threading.Event()
+    cpu.background().submit(release.wait, 60)  # the optimized builds wait behind this
+    shown = io.StringIO()
+    with Context(DEBUG=2, TRAINING=1), contextlib.redirect_stdout(shown):
+        step_start = time.perf_counter()
+        adam.zero_grad()
+        loss = layer2(layer1(Tensor(images)).relu()).sparse_categorical_crossentropy(
+            Tensor(labels)).backward()
+        Tensor.realize(loss, *adam.schedule_step())
+        step_seconds = time.perf_counter() - step_start
+    release.set()
+    cpu.wait_for_optimized_builds()
+lines = shown.getvalue().splitlines()
+summary = [line.strip() for line in lines if "new kernels on the fast tier" in line]
+launches = [line for line in lines if line.startswith("*** CPU")]
+tiers = Counter(match.group(1) if (match := re.search(r"us \((.+)\)$", line)) else "cc -O2"
+                for line in launches)
+print(summary[0].replace(cpu_backend.compiler.optimized_tier, "cc -O2"))
+print(f"{len(launches)} launches:", ", ".join(f"{n} ran a {t} build" for t, n in tiers.items()))
+fast, new = map(int, re.match(r"CPU compile: (\d+) of (\d+)", summary[0]).groups())
+assert len(summary) == 1 and tiers["cc -O2"] == new - fast  # the others waited for -O2
+assert sum(tiers.values()) == len(launches) and fast > new - fast > 0
+
+
+def reference_loss() -> float:
+    """The same forward pass and loss in numpy, from the weights before the step."""
+    w1, b1, w2, b2 = start_weights
+    logits = np.maximum(images @ w1.T + b1, 0) @ w2.T + b2
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return float(-log_probabilities[np.arange(128), labels].mean())
+
+
+np.testing.assert_allclose(loss.item(), reference_loss(), rtol=1e-5)
+
+# %% [markdown] id="dev-75"
+# Where did the step's time go? Each stage's total below (measured here, so different on every
+# run and machine; `DEBUG=2` adds its printing to the run stage). "compile" is the time the
+# step waited in `compile_many`: the tcc call and, at the same time, the `cc -O2` builds of the
+# kernels that skip the fast tier; the other kernels' optimized builds start after it, in the
+# background. On the book's 2-core machine, lowering and the wait for those few `cc -O2` builds
+# were the largest parts; `benchmarks/run.py` measures the whole first step against PyTorch.
+
+# %% id="dev-76"
+# NBVAL_IGNORE_OUTPUT
+for stage in ("schedule", "lower", "render", "compile", "run"):
+    print(f"{stage:<9} {stage_seconds[stage] * 1e3:7.1f} ms")
+print(f"{'the step':<9} {step_seconds * 1e3:7.1f} ms")
+assert set(stage_seconds) == {"schedule", "lower", "render", "compile", "run"}
 
 # %% [markdown] id="dev-48"
 # ## A device with memory of its own: OPENCL
