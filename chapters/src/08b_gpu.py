@@ -18,6 +18,7 @@
 #   skip, and a race on shared memory are errors that name the thread and the address;
 # - **matmul** with local tiles in shared memory, then on **tensor cores**: a warp of 32
 #   threads multiplies small matrices held in pieces across its threads, in one instruction;
+#   then a block of warps whose operands are staged in shared memory;
 # - **fused softmax, the GPU way**: one work-group per row, a group reduction for each
 #   reduction of the chain, and every thread storing its columns: one kernel instead of three.
 #
