@@ -15,7 +15,9 @@ What this teaches:
   A hit skips scheduling and lowering: it allocates the plan's new buffers and launches. The
   key holds no object identity and no buffer, so a hit never depends on the garbage collector
   or on stale memory; the cache is an LRU of `PLAN_CACHE_SIZE` plans (PLAN_CACHE=0 turns it
-  off, `clear_caches()` empties it);
+  off, `clear_caches()` empties it). The lean path (`realize_elementwise`) finds the plan of
+  the commonest eager graph, one elementwise op over realized buffers and constants, without
+  walking it: by numbers its leaves keep (`elementwise_key`);
 - everything the engine does can be watched: DEBUG=1 prints each launch, 2 adds timings (and
   the build a launch ran when it was not the optimized one: `(tcc)`, chapter 9), 3 the
   AST and the fusion reasons, 4 the generated source; `GlobalCounters` counts kernels, ops,
@@ -592,7 +594,8 @@ def elementwise_key(root: UOp, default_device: str) -> tuple[tuple[Any, ...],
             if buffer not in buffers:  # (a Buffer compares by identity)
                 buffers.append(buffer)
             slots.append(buffers.index(buffer))
-    key = ("elementwise", (root.op, root.dtype.name, root.arg), default_device,
+    arg = root.arg if root.arg is None else _arg_key(root.arg)  # (an ALU op's is None)
+    key = ("elementwise", (root.op, root.dtype.name, arg), default_device,
            tuple(numbers), tuple(slots), tuple([b.overwritten for b in buffers]), _rules())
     return key, buffers
 
