@@ -121,6 +121,8 @@ RULES: dict[str, Rule] = {
     # (no finite difference: numerically, a * a.detach() is a * a)
     "detach": Rule(Ops.DETACH, lambda a: a * a.detach(), lambda a: a * a.detach(),
                    [uniform(3, 2)], finite_difference=False),
+    "div": Rule(Ops.FDIV, lambda a, b: a / b, lambda a, b: a / b,
+                [uniform(3, 4), away_from_zero(3, 4)]),
 }
 
 

@@ -254,3 +254,18 @@ def test_opencl_asks_for_correctly_rounded_division():
     import pyopencl as cl
     offered = device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
     assert ("-cl-fp32-correctly-rounded-divide-sqrt" in build_options(device)) == bool(offered)
+
+
+def test_cuda_compiles_an_ieee_division():
+    """NVRTC's default is IEEE division (-prec-div=true): PTX's div.rn.f32, correctly
+    rounded (div.approx or div.full would be the fast-math forms)."""
+    from tinyteach.device import DeviceUnavailable
+    from tinyteach.runtime.cuda import CUDACompiler, compile_for_cuda
+    try:
+        compiler = CUDACompiler("sm_90")
+    except DeviceUnavailable as error:
+        pytest.skip(str(error))
+    x = Tensor(random_floats(8, 15), device="NUMPY").realize()
+    y = Tensor(random_floats(8, 16), device="NUMPY").realize()
+    kernel = compile_for_cuda("E_8", kernel_ast(x / y), compiler)
+    assert "div.rn.f32" in kernel.ptx and "div.approx" not in kernel.ptx
