@@ -112,7 +112,7 @@ def test_wgsl_guarded_load_is_an_if_not_a_select():
 def test_c_has_no_work_groups():
     from tinyteach.render.c import CRenderer
     item = last_kernel(SUM[0](Tensor(floats(*SUM[1]))))
-    with pytest.raises(NotImplementedError, match="no shared memory"):
+    with pytest.raises(NotImplementedError, match="no work-groups"):
         CRenderer().render(item.name, lower(item.ast, KernelOptions(group=16)))
 
 

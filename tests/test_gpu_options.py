@@ -358,3 +358,24 @@ def test_fuzzed_matmuls_with_drawn_gpu_options_compile_for_cuda():
     report = fuzz(10, [], seed=5, cuda=True)
     assert report.ok(), "\n\n".join(report.failures[:3])
     assert report.compiled >= 10 and report.drew_blocks() >= 1, report.options
+
+
+def test_a_cuda_search_of_a_half_matmul_reaches_both_tensor_core_kinds():
+    """A half matmul that fills a 64x64 block: BEAM may try one warp per tile and the staged
+    block (wmma.py), and each compiles for sm_90."""
+    from tinyteach import dtypes
+    from tinyteach.opt import TENSOR_CORE_BLOCK
+    a = Tensor(floats(128, 32)).cast(dtypes.half).realize()
+    b = Tensor(floats(32, 128, seed=1)).cast(dtypes.half).realize()
+    item = last_kernel(a @ b)
+    renderer = CUDARenderer()
+    space = search_module.gpu_space(item.ast, renderer)
+    assert space is not None and space.tensor_core and space.tensor_core_block == TENSOR_CORE_BLOCK
+    candidates = search_module.search_space(item.ast, renderer)
+    blocks = {o.tensor_core_block for o in candidates if o.tensor_core}
+    assert blocks == {(), TENSOR_CORE_BLOCK}, candidates
+    compiler = _cuda_compiler()
+    for options in candidates:
+        if options.tensor_core:
+            kernel = compiler.compile(renderer.render(item.name, lower(item.ast, options)))
+            assert "mma.sync" in kernel.ptx, options

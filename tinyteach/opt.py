@@ -225,7 +225,7 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
     if row_kernel_axis(ast) is not None:
         return _one_row_at_a_time(shape, reduces)
     if tensor_core and _worth_a_tensor_core(ast):
-        return KernelOptions(tensor_core=True, tensor_core_block=_tensor_core_block(ast))
+        return KernelOptions(tensor_core=True, tensor_core_block=tensor_core_block_for(ast))
     if local_tile and worth_a_local_tile(ast):
         return KernelOptions(local_tile=LOCAL_TILE, tile_upcast=heuristic_tile_upcast(ast))
     if group_reduce and can_group_reduce(ast) and prod(shape) <= GROUP_MAX_OUTPUTS \
@@ -271,7 +271,7 @@ def _worth_a_tensor_core(ast: UOp) -> bool:
     return worth_a_tensor_core(ast)
 
 
-def _tensor_core_block(ast: UOp) -> tuple[int, ...]:
+def tensor_core_block_for(ast: UOp) -> tuple[int, ...]:
     """TENSOR_CORE_BLOCK where the kernel fills a whole block along both output axes (its
     operands then go through shared memory); a smaller kernel keeps one warp per tile."""
     from tinyteach.wmma import tensor_core_plan

@@ -86,6 +86,7 @@ from tinyteach.opt import (
     options_for_renderer,
     outer_loop_size,
     row_kernel_axis,
+    tensor_core_block_for,
     tile_plan,
 )
 from tinyteach.uop import Ops, UOp
@@ -121,6 +122,7 @@ class GPUSpace:
     itemsize: int = 4
     rows: bool = False
     tile_upcast: int = 1  # the heuristic's block of outputs per thread of a local tile
+    tensor_core_block: tuple[int, ...] = ()  # warps x tiles fed from shared memory, if it fits
 
 
 def gpu_space(ast: UOp, renderer: Any) -> GPUSpace | None:
@@ -134,7 +136,8 @@ def gpu_space(ast: UOp, renderer: Any) -> GPUSpace | None:
                     getattr(renderer, "supports_tensor_core", False) and
                     why_no_tensor_core(ast) is None,
                     plan.x.dtype.itemsize if plan is not None else 4,
-                    row_kernel_axis(ast) is not None, heuristic_tile_upcast(ast))
+                    row_kernel_axis(ast) is not None, heuristic_tile_upcast(ast),
+                    tensor_core_block_for(ast) if why_no_tensor_core(ast) is None else ())
 
 
 def neighbours(options: KernelOptions, shape: tuple[int, ...], body_nodes: int = 1,
@@ -186,6 +189,8 @@ def _gpu_kinds(space: GPUSpace) -> list[KernelOptions]:
         kinds.append(KernelOptions(local_tile=LOCAL_TILE, tile_upcast=space.tile_upcast))
     if space.tensor_core:
         kinds.append(KernelOptions(tensor_core=True))
+        if space.tensor_core_block:
+            kinds.append(KernelOptions(tensor_core=True, tensor_core_block=space.tensor_core_block))
     return kinds
 
 
@@ -194,7 +199,9 @@ def _kind(options: KernelOptions) -> str:
         return "group"
     if options.local_tile:
         return "local tile"
-    return "tensor cores" if options.tensor_core else "plain"
+    if options.tensor_core:
+        return "tensor-core block" if options.tensor_core_block else "tensor cores"
+    return "plain"
 
 
 def _local_tile_changes(options: KernelOptions, space: GPUSpace) -> list[KernelOptions]:
