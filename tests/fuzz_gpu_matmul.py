@@ -44,7 +44,6 @@ from tinyteach.lower import lower  # noqa: E402
 from tinyteach.opt import KernelOptions, can_group_reduce  # noqa: E402
 from tinyteach.realize import record_launches  # noqa: E402
 from tinyteach.schedule import create_schedule  # noqa: E402
-from tinyteach.tensor_core import NO_BFLOAT16  # noqa: E402
 from tinyteach.uop import UOp  # noqa: E402
 from tinyteach.wmma import product_plan, why_no_tensor_core  # noqa: E402
 
@@ -209,9 +208,9 @@ def option_kind(options: KernelOptions) -> str:
 
 
 def device_has(device: str, dtype: str) -> bool:
-    """Can `device` hold `dtype`? (pocl has no float16; WGSL has no 16-bit words for bfloat16;
-    a device in tensor_core.NO_BFLOAT16 refuses bfloat16 tensors.)"""
-    if dtype == "bfloat16" and (device == "WEBGPU" or device in NO_BFLOAT16):
+    """Can `device` hold `dtype`? (pocl has no float16; WGSL has no 16-bit words for
+    bfloat16.)"""
+    if dtype == "bfloat16" and device == "WEBGPU":
         return False
     return getattr(dtypes, dtype) not in getattr(Device[device], "unsupported_dtypes", {})
 

@@ -2,7 +2,7 @@
 sum_acc_dtype, PyTorch's accumulation type): a half matmul is REDUCE_AXIS over CAST(MUL(half,
 half)) to float32, then one CAST back, which the tensor-core pattern still matches. Sums, means
 and matmuls on every device against torch; and the PYTHON emulator computes bfloat16 exactly
-as torch does once it is allowed to (tensor_core.NO_BFLOAT16)."""
+as torch does."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from tinyteach import Device, Tensor, clear_caches, dtypes
-from tinyteach import tensor_core as tensor_core_module
 from tinyteach.dtype import from_bfloat16_bits, to_bfloat16_bits
 from tinyteach.opt import kernel_value, options_for_renderer
 from tinyteach.render.cuda import CUDARenderer
@@ -112,9 +111,8 @@ def test_half_sums_means_and_matmuls_match_torch(device):
 # ---- bfloat16 on the emulator ----
 
 @pytest.fixture
-def python_bfloat16(monkeypatch):
-    """PYTHON without its NO_BFLOAT16 entry: does the emulator compute bfloat16 as torch?"""
-    monkeypatch.delitem(tensor_core_module.NO_BFLOAT16, "PYTHON", raising=False)
+def python_bfloat16():
+    """Fresh caches around each bfloat16 test on the emulator."""
     clear_caches()
     yield
     clear_caches()

@@ -195,10 +195,6 @@ class _ClassSwitch(contextlib.ContextDecorator):
 
 # devices that cannot compute bfloat16, with the reason (the others convert its 16-bit words
 # to float32 and back: runtime/numpy.py, render/c.py; WEBGPU's renderer refuses it itself)
-NO_BFLOAT16 = {"PYTHON": "the emulator holds each lane as a numpy value of the dtype's host "
-                         "format, which for bfloat16 is its 16-bit word, and has no conversion"}
-
-
 class CoreTensor:
     """A lazily computed n-dimensional array on a device, with reverse-mode autograd: the
     primitive ops. The parts of chapter 1 build the rest of the API on it (module docstring)."""
@@ -219,9 +215,6 @@ class CoreTensor:
             self.uop = UOp.const(wanted or dtypes.from_py(data), data)
         else:
             self.uop = _uop_from_data(data, wanted, self.device)
-        if self.uop.dtype is dtypes.bfloat16 and self.device in NO_BFLOAT16:
-            raise TypeError(f"{self.device} cannot compute bfloat16: "
-                            f"{NO_BFLOAT16[self.device]}")
         self.grad: Self | None = None
         self._lazy: UOp | None = None  # the graph before realize, kept for backward()
         self.requires_grad = requires_grad
@@ -232,8 +225,6 @@ class CoreTensor:
         """The lean constructor of an op's result: its node is built and its device already
         canonical, so what `__init__` converts and checks is done (building results is much
         of an eager realize: `x + 1` makes one). The same fields, the same registration."""
-        if uop.dtype is dtypes.bfloat16 and device in NO_BFLOAT16:
-            raise TypeError(f"{device} cannot compute bfloat16: {NO_BFLOAT16[device]}")
         tensor = cls.__new__(cls)
         tensor.uop, tensor.device, tensor.grad, tensor._lazy = uop, device, None, None
         tensor._requires_grad = None
