@@ -179,7 +179,8 @@ def test_debug_2_names_the_fast_tier_a_launch_ran(cache, capsys) -> None:  # typ
     cpu.background().submit(release.wait, 60)  # hold the optimized build: check the fast tier
     try:
         with Context(DEBUG=2), record_launches() as launches:
-            first, second = (x * scale).exp2(), (x * scale).sum()
+            square = (x * scale).reshape(64, 64)
+            first, second = (x * scale).exp2(), square @ square  # the matmul fuses multiply-adds
             Tensor.realize(first, second)
         lines = _launch_lines(capsys.readouterr().out)
     finally:
@@ -189,7 +190,7 @@ def test_debug_2_names_the_fast_tier_a_launch_ran(cache, capsys) -> None:  # typ
     kinds = []
     for line, launch in zip(lines, launches):
         assert launch.runner is not None and launch.runner.source is not None
-        waits = cpu.needs_optimized_build(launch.runner.source)  # the sum's `omp simd`
+        waits = cpu.needs_optimized_build(launch.runner.source)  # the matmul's fma
         kinds.append(waits)
         if waits:  # built optimized at once: the line is as it always was
             assert line.endswith("us"), line
@@ -205,4 +206,5 @@ def test_debug_2_names_the_fast_tier_a_launch_ran(cache, capsys) -> None:  # typ
     expected = np.arange(4096, dtype=np.float32) / 4096 * np.float32(scale)
     np.testing.assert_allclose(first.numpy(), np.exp2(expected), rtol=1e-6)
     np.testing.assert_allclose(again.numpy(), np.exp2(expected), rtol=1e-6)
-    np.testing.assert_allclose(second.numpy(), expected.sum(), rtol=1e-5)
+    matrix = expected.reshape(64, 64).astype(np.float64)
+    np.testing.assert_allclose(second.numpy(), matrix @ matrix, rtol=1e-5)
