@@ -6,7 +6,7 @@ module (or small package) that opens with what it teaches, and one notebook in c
 | #  | chapter                                              | module(s)                         |
 |----|------------------------------------------------------|-----------------------------------|
 | 0  | A tour: the whole stack from the top                 | (chapters/00_tour.ipynb)          |
-| 1  | Tensors: a PyTorch-like API from 28 primitive ops    | tensor_core.py, tensor.py,        |
+| 1  | Tensors: a PyTorch-like API from 29 primitive ops    | tensor_core.py, tensor.py,        |
 |    |                                                      | dtype.py, indexing.py,            |
 |    |                                                      | tensor_create.py,                 |
 |    |                                                      | tensor_movement.py,               |

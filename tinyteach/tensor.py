@@ -5,7 +5,7 @@ What this teaches:
   nothing. `realize()`, `numpy()`, `item()` or `tolist()` schedule the graph into kernels and run
   them (chapters 6-9);
 - everything — softmax, conv2d, cross-entropy, random numbers, even `arange` — is composed
-  from the 28 primitive ops of uop.py. No numpy call computes a result behind your back; numpy is
+  from the 29 primitive ops of uop.py. No numpy call computes a result behind your back; numpy is
   only used to bring data in and take it out;
 - `requires_grad`, `backward()` and `.grad` work as in PyTorch, with tinygrad's three states
   of requires_grad (chapter 2 has the rules).

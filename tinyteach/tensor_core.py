@@ -644,7 +644,7 @@ class CoreTensor:
             raise ValueError(f"the core divides without rounding, not rounding_mode "
                              f"{rounding_mode!r}")
         x, y = self._broadcasted(other, reverse, float_result=True)
-        return x * y.reciprocal()
+        return x._apply(x.uop.alu(Ops.FDIV, y.uop), x, y)  # rounded once, as torch's `/`
 
     def neg(self) -> Self:
         if self.dtype == dtypes.bool:

@@ -38,7 +38,7 @@ from typing import Any, Self, TypeVar
 
 from tinyteach.dtype import DType, dtypes, truncate_to
 from tinyteach.helpers import prod
-from tinyteach.tensor_core import Scalar, pool, scalar_dtype, sum_dtype
+from tinyteach.tensor_core import Scalar, pool, scalar_dtype, sum_acc_dtype, sum_dtype
 from tinyteach.tensor_movement import TensorMovement
 from tinyteach.uop import Ops, UOp, sym_prod
 
@@ -584,11 +584,15 @@ class TensorMath(TensorMovement):
             if not dtypes.is_float(wanted):
                 raise TypeError(f"mean needs a float dtype, got {wanted.name}")
             return self.cast(wanted).mean(axis, keepdim)
-        total = self._to_float().sum(axis, keepdim)
+        values = self._to_float()
+        # half and bfloat16 are summed and divided in float32 and rounded once at the end, as
+        # PyTorch and tinygrad do (a half sum divided in half rounds twice)
+        total = values.cast(sum_acc_dtype(values.dtype)).sum(axis, keepdim)
         count = sym_prod(s for i, s in enumerate(self.shape) if i in self._axes(axis))
         if isinstance(count, UOp):  # a symbolic count: divided by its value at each run
-            return total / count
-        return total / max(count, 1) if count else total * math.nan
+            return (total / count).cast(values.dtype)
+        mean = total / max(count, 1) if count else total * math.nan
+        return mean.cast(values.dtype)
 
     def var(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Self:
         centered = self._to_float() - self._to_float().mean(axis, keepdim=True)

@@ -150,7 +150,7 @@ assert loss.item() < 4 < 10 < wrong_loss
 # | # | chapter | notebook | module |
 # |---|---|---|---|
 # | 0 | A tour (this notebook) | [00_tour](00_tour.ipynb) | [`__init__.py`](../tinyteach/__init__.py) |
-# | 1 | Tensors: an API from 28 primitive ops | [01_tensors](01_tensors.ipynb) | [`tensor.py`](../tinyteach/tensor.py), [`dtype.py`](../tinyteach/dtype.py), [`indexing.py`](../tinyteach/indexing.py), [`tensor_create.py`](../tinyteach/tensor_create.py), [`tensor_movement.py`](../tinyteach/tensor_movement.py), [`tensor_math.py`](../tinyteach/tensor_math.py), [`tensor_nn.py`](../tinyteach/tensor_nn.py) |
+# | 1 | Tensors: an API from 29 primitive ops | [01_tensors](01_tensors.ipynb) | [`tensor.py`](../tinyteach/tensor.py), [`dtype.py`](../tinyteach/dtype.py), [`indexing.py`](../tinyteach/indexing.py), [`tensor_create.py`](../tinyteach/tensor_create.py), [`tensor_movement.py`](../tinyteach/tensor_movement.py), [`tensor_math.py`](../tinyteach/tensor_math.py), [`tensor_nn.py`](../tinyteach/tensor_nn.py) |
 # | 2 | Autograd: reverse mode on the graph | [02_autograd](02_autograd.ipynb) | [`gradient.py`](../tinyteach/gradient.py) |
 # | 3 | The IR: UOps and the primitive op set | [03_ir](03_ir.ipynb) | [`uop.py`](../tinyteach/uop.py) |
 # | 4 | Shapes without copies: views | [04_views](04_views.ipynb) | [`view.py`](../tinyteach/view.py) |

@@ -231,7 +231,7 @@ print(on_cpu.numpy().round(3))
 
 # %% [markdown] id="dev-21"
 # What does "interpret" mean? The NUMPY device has one small numpy function per primitive op —
-# this table *is* the definition of what each op means. It has 26 entries for 28 primitive ops:
+# this table *is* the definition of what each op means. It has 27 entries for 29 primitive ops:
 # the two missing are `BUFFER` and `COPY`, which compute nothing — a `BUFFER` is memory the
 # engine allocates and passes in, and a `COPY` between devices is a step of its own in the
 # schedule (chapter 6), done by the engine, not inside a kernel:

@@ -235,8 +235,8 @@ def differences(expected: np.ndarray, received: np.ndarray) -> np.ndarray:
 
 # ---- showing a small graph in one line ----
 
-SYMBOLS = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.CMPLT: "<",
-           Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
+SYMBOLS = {Ops.ADD: "+", Ops.MUL: "*", Ops.FDIV: "/", Ops.IDIV: "//", Ops.MOD: "%",
+           Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
 
 
 def infix(graph: UOp) -> str:
