@@ -202,8 +202,8 @@ class TensorMath(TensorMovement):
         """True division (`/`): the primitive FDIV, IEEE 754's correctly rounded quotient, as
         PyTorch's; integers are divided as floats. PyTorch's `rounding_mode` rounds the quotient
         toward zero ("trunc") or down ("floor"); integers then stay integers.
-        (tinygrad, and the core's div: x * (1/y), which is an ulp off for a quarter of all
-        quotients, and NaN for 0 / 1e-40, since 1/1e-40 overflows to inf.)"""
+        (tinygrad divides as x * (1/y), which is an ulp off for a quarter of all quotients,
+        and NaN for 0 / 1e-40, since 1/1e-40 overflows to inf.)"""
         if rounding_mode == "floor":
             return self.floordiv(other, reverse)
         if rounding_mode == "trunc":

@@ -214,9 +214,10 @@ for name, values in expected.items():
 # "Once per row" is the lowering's job (chapter 7): inside the loops over rows and columns, the
 # max depends on the row only, so `linearize` places it — and the sum, and `1/sum` — after the
 # row loop opens and before the column loop. Here are the loops of the kernel's C source for a
-# 4,096 × 1,024 softmax, with the optimizer's choices still applied (4 rows per iteration,
-# the rows split across cores). A column loop around the reductions would make the work grow
-# with the square of the row:
+# 4,096 × 1,024 softmax, with the optimizer's choices still applied (one row per iteration,
+# the rows split across cores, each reduction's loop in blocks of SIMD lanes — chapter 8; the
+# loops that combine the lanes at the end are left out). A column loop around the reductions
+# would make the work grow with the square of the row:
 
 # %% id="sched-52"
 import re
@@ -228,12 +229,13 @@ big = Tensor.empty(4096, 1024)
 renderer = Device["CPU"].renderer
 source = renderer.render(big_softmax.name, lower(big_softmax.ast, None, renderer.vector_width))
 loop_lines = [line for line in source.splitlines()
-              if re.match(r"\s*(for|#pragma omp parallel)", line)]
-print("\n".join(loop_lines))
+              if re.match(r"\s*(for|#pragma omp parallel)", line) and "_half" not in line]
+print("\n".join(line.split(") for")[0] + ")" if ") for" in line else line
+                for line in loop_lines))
 assert [re.search(r"int (\w+)", line).group(1) for line in loop_lines[1:]] == \
-    ["gidx0", "ridx0", "ridx1", "gidx1"]
+    ["gidx0", "ridx0_block", "ridx1_block", "gidx1"]
 assert loop_lines[0].strip() == "#pragma omp parallel for"
-assert "gidx0 < 1024;" in loop_lines[1]   # 4,096 rows, 4 per iteration
+assert "gidx0 < 4096;" in loop_lines[1]   # 4,096 rows, one per iteration
 
 # %% [markdown] id="sched-53"
 # Memory traffic, as the engine counts it (`GlobalCounters.global_mem`, the bytes of every
