@@ -131,6 +131,44 @@ HELPERS["divide_f32"] = (
     "  return select(bitcast<f32>(sign), bitcast<f32>(sign | 0x7f800000u), b_zero);\n}")
 HELPERS["divide_f16"] = ("fn divide_f16(a: f16, b: f16) -> f16 "
                          "{ return f16(divide_f32(f32(a), f32(b))); }")
+# WGSL's float `%` is x - y * trunc(x / y): the rounded quotient makes it wrong for most pairs
+# (1.5 % 0.1 is 0.1, not 0.09999998), while C's fmod is exact. So the remainder is computed
+# as integers: long division of x's 24-bit significand by y's, a few bits at a time.
+HELPERS["fmod_f32"] = """fn fmod_f32(x: f32, y: f32) -> f32 {
+  var sign = bitcast<u32>(x) & 0x80000000u;  // the result has the sign of x
+  var ax = bitcast<u32>(x) & 0x7fffffffu;
+  var ay = bitcast<u32>(y) & 0x7fffffffu;
+  // y = 0, x = +-inf or a NaN operand: NaN
+  if (ay == 0u || ax >= 0x7f800000u || ay > 0x7f800000u) { return nan_f32(); }
+  // |x| < |y| (y = +-inf included): x itself, -0.0 too
+  if (ax < ay) { return x; }
+  // |v| = significand * 2^(exponent - 150); a subnormal has exponent 1 and no hidden bit.
+  // |x| >= |y|, so x's exponent is at least y's
+  var ex = max(ax >> 23u, 1u);
+  var ey = max(ay >> 23u, 1u);
+  var mx = select(ax & 0x7fffffu, (ax & 0x7fffffu) | 0x800000u, ax >= 0x800000u);
+  var my = select(ay & 0x7fffffu, (ay & 0x7fffffu) | 0x800000u, ay >= 0x800000u);
+  // the remainder of mx * 2^(ex - ey) by my: r < my < 2^24, so r << 8 fits in 32 bits and
+  // each step brings down 8 more bits of the dividend (u32 % is exact)
+  var r = mx % my;
+  var steps = ex - ey;
+  while (steps > 0u && r != 0u) {
+    var bits = min(steps, 8u);
+    r = (r << bits) % my;
+    steps -= bits;
+  }
+  if (r == 0u) { return bitcast<f32>(sign); }  // an exact multiple: a zero with x's sign
+  // |result| = r * 2^(ey - 150), exact: move r's leading bit to bit 23 (a normal number),
+  // or, where the exponent would fall below 1, leave it a subnormal (exponent field 0)
+  var shift = countLeadingZeros(r) - 8u;
+  if (ey > shift) {
+    return bitcast<f32>(sign | ((ey - shift) << 23u) | ((r << shift) & 0x7fffffu));
+  }
+  return bitcast<f32>(sign | (r << (ey - 1u)));
+}"""
+# a half float's remainder is exact in f32, and representable in f16 (|r| < |y|, and r is a
+# multiple of the smaller of the two operands' ulps)
+HELPERS["fmod_f16"] = "fn fmod_f16(x: f16, y: f16) -> f16 { return f16(fmod_f32(f32(x), f32(y))); }"
 HELPERS["plus_zero_f32"] = ("fn plus_zero_f32(x: f32) -> f32 "  # -0.0 + 0.0 is +0.0
                             "{ return select(x, 0.0f, bitcast<u32>(x) == 0x80000000u); }")
 HELPERS["plus_zero_f16"] = ("fn plus_zero_f16(x: f16) -> f16 "
@@ -202,7 +240,8 @@ def wgsl_divide(renderer: CStyleRenderer, operands: list[str], operand_dtypes: l
 def wgsl_remainder(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
                    dtype: DType) -> str:
     if dtypes.is_float(dtype):
-        return infix("%")(renderer, operands, operand_dtypes, dtype)  # on floats: fmod's rule
+        a, b = operands  # not `%`: on floats that is x - y * trunc(x / y), inexact
+        return f"fmod_{VALUE_TYPES[dtype]}({a}, {b})"
     return integer_remainder(renderer, operands, operand_dtypes, dtype)
 
 
