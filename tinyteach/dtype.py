@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import builtins  # inside `dtypes`, the names bool/int/float are dtypes
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Literal
 
 import numpy as np
@@ -34,34 +34,49 @@ from tinyteach.helpers import ContextVar
 Kind = Literal["bool", "int", "uint", "float"]
 
 
+class _InternedDType(type):
+    """Interning: `DType(...)` returns the one existing dtype with those fields, so equal
+    dtypes are the same object. A dtype sits in the key of every UOp and of many caches;
+    being unique, it can hash and compare by identity (`object.__hash__`, `object.__eq__`: C
+    slots, where a Python `__hash__` cost a Python call on every node built)."""
+
+    interned: dict[tuple, DType] = {}
+
+    def __call__(cls, priority: int, itemsize: int, name: str, kind: Kind,
+                 count: int = 1) -> DType:
+        key = (priority, itemsize, name, kind, count)
+        found = _InternedDType.interned.get(key)
+        if found is None:
+            found = _InternedDType.interned[key] = super().__call__(*key)
+        return found
+
+
 @dataclass(frozen=True, order=True)
-class DType:
+class DType(metaclass=_InternedDType):
     """A scalar type: `priority` orders the lattice, `itemsize` is in bytes. `count` > 1 makes
-    it a vector of that many lanes (only the kernel optimizer makes those: `float32.vec(16)`)."""
+    it a vector of that many lanes (only the kernel optimizer makes those: `float32.vec(16)`).
+    Each dtype exists once (`_InternedDType`), so `==` is `is`."""
 
     priority: int
     itemsize: int
     name: str
     kind: Kind
     count: int = 1
-    _hash: int = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        # a DType is in the key of every UOp, looked up ~100k times while a model is lowered:
-        # hash it once, and compare by identity first (the dtypes below are shared objects)
-        fields = (self.priority, self.itemsize, self.name, self.kind, self.count)
-        object.__setattr__(self, "_hash", hash(fields))
+    # identity, not the dataclass's field tuples: interning makes equal fields the same object
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
 
-    def __hash__(self) -> int:
-        return self._hash
+    def __reduce__(self) -> tuple:
+        """Pickle and copy rebuild a dtype through `DType(...)`, which hands back the interned
+        object (the default would make a second, unequal object with the same fields)."""
+        return (DType, (self.priority, self.itemsize, self.name, self.kind, self.count))
 
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, DType):
-            return NotImplemented
-        return (self.priority, self.itemsize, self.name, self.kind, self.count) == \
-            (other.priority, other.itemsize, other.name, other.kind, other.count)
+    def __copy__(self) -> DType:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> DType:
+        return self
 
     def vec(self, count: int) -> DType:
         """A vector of `count` lanes of this scalar type (one SIMD register's worth)."""

@@ -153,13 +153,19 @@ class UOpMetaClass(type):
     cache: dict[tuple, weakref.ref] = {}
 
     def __call__(cls, op: Ops, dtype: DType, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        key = (op, dtype, src, arg if arg is None else _arg_key(arg))  # (most args are None)
+        arg_key = arg
+        if isinstance(arg, (int, float)):  # tested in C: most args are None, a buffer or a tuple
+            arg_key = _arg_key(arg)
+        key = (op, dtype, src, arg_key)
         reference = UOpMetaClass.cache.get(key)
         if reference is not None:
             existing = reference()
             if existing is not None:
                 return existing
-        node = super().__call__(op, dtype, src, arg)
+        # the fields are set in one C call: the frozen dataclass's __init__ is a Python call
+        # that sets them one by one through object.__setattr__ (what it does, done at once)
+        node = UOp.__new__(UOp)  # (the table is UOp's: UOp has no subclasses)
+        object.__setattr__(node, "__dict__", {"op": op, "dtype": dtype, "src": src, "arg": arg})
         UOpMetaClass.cache[key] = weakref.ref(node, functools.partial(_forget_node, key))
         return node
 
