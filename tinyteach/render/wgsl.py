@@ -19,6 +19,8 @@ WGSL looks like Rust more than C, and it is stricter than both:
   optimizer may fold; a kernel gets only the helpers it uses (the example below shows two).
   The same compiler folds `x - x` and `x * 0.0` to 0 and mishandles subnormals in log2 and
   exp2: those get helpers too (`minus_itself_f32`, `times_zero_f32`, `log2_f32`, ...);
+- WGSL's float `%` is x - y * trunc(x / y), rounded, not C's exact fmod: `fmod_f32`
+  computes fmod exactly, by long division of the significands as integers;
 - a device allows a limited number of storage buffers per kernel (8 is guaranteed; lavapipe
   has 32): a kernel with more buffers is refused with an error that says so.
 
