@@ -18,6 +18,9 @@ Builds on: render/__init__.py.
 from __future__ import annotations
 
 import functools
+import math
+import re
+from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
@@ -26,10 +29,13 @@ from tinyteach.dtype import DType, dtypes, to_bfloat16_bits
 from tinyteach.helpers import ContextVar
 from tinyteach.lower import FIXED_LANES, LinearProgram, identity_element
 from tinyteach.render import (
+    ALU,
     MATH_FUNCTIONS,
+    RENDER_FOR_OP,
     CodeForOp,
     CStyleRenderer,
     KernelWriter,
+    _render_alu,
     typed_math_function,
 )
 from tinyteach.transcendental import (
@@ -38,9 +44,17 @@ from tinyteach.transcendental import (
     is_bitcast,
     row_column_loops,
 )
-from tinyteach.uop import Ops, UOp
+from tinyteach.uop import Ops, UOp, store_parts
 
-C_PRELUDE = "#include <math.h>\n#include <stdbool.h>\n"
+C_PRELUDE = "#include <stdbool.h>\n"
+# <math.h> costs gcc ~17 ms of parsing: it is included only where the body may call a function
+# (any name before a parenthesis that is not a keyword, one of the kernel's own helpers or a
+# compiler builtin) or names INFINITY or NAN. Without the declaration, tcc would take a libm
+# call to return an int: so the test errs on the side of including it
+MATH_HEADER = "#include <math.h>\n"
+CALL_OR_MACRO = re.compile(r"\b([A-Za-z_]\w*)\s*\(|\b(INFINITY|NAN)\b")
+NOT_LIBM = ("for", "if", "while", "switch", "return", "sizeof", "__attribute__", "vector_size",
+            "aligned")
 
 # bfloat16 <-> float, as C functions: a union reads a float's bits; rounding adds 0x7FFF plus the
 # lowest kept bit, so that the carry reaches the kept half exactly when it should (ties to even);
@@ -130,7 +144,58 @@ def bfloat16_literal(renderer: CStyleRenderer, value: float | int | bool) -> str
     """A bfloat16 constant: its word, as the storage type."""
     word = int(to_bfloat16_bits(np.array(float(value), dtype=np.float32)).view(np.uint16))
     return f"(({renderer.type_names[dtypes.bfloat16]}){word})"
-FUSED_MULTIPLY_ADD = "fp-contract=fast"
+# a vector multiply-accumulate `acc + x*y` is written as one fused multiply-add per lane, rounded
+# once: `(float_vec8){__builtin_fmaf(x[0], y[0], acc[0]), ...}`. gcc -O2 turns the lanes into one
+# vector instruction (vfmadd231ps, fmla); an unoptimized build computes the same correctly
+# rounded fmaf per lane, so both tiers give the same bits. (Before, gcc fused `a*b+c` itself
+# under -ffp-contract=fast, which only its optimizer does: such a kernel had to wait for -O2.)
+FMA_FUNCTIONS = {dtypes.float32: "__builtin_fmaf", dtypes.float64: "__builtin_fma"}
+
+
+# the fast tier's unoptimized build runs a kernel ~10-30x slower than gcc -O2 (a vector
+# multiply-add becomes a call per lane): a kernel with this many multiply-adds or stores (each
+# lane counted) would run longer than the optimized build takes to compile, and every launch
+# until the swap pays it. Such a kernel is marked, and waits for its optimized build
+# (runtime/cpu.py). A 1024x1024 matmul (2^30) and its packing (2^24) wait; the MLP's
+# 128x784x128 matmuls (2^23.6) do not
+HEAVY_WORK = 2**24
+HEAVY_MARK = "/* heavy: built optimized at once */\n"
+
+
+def work_of(program: LinearProgram) -> int:
+    """How many accumulations and stores the kernel does, each lane counted: each one's lanes
+    times the sizes of the loops around it (a loop of a symbolic size counts once)."""
+    sizes: list[int] = []
+    total = 0
+    for u in program.uops:
+        if u.op is Ops.RANGE:
+            sizes.append(u.arg[2] if isinstance(u.arg[2], int) else 1)
+        elif u.op is Ops.END_RANGE and sizes:
+            sizes.pop()
+        elif u.op in (Ops.ACCUMULATE, Ops.STORE):
+            value = u if u.op is Ops.ACCUMULATE else store_parts(u).value
+            total += value.dtype.count * math.prod(sizes)
+    return total
+
+
+def fused_products(program: LinearProgram) -> dict[UOp, UOp]:
+    """The vector float32/float64 products whose only use is a sum's accumulation, each with
+    that ACCUMULATE: each pair is written as one fused multiply-add (FMA_FUNCTIONS). (The
+    REDUCE after the loop lists the product too, but reads only the accumulator.)"""
+    uses = Counter(s for u in program.uops if u.op is not Ops.REDUCE for s in u.src)
+    return {u.src[1]: u for u in program.uops
+            if u.op is Ops.ACCUMULATE and u.arg is Ops.ADD and u.dtype.count > 1
+            and u.dtype.scalar in FMA_FUNCTIONS and u.src[1].op is Ops.MUL
+            and u.src[1].dtype == u.dtype and uses[u.src[1]] == 1}
+
+
+def may_use_libm(line: str) -> bool:
+    """Could this line of a kernel call a math function or name INFINITY/NAN (MATH_HEADER)?"""
+    for match in CALL_OR_MACRO.finditer(line):
+        called = match.group(1)
+        if called is None or not (called in NOT_LIBM or called.startswith(("tt_", "__builtin_"))):
+            return True
+    return False
 
 
 def integers_are_positions(program: LinearProgram) -> bool:
@@ -347,20 +412,17 @@ class CRenderer(CStyleRenderer):
 
     def render(self, name: str, program: LinearProgram) -> str:
         """Kernels are compiled with -ffp-contract=off, so `a*b+c` rounds twice, as numpy does.
-        A vector multiply-accumulate is the exception (with gcc): one fused multiply-add
-        instruction does both at once, twice as fast and rounded once. EXP2 is written as
-        arithmetic first (transcendental.py), and such a kernel is compiled without
-        -ftrapping-math (NO_TRAPS)."""
+        A vector multiply-accumulate is the exception (where the CPU has the instruction):
+        written as a fused multiply-add (FMA_FUNCTIONS), twice as fast and rounded once, the
+        same bits on every tier. EXP2 is written as arithmetic first (transcendental.py), and
+        such a kernel is compiled without -ftrapping-math (NO_TRAPS)."""
         if ROW_CACHE:
             program = cache_row_values(program)
         if self.decompose_transcendentals and TRANSCENDENTAL.value:
             program = decompose_program(program, simd_loops_only=TRANSCENDENTAL.value == 1)
         program = with_lanes(program, self.vector_width if FIXED_LANES else 0)
-        source = super().render(name, program)
+        source = self.render_fused(name, program)
         options = []
-        if self.fused_multiply_add and any(u.op is Ops.ACCUMULATE and u.dtype.count > 1
-                                           for u in program.uops):
-            options.append(FUSED_MULTIPLY_ADD)
         if any(is_bitcast(u) for u in program.uops):
             options.append(NO_TRAPS)
         if integers_are_positions(program):
@@ -368,7 +430,46 @@ class CRenderer(CStyleRenderer):
         if options:
             attribute = "__attribute__((optimize(" + ", ".join(f'"{o}"' for o in options) + ")))"
             source = source.replace(f"void {name}(", f"{attribute}\nvoid {name}(", 1)
+        if work_of(program) >= HEAVY_WORK:
+            source = HEAVY_MARK + source
         return source
+
+    def render_fused(self, name: str, program: LinearProgram) -> str:
+        """CStyleRenderer.render, but a product that only feeds a vector sum (`fused_products`)
+        is not written: its accumulator's line is the fused multiply-add of its operands."""
+        products = fused_products(program) if self.fused_multiply_add else {}
+        writer = self.new_writer(program)
+        for u in program.uops:
+            operands = [writer.names.get(s, "") for s in u.src]
+            if u in products:
+                continue  # written by its ACCUMULATE
+            if u.op is Ops.ACCUMULATE and u.src[1] in products:
+                line: str | None = self.fused_accumulate(writer, u)
+            else:
+                render_op = RENDER_FOR_OP.get(u.op, _render_alu if u.op in ALU else None)
+                if render_op is None:
+                    raise NotImplementedError(f"{type(self).__name__} cannot render {u.op.name}")
+                line = render_op(writer, u, operands)
+            if line is not None:
+                writer.emit(line)
+        params = [self.param(g, g.arg[0] == 0) for g in program.globals]
+        params += self.variable_params(program)
+        vector_dtypes = sorted({u.dtype for u in program.uops if u.dtype.count > 1})
+        declarations = ["  " + line for line in self.vector_declarations(vector_dtypes)]
+        return self.render_kernel(writer, name, params, declarations + writer.body)
+
+    def fused_accumulate(self, writer: KernelWriter, u: UOp) -> str:
+        """`acc = acc + x*y` as a vector of per-lane fused multiply-adds (a scalar operand is
+        used in every lane)."""
+        acc, product = writer.names[u.src[0]], u.src[1]
+        function = FMA_FUNCTIONS[u.dtype.scalar]
+
+        def lane(source: UOp, number: int) -> str:
+            name = writer.names[source]
+            return f"({name})" if source.dtype.count == 1 else f"{name}[{number}]"
+        lanes = [f"{function}({lane(product.src[0], n)}, {lane(product.src[1], n)}, "
+                 f"{acc}[{n}])" for n in range(u.dtype.count)]
+        return f"{acc} = {self.vector_literal(u.dtype, lanes)};"
 
     # vectors: GCC's and clang's vector extension. A typedef names a vector of 16 floats;
     # + and * then work lane by lane, v[3] reads lane 3. aligned(4): loads and stores may
@@ -471,7 +572,8 @@ class CRenderer(CStyleRenderer):
                             for line in body)
         uses_bitcast = any(function in line for line in body
                            for function in BITCAST_FUNCTIONS.values())
-        prelude = C_PRELUDE + (BFLOAT16_C if uses_bfloat16 else "") + \
+        math_header = MATH_HEADER if any(may_use_libm(line) for line in body) else ""
+        prelude = math_header + C_PRELUDE + (BFLOAT16_C if uses_bfloat16 else "") + \
             (BITCAST_C if uses_bitcast else "")
         lines = [prelude + f"void {name}({', '.join(params)}) {{", *body, "}"]
         return "\n".join(lines) + "\n"

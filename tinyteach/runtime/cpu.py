@@ -19,13 +19,16 @@ What this teaches:
 - tiering must never change a number, or a result would depend on which build happened to be
   ready. An unoptimized build does each float operation as written, in the order written; so
   does gcc -O2, except where the source allows it to reorder: `#pragma omp simd reduction`
-  (a sum split into vector lanes) and the fused multiply-add attribute. Kernels with either
-  skip the fast tier and are built optimized at once, one compiler per core
+  (a sum split into vector lanes) and the fused multiply-add attribute (fp-contract). Kernels
+  with either skip the fast tier and are built optimized at once, one compiler per core
   (`needs_optimized_build`); every other kernel gives the same bits on both tiers
   (tests/test_cpu_tiers.py compares NaN, ±inf, -0.0, subnormals, casts and integer division
-  by zero byte for byte). In the MLP's first step, 4 of 33 kernels (vector matmuls that fuse
-  multiply-adds) are built at once; tcc builds the other 29 in one call of tens of
-  milliseconds, and their optimized builds start once those 4 are done.
+  by zero byte for byte). A vector multiply-add is written as an explicit fused multiply-add
+  (render/c.py), correctly rounded on every tier (tests/test_fma_tiers.py), so in the MLP's
+  first step all 33 kernels start on the fast tier: tcc builds 29 in one call of tens of
+  milliseconds, cc -O0 the 4 vector matmuls (tcc knows no vector types). A kernel of much
+  work (render/c.py, HEAVY_WORK: a 1024x1024 matmul) still waits (`starts_optimized`): its
+  unoptimized build would run longer than the optimized one takes to compile.
 
 Settings: `CC` chooses the compiler (gcc or clang; default: cc, then gcc, then clang),
 `TINYTEACH_CACHE` moves the cache (default ~/.cache/tinyteach), `CPU_TIERED=0` (or
@@ -73,7 +76,7 @@ from tinyteach.device import (
     HostAllocator,
 )
 from tinyteach.helpers import BEAM, DEBUG, machine_identity
-from tinyteach.render.c import CRenderer
+from tinyteach.render.c import HEAVY_MARK, CRenderer
 from tinyteach.runtime import CPU_TIERED  # (registered with `import tinyteach`)
 
 # -march=native: use this machine's vector instructions (the cache key names the machine).
@@ -171,6 +174,13 @@ def needs_optimized_build(source: str) -> bool:
     """True when gcc -O2 may compute other bits than an unoptimized build of `source` (it may
     reorder a sum under `omp simd`, or fuse a multiply-add): such a kernel skips the fast tier."""
     return any(mark in source for mark in REORDERING_MARKS)
+
+
+def starts_optimized(source: str) -> bool:
+    """Does `source` skip the fast tier? When its bits could differ (needs_optimized_build),
+    or when it is so much work that its unoptimized build would run longer than the optimized
+    build takes to compile (the renderer marks it: render/c.py, HEAVY_WORK)."""
+    return needs_optimized_build(source) or HEAVY_MARK in source
 
 
 class FastCompiler:
@@ -360,14 +370,14 @@ class ClangStyleCompiler(Compiler):
     def compile_many(self, sources: list[str]) -> list[Path | TieredBinary]:
         """Several kernels (with different function names) in a few shared objects: one
         compiler process per core instead of one per kernel, all running at once. Kernels
-        that may reorder (needs_optimized_build) are grouped apart from the others; with
+        that skip the fast tier (starts_optimized) are grouped apart from the others; with
         tiering, the others' groups that are not in the cache start on the fast tier and are
         optimized in the background. Each kernel's program loads its group's library."""
-        exact = [s for s in sources if not needs_optimized_build(s)]
-        reordering = [s for s in sources if needs_optimized_build(s)]
-        # the reordering kernels are waited for: spread them over every core
-        groups = chunks_of(reordering, per_process=1) + chunks_of(exact)
-        late = [g for g in groups if self.tiering() and not needs_optimized_build(g[0])
+        exact = [s for s in sources if not starts_optimized(s)]
+        waited = [s for s in sources if starts_optimized(s)]
+        # the kernels that skip the fast tier are waited for: spread them over every core
+        groups = chunks_of(waited, per_process=1) + chunks_of(exact)
+        late = [g for g in groups if self.tiering() and not starts_optimized(g[0])
                 and not self.library_path("\n".join(g)).exists()]
         now = [g for g in groups if not any(g is other for other in late)]
         with ThreadPoolExecutor(len(now) + 1) as pool:  # the threads only wait for compilers
@@ -392,8 +402,11 @@ class ClangStyleCompiler(Compiler):
         by_tier: dict[str, list[str]] = {}
         for source in (s for group in groups for s in group):
             by_tier.setdefault(self.fast.tier_for(source), []).append(source)
-        fast_libraries = {tier: self.fast.build("\n".join(part), tier)
-                          for tier, part in by_tier.items()}
+        # the tiers build at once (tcc's few ms overlap cc -O0's vector kernels)
+        with ThreadPoolExecutor(max(1, len(by_tier))) as pool:
+            building = {tier: pool.submit(self.fast.build, "\n".join(part), tier)
+                        for tier, part in by_tier.items()}
+        fast_libraries = {tier: future.result() for tier, future in building.items()}
         binaries: dict[str, Path | TieredBinary] = {}
         queued: list[tuple[list[str], OptimizedBuild]] = []
         for group in groups:
@@ -580,8 +593,9 @@ class CPUGraph:
 def make_backend() -> Backend:
     compiler = ClangStyleCompiler(find_c_compiler())
     macros = native_macros(compiler.compiler)
-    is_gcc = "#define __GNUC__ " in macros and "__clang__" not in macros
-    renderer = CRenderer(vector_width=vector_width(macros), fused_multiply_add=is_gcc)
+    # a vector multiply-add is written as fused where the CPU has the instruction (render/c.py)
+    fused = "#define __FP_FAST_FMAF " in macros
+    renderer = CRenderer(vector_width=vector_width(macros), fused_multiply_add=fused)
     backend = Backend("CPU", HostAllocator(), renderer, compiler, CPUProgram)
     backend.graph = CPUGraph
     return backend
