@@ -332,3 +332,22 @@ def test_binary_ops_on_empty_and_size_one(device: str) -> None:
     assert (Tensor.ones(0, dtype=dtypes.int32, device=device) << 2).shape == (0,)
     check(Tensor.logaddexp, torch.logaddexp, [(1, 1), (2, 1, 3)], device)
     check(lambda a: a.fmod(-0.75), lambda a: torch.fmod(a, -0.75), [(1,)], device)
+
+
+@pytest.mark.parametrize("device", ["NUMPY", "CPU"])
+def test_fmod_keeps_the_sign_of_a_zero_remainder(device):
+    """fmod(-4, 2) is -0.0 in C and torch (the sign of x); a gradient term added as +0.0 made
+    it +0.0. Values and gradients against torch."""
+    xs = np.array([-4.0, 4.0, -0.0, 0.0, -5.5, 5.5, 3.0, -3.0, 1e30], np.float32)
+    ys = np.array([2.0, 2.0, 3.0, -3.0, 2.0, -2.0, np.inf, -np.inf, 3.0], np.float32)
+    x = Tensor(xs, device=device, requires_grad=True)
+    y = Tensor(ys, device=device, requires_grad=True)
+    result = x.fmod(y)
+    result.sum().backward()
+    tx, ty = torch.tensor(xs, requires_grad=True), torch.tensor(ys, requires_grad=True)
+    expected = torch.fmod(tx, ty)
+    expected.sum().backward()
+    np.testing.assert_array_equal(result.numpy(), expected.detach().numpy())
+    np.testing.assert_array_equal(np.signbit(result.numpy()), np.signbit(expected.detach().numpy()))
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy())
+    np.testing.assert_allclose(y.grad.numpy(), ty.grad.numpy(), rtol=1e-6)

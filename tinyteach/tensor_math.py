@@ -461,7 +461,10 @@ class TensorMath(TensorMovement):
         remainder = (y == 0).where(math.nan, remainder)  # C's; the NUMPY device's MOD gives 0
         quotient = (x / y).trunc().detach()
         quotient = quotient.isfinite().where(quotient, 0.0)
-        return remainder + _zero_with_gradient(x) - quotient * _zero_with_gradient(y)
+        # the gradient term is made +0.0 whatever its signs, then subtracted: r - (+0.0) keeps
+        # the sign of a zero remainder (fmod(-4, 2) is -0.0), where r + 0.0 would give +0.0
+        gradient = _zero_with_gradient(-x) + quotient * _zero_with_gradient(y) + 0.0
+        return remainder - gradient
 
     def copysign(self, other: Any) -> Self:
         """|x| with the sign of `other`, -0.0 included (a float result, as in PyTorch; the sign
