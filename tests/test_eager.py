@@ -173,14 +173,14 @@ def _launch_lines(shown: str) -> list[str]:
 
 
 def test_debug_2_names_the_fast_tier_a_launch_ran(cache, capsys) -> None:  # type: ignore[no-untyped-def]
-    x = Tensor(np.arange(4096, dtype=np.float32) / 4096, device="CPU").realize()
+    x = Tensor(np.arange(65536, dtype=np.float32) / 65536, device="CPU").realize()
     scale = float(np.float32(1 + uuid.uuid4().int % 1000 / 1e4))  # kernels never built before
     release = threading.Event()
     cpu.background().submit(release.wait, 60)  # hold the optimized build: check the fast tier
     try:
         with Context(DEBUG=2), record_launches() as launches:
-            square = (x * scale).reshape(64, 64)
-            first, second = (x * scale).exp2(), square @ square  # the matmul fuses multiply-adds
+            square = (x * scale).reshape(256, 256)  # 256x256 @ 256x256: 2^24 multiply-adds
+            first, second = (x * scale).exp2(), square @ square  # the matmul is heavy: it waits
             Tensor.realize(first, second)
         lines = _launch_lines(capsys.readouterr().out)
     finally:
@@ -190,7 +190,7 @@ def test_debug_2_names_the_fast_tier_a_launch_ran(cache, capsys) -> None:  # typ
     kinds = []
     for line, launch in zip(lines, launches):
         assert launch.runner is not None and launch.runner.source is not None
-        waits = cpu.needs_optimized_build(launch.runner.source)  # the matmul's fma
+        waits = cpu.starts_optimized(launch.runner.source)  # the heavy matmul (render/c.py)
         kinds.append(waits)
         if waits:  # built optimized at once: the line is as it always was
             assert line.endswith("us"), line
@@ -203,8 +203,8 @@ def test_debug_2_names_the_fast_tier_a_launch_ran(cache, capsys) -> None:  # typ
     shown = capsys.readouterr().out
     assert f"now runs its {_compiler().optimized_tier} build" in shown
     assert _launch_lines(shown)[0].endswith("us")
-    expected = np.arange(4096, dtype=np.float32) / 4096 * np.float32(scale)
+    expected = np.arange(65536, dtype=np.float32) / 65536 * np.float32(scale)
     np.testing.assert_allclose(first.numpy(), np.exp2(expected), rtol=1e-6)
     np.testing.assert_allclose(again.numpy(), np.exp2(expected), rtol=1e-6)
-    matrix = expected.reshape(64, 64).astype(np.float64)
+    matrix = expected.reshape(256, 256).astype(np.float64)
     np.testing.assert_allclose(second.numpy(), matrix @ matrix, rtol=1e-5)
