@@ -191,7 +191,7 @@ class TensorMath(TensorMovement):
         """Python's //: rounds toward negative infinity (floats: `_floor_quotient`)."""
         x, y = self._broadcasted(other, reverse)
         if dtypes.is_float(x.dtype):
-            return _step_gradient(_floor_quotient(x, y), x)
+            return _step_gradient(_floor_quotient(x, y), x, y)
         quotient = x._apply(x.uop.alu(Ops.IDIV, y.uop), x, y)
         if x.dtype.kind == "uint":
             return quotient
@@ -898,13 +898,18 @@ def _floor_quotient(x: TM, y: TM) -> TM:
     return (y == 0).where(quotient, (multiple != 0).where(floored, zero))
 
 
-def _step_gradient(value: TM, source: TM) -> TM:
-    """`value`, a step function of `source` (sign, trunc and the roundings built on it), with
-    the gradient PyTorch gives it: 0, where the graph alone would give 1 (x - fmod(x, 1)) or
-    no gradient at all (comparisons). Costs nothing when no gradient is wanted."""
-    if not source.requires_grad:
+def _step_gradient(value: TM, *sources: TM) -> TM:
+    """`value`, a step function of `sources` (sign, trunc, floor division and the roundings
+    built on them), with the gradient PyTorch gives it: 0 for each source, where the graph
+    alone would give 1 (x - fmod(x, 1)) or no gradient at all (comparisons). Costs nothing
+    when no gradient is wanted. The zero is +0.0 and subtracted, so a -0.0 keeps its sign."""
+    wanting = [source for source in sources if source.requires_grad]
+    if not wanting:
         return value
-    return value.detach() + _zero_with_gradient(source) * 0.0
+    zero = _zero_with_gradient(wanting[0]) * 0.0
+    for source in wanting[1:]:
+        zero = zero + _zero_with_gradient(source) * 0.0
+    return value.detach() - (zero + 0.0)
 
 
 def _zero_with_gradient(x: TM) -> TM:
