@@ -134,6 +134,9 @@ def find_realized(outputs: list[UOp], devices: dict[UOp, str] | None = None) -> 
     ops_above: dict[UOp, frozenset[Ops]] = {}
     views: dict[UOp, frozenset[int]] = {}
     feeds_reduction: dict[UOp, bool] = {}
+    # (only the stores marked above can lie below a node when the loop reaches it: the loop
+    # decides users before their sources)
+    reaches = reaches_a_reduction(order, realized) if devices is not None else {}
     for node in reversed(order):
         ops_above[node] = _ops_between(node, users, realized, ops_above)
         views[node] = _views_read(node, users, realized, views)
@@ -148,7 +151,7 @@ def find_realized(outputs: list[UOp], devices: dict[UOp, str] | None = None) -> 
                     fuses_along_rows(node, users, realized, ops_above[node], devices[node]):
                 reason = None  # computed once per row in its one kernel, before the row's outputs
         else:
-            per_row = devices is not None and is_row_result(node, realized, devices[node])
+            per_row = devices is not None and is_row_result(node, devices[node], reaches)
             reason = None if per_row else _recomputed_by_broadcast(node, users, realized,
                                                                    feeds_reduction)
             reason = reason or _read_through_many_views(node, views[node])
@@ -392,23 +395,27 @@ def fuses_rows_on(device: str, reduce: UOp | None = None) -> bool:
     return long_axes in ([], [axes[-1]]) and shape[axes[-1]] <= MAX_GROUP_ROW
 
 
-def is_row_result(node: UOp, realized: dict[UOp, str], device: str) -> bool:
+def reaches_a_reduction(order: list[UOp], realized: dict[UOp, str]) -> dict[UOp, bool]:
+    """For each node of `order` (sources first): is it a reduction, or computed from one
+    through elementwise ops (and DETACH) that are not stored? Worked out once for the graph,
+    so that `is_row_result` costs one look per source, not a walk below every node (a walk per
+    node made a 10,000-op chain quadratic)."""
+    reaches: dict[UOp, bool] = {}
+    for node in order:
+        reaches[node] = node.op is Ops.REDUCE_AXIS or (
+            node not in realized and (node.op in ALU or node.op is Ops.DETACH) and
+            any(reaches.get(source, False) for source in node.src))
+    return reaches
+
+
+def is_row_result(node: UOp, device: str, reaches: dict[UOp, bool]) -> bool:
     """Is `node` computed (in its kernel) from a row reduction's result, like layernorm's mean,
     sum * (1/n)? Broadcast back over the row, it is not recomputed per element: where its
     reduction fuses, lower.py computes it once per row; where that is stored, it is a little
-    elementwise work on the stored result."""
+    elementwise work on the stored result. `reaches`: `reaches_a_reduction` of the graph."""
     if not FUSE_ROWS or node.op not in ALU or not fuses_rows_on(device):
         return False
-    stack, seen = [node], 0
-    while stack and seen < MAX_ROW_WALK:
-        current = stack.pop()
-        seen += 1
-        if current.op is Ops.REDUCE_AXIS:
-            return True
-        if current is node or (current not in realized and
-                               (current.op in ALU or current.op is Ops.DETACH)):
-            stack.extend(current.src)
-    return False
+    return any(reaches.get(source, False) for source in node.src)
 
 
 def _stays_on_rows(reduce: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str]) -> bool:
