@@ -41,11 +41,11 @@ from tinyteach import search as search_module  # noqa: E402
 from tinyteach.device import Device  # noqa: E402
 from tinyteach.dtype import dtypes, from_bfloat16_bits, to_bfloat16_bits  # noqa: E402
 from tinyteach.lower import lower  # noqa: E402
-from tinyteach.opt import KernelOptions, can_group_reduce  # noqa: E402
+from tinyteach.opt import KernelOptions, can_group_reduce, tile_plan  # noqa: E402
 from tinyteach.realize import record_launches  # noqa: E402
 from tinyteach.schedule import create_schedule  # noqa: E402
 from tinyteach.uop import UOp  # noqa: E402
-from tinyteach.wmma import product_plan, why_no_tensor_core  # noqa: E402
+from tinyteach.wmma import why_no_tensor_core  # noqa: E402
 
 RUN_DEVICES = ("OPENCL", "WEBGPU", "PYTHON")
 SIZES = (1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 19, 24, 31, 32, 33, 40, 64, 70)
@@ -148,7 +148,7 @@ def valid_options(ast: UOp, renderer: object) -> list[KernelOptions]:
     if getattr(renderer, "supports_group_reduce", False) and can_group_reduce(ast):
         options += [KernelOptions(group=size, group_combine=combine)
                     for size in (4, 16) for combine in ("tree", "serial")]
-    if getattr(renderer, "supports_local_tile", False) and product_plan(ast) is not None:
+    if getattr(renderer, "supports_local_tile", False) and tile_plan(ast) is not None:
         options += [KernelOptions(local_tile=size) for size in (4, 8, 16)]
     if getattr(renderer, "supports_tensor_core", False) and why_no_tensor_core(ast) is None:
         options += [KernelOptions(tensor_core=True)] * 2  # drawn as often as the other kinds

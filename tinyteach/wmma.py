@@ -50,7 +50,7 @@ from functools import cached_property
 import numpy as np
 
 from tinyteach.dtype import DType, dtypes, from_bfloat16_bits
-from tinyteach.opt import TilePlan, buffer_reads, kernel_value, local_tile_plan, step_along
+from tinyteach.opt import TilePlan, buffer_reads, kernel_value, step_along, tile_plan
 from tinyteach.uop import MOVEMENT, Ops, UOp
 from tinyteach.view import Index, Valid, and_valid, below, index_const
 
@@ -290,26 +290,9 @@ def fragment_dtype(operand: UOp) -> DType | None:
     return None
 
 
-def product_plan(ast: UOp) -> TilePlan | None:
-    """opt.local_tile_plan, also where a widening cast sits between the sum and the product (a
-    bfloat16 matmul sums in float32: REDUCE_AXIS(CAST(MUL)); tinygrad's TC matches it too).
-    The plan is then made on the kernel with the cast left out: its X, Y and axes are the
-    kernel's own, and the sum is float32 either way (`TensorCoreLowering.reduce`)."""
-    tile = local_tile_plan(ast)
-    if tile is not None:
-        return tile
-    reduces = [n for n in kernel_value(ast).toposort if n.op is Ops.REDUCE_AXIS]
-    if len(reduces) != 1:
-        return None
-    source = reduces[0].src[0]
-    widening = source.op is Ops.CAST and source.src[0].op is Ops.MUL and \
-        dtypes.is_float(source.dtype) and source.dtype.itemsize > source.src[0].dtype.itemsize
-    return local_tile_plan(ast.substitute({source: source.src[0]})) if widening else None
-
-
 def why_no_tensor_core(ast: UOp) -> str | None:
     """None when `tensor_core_plan` has a plan for this kernel, else the reason in words."""
-    tile = product_plan(ast)
+    tile = tile_plan(ast)  # the widening cast of a half/bf16 sum seen through
     if tile is None:
         return ("a tensor core needs a matmul-like kernel: one sum over one axis of a product "
                 "X * Y, X constant along the output's last axis, Y along the one before")
@@ -328,7 +311,7 @@ def tensor_core_plan(ast: UOp) -> TensorCorePlan | None:
     Any sizes: the edges of the tiles are padded with zeros."""
     if why_no_tensor_core(ast) is not None:
         return None
-    tile = product_plan(ast)
+    tile = tile_plan(ast)  # the widening cast of a half/bf16 sum seen through
     assert tile is not None
     dtype_in = fragment_dtype(tile.x)
     assert dtype_in is not None
