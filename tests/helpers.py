@@ -6,6 +6,7 @@ libraries, compares the forward values and, for float inputs, the gradients that
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +18,24 @@ from tinyteach.device import Device
 
 ALWAYS = ["NUMPY", "CPU", "PYTHON"]  # PYTHON: the GPU emulator (numpy only, so always here)
 OPTIONAL = ["OPENCL", "WEBGPU", "CUDA"]
+
+
+# the fuzzers' fixed-seed slices: `make test` runs each with its small budget, `make fuzz` with
+# TINYTEACH_FUZZ_SCALE times as many cases (and the fuzzers' own long runs)
+FUZZ_SCALE = "TINYTEACH_FUZZ_SCALE"
+
+
+def fuzz_budget(cases: int) -> int:
+    """How many cases a fuzzer's slice runs: `cases` in `make test`, `cases` times
+    TINYTEACH_FUZZ_SCALE (a positive number) in `make fuzz`."""
+    scale = os.environ.get(FUZZ_SCALE, "1")
+    try:
+        factor = float(scale)
+    except ValueError:
+        factor = -1.0
+    if not factor > 0:
+        raise ValueError(f"{FUZZ_SCALE}={scale!r}: give a positive number (1 is make test's)")
+    return max(1, round(cases * factor))
 
 
 def test_devices() -> list[str]:
@@ -86,6 +105,15 @@ def _to_numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
+def realize_together(values: Sequence[Any]) -> None:
+    """Realize every Tensor among `values` in one schedule, as `Tensor.realize(a, b)` does:
+    their kernels are compiled together (one compiler call per device where it can) and a
+    subgraph they share is computed once, instead of once per `.numpy()`."""
+    tensors = [v for v in values if isinstance(v, Tensor)]
+    if tensors:
+        tensors[0].realize(*tensors[1:])
+
+
 def compare(ours: Any, theirs: Any, atol: float, rtol: float, what: str = "value") -> None:
     """Equal shapes and close values (exact for integer and bool results)."""
     ours_np, theirs_np = _to_numpy(ours), _to_numpy(theirs)
@@ -115,6 +143,7 @@ def check(tinyteach_fn: Callable[..., Any], torch_fn: Callable[..., Any],
     ours = _as_list(tinyteach_fn(*ours_in))
     theirs = _as_list(torch_fn(*theirs_in))
     assert len(ours) == len(theirs), f"{len(ours)} outputs != {len(theirs)}"
+    realize_together(ours)
     for k, (o, t) in enumerate(zip(ours, theirs)):
         compare(o, t, atol, rtol, f"output {k}")
     if any(wants_grad):
@@ -143,6 +172,7 @@ def _check_gradients(ours: list[Any], theirs: list[Any], ours_in: list[Any],
         return
     our_loss.backward()
     their_loss.backward()
+    realize_together([o.grad for o, g in zip(ours_in, wants_grad) if g])
     for k, (o, t, g) in enumerate(zip(ours_in, theirs_in, wants_grad)):
         if not g:
             continue

@@ -40,10 +40,12 @@ def start(device: str, size: int = 16) -> tuple[Tensor, np.ndarray]:
     return Tensor(data, device=device), data
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_chain_of_100k_elementwise_ops(device: str) -> None:
+@pytest.mark.parametrize(("device", "length"), [("NUMPY", 20_000), ("CPU", 100_000)])
+def test_chain_of_100k_elementwise_ops(device: str, length: int) -> None:
+    """100,000 ops on the compiled device (what the invariant is about: no walk recurses on
+    the graph's depth, in the scheduler, lowering or the renderer); 20,000 on NUMPY."""
     x, ref = start(device)
-    for k in range(100_000):  # +1, *0.999, -0.5 in turn (numpy float32 rounds the same way)
+    for k in range(length):  # +1, *0.999, -0.5 in turn (numpy float32 rounds the same way)
         step = k % 3
         if step == 0:
             x, ref = x + 1, ref + np.float32(1)

@@ -216,6 +216,8 @@ def _fuzz(graphs: int, seed: int):
     import sys
     sys.path.insert(0, os.path.dirname(__file__))
     from fuzz_graphs import fuzz
+    from helpers import fuzz_budget
+    graphs = fuzz_budget(graphs)
     report = fuzz(graphs, ["CPU"], seed=seed)
     assert report.graphs == graphs
     assert report.ok(), "\n\n".join(report.failures[:5])
@@ -229,7 +231,7 @@ def test_fuzz_slice_without_optimizations():
 @pytest.mark.parametrize("lanes", [2, 4])
 def test_fuzz_slice_with_small_vectors(lanes, monkeypatch):
     monkeypatch.setattr(Device["CPU"].renderer, "vector_width", lanes)
-    _fuzz(40, seed=2028 + lanes)
+    _fuzz(20, seed=2028 + lanes)
 
 
 # ---- the group reduction (a GPU option: only where the renderer supports it) ----

@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Mapping
 
 from tinyteach.helpers import argsort
-from tinyteach.uop import Ops, UOp
+from tinyteach.uop import Ops, UOp, is_bitcast
 
 Grads = tuple[UOp | None, ...]
 
@@ -101,6 +101,14 @@ def _no_grad(grad: UOp, node: UOp) -> Grads:
     return (None,) * len(node.src)
 
 
+def _cast_grad(grad: UOp, node: UOp) -> Grads:
+    """A conversion passes the gradient back in the source's dtype; a bitcast passes none
+    (its bits are no differentiable function of the value; Tensor.bitcast detaches anyway)."""
+    if is_bitcast(node):
+        return (None,)
+    return (grad.cast(node.src[0].dtype),)
+
+
 # the arg of a DETACH that Tensor.contiguous_backward() made (tinygrad has an op of its own)
 CONTIGUOUS_BACKWARD = "contiguous_backward"
 
@@ -117,7 +125,7 @@ GRADIENT_RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
     Ops.SIN: _sin_grad,
     Ops.SQRT: lambda grad, node: (grad * (node * 2).alu(Ops.RECIPROCAL),),
     Ops.RECIPROCAL: lambda grad, node: (-grad * node * node,),         # d 1/x = -1/x^2
-    Ops.CAST: lambda grad, node: (grad.cast(node.src[0].dtype),),
+    Ops.CAST: _cast_grad,
     Ops.MAX: _max_grad,
     Ops.WHERE: _where_grad,
     Ops.REDUCE_AXIS: _reduce_grad,
@@ -138,10 +146,10 @@ GRADIENT_RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
 
 def stops_gradient(node: UOp) -> bool:
     """Does no gradient pass through `node` to its sources? (detach(), comparisons, integer
-    ops; not a contiguous_backward(), which is a DETACH that lets the gradient through)."""
+    ops, bitcasts; not a contiguous_backward(), a DETACH that lets the gradient through)."""
     if node.op is Ops.DETACH:
         return node.arg != CONTIGUOUS_BACKWARD
-    return GRADIENT_RULES.get(node.op) is _no_grad
+    return GRADIENT_RULES.get(node.op) is _no_grad or is_bitcast(node)
 
 
 def graph_before_realize(root: UOp, graph_behind: Mapping[UOp, UOp]) -> UOp:

@@ -161,9 +161,9 @@ class _Lowerer:
             if self.rows and valid is not None:  # (the column guard: the same row's reduction)
                 return [(node, index, None)], lambda values: values[0]
             return self._plan_reduce(node, index, valid)
-        if node.op in ALU:
+        if node.op in ALU:  # (the arg too: a CAST's BITCAST keeps the bits)
             return [(s, index, valid) for s in node.src], \
-                lambda values: UOp(node.op, node.dtype, tuple(values))
+                lambda values: UOp(node.op, node.dtype, tuple(values), node.arg)
         raise NotImplementedError(f"cannot lower {node.op.name}")
 
     def _load(self, node: UOp, index: Index, valid: Valid) -> UOp:

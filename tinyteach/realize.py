@@ -594,7 +594,9 @@ def elementwise_key(root: UOp, default_device: str) -> tuple[tuple[Any, ...],
             if buffer not in buffers:  # (a Buffer compares by identity)
                 buffers.append(buffer)
             slots.append(buffers.index(buffer))
-    arg = root.arg if root.arg is None else _arg_key(root.arg)  # (an ALU op's is None)
+    # (an ALU op's arg is None, a bitcast's BITCAST: in the key, a bitcast and a conversion
+    # of the same buffer get different plans)
+    arg = root.arg if root.arg is None else _arg_key(root.arg)
     key = ("elementwise", (root.op, root.dtype.name, arg), default_device,
            tuple(numbers), tuple(slots), tuple([b.overwritten for b in buffers]), _rules())
     return key, buffers

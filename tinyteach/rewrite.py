@@ -25,9 +25,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinyteach.dtype import DType, dtypes, truncate_to
+import numpy as np
+
+from tinyteach.dtype import DType, dtypes, from_bfloat16_bits, to_bfloat16_bits, truncate_to
 from tinyteach.helpers import DEBUG
-from tinyteach.uop import ALU, Ops, UOp, float_divide
+from tinyteach.uop import ALU, Ops, UOp, float_divide, is_bitcast
 
 COMMUTATIVE = (Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR)
 _ANY = object()
@@ -317,6 +319,8 @@ PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
 
 def fold_constants(node: UOp) -> UOp | None:
     """An ALU op whose sources are all constants becomes a constant."""
+    if is_bitcast(node):
+        return fold_bitcast(node)
     if node.op is Ops.CAST:
         return UOp.const(node.dtype, node.src[0].arg)
     if dtypes.is_float(node.dtype) and node.op in (Ops.EXP2, Ops.SIN, Ops.LOG2):
@@ -326,6 +330,29 @@ def fold_constants(node: UOp) -> UOp | None:
     except (OverflowError, ValueError):
         return None
     return UOp.const(node.dtype, truncate_to(node.dtype, value))
+
+
+def fold_bitcast(node: UOp) -> UOp | None:
+    """A bitcast of a constant: its bits, read as the new dtype by numpy's `view` (never a
+    conversion of the value). Not where either side is a NaN: a constant holds a Python float,
+    which keeps no NaN payload, so such a bitcast is left to the device, which keeps the bits."""
+    source = node.src[0]
+    if node.dtype.count > 1 or _is_nan(source.arg):
+        return None
+    if source.dtype == dtypes.bfloat16:  # (its host format is the word: dtype.py)
+        bits = to_bfloat16_bits(np.asarray(source.arg, dtype=np.float32))
+    else:
+        bits = np.asarray(source.arg, dtype=source.dtype.np)  # exact: the value is of its dtype
+    value = bits.view(node.dtype.np)
+    if node.dtype == dtypes.bfloat16:
+        value = from_bfloat16_bits(value)
+    if _is_nan(value.item()):
+        return None
+    return UOp.const(node.dtype, value.item())
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
 
 
 # ---- symbolic: simplification of index arithmetic and algebra ----

@@ -467,11 +467,12 @@ class TensorMath(TensorMovement):
         return remainder - gradient
 
     def copysign(self, other: Any) -> Self:
-        """|x| with the sign of `other`, -0.0 included (a float result, as in PyTorch; the sign
-        of a NaN in `other` is not read: NaN counts as positive)."""
+        """|x| with the sign of `other` (a float result, as in PyTorch). The sign is `other`'s
+        sign bit, read through a bitcast: -0.0 and a NaN's sign count, as in PyTorch and C
+        (no comparison sees the sign of a NaN)."""
         x, y = self._broadcasted(other, float_result=True)
-        negative_zero = (y == 0) & (y.reciprocal() < 0)
-        return ((y < 0) | negative_zero).where(-x.abs(), x.abs())
+        negative = y.bitcast(_SIGNED[y.dtype.itemsize]) < 0
+        return negative.where(-x.abs(), x.abs())
 
     def logaddexp(self, other: Any) -> Self:
         """log(e^x + e^y) = m + log(e^(x-m) + e^(y-m)) with m = max(x, y) (detached: the
@@ -549,17 +550,20 @@ class TensorMath(TensorMovement):
             if name in ("lshift", "rshift") and dtype == dtypes.bool:
                 raise TypeError(f"{name} needs integer operands, not bool")
 
-    # ---- bitcast: the bits of a float, read and written with arithmetic ----
+    # ---- bitcast: the same bits, read as another dtype ----
 
     def bitcast(self, dtype: DType | str) -> Self:
-        """The same bits read as another dtype of the same size (numpy's `view`). There is no
-        primitive that reinterprets bits, so a float is taken apart with arithmetic: sign,
-        exponent e = floor(log2 |x|) (corrected by one where log2 rounds across a power of
-        two), mantissa |x| / 2^e - 1 scaled to an integer, and subnormals, zeros, infinities
-        and NaN by `where`; integers of one size reinterpret by a wrapping cast. Every NaN
-        becomes the quiet NaN (its payload bits are not kept), and a device that flushes
-        subnormal floats to zero (WebGPU on lavapipe) reads them as zero. No gradient, as in
-        tinygrad."""
+        """The same bits read as another dtype of the same size (numpy's `view`): float32 1.0
+        is int32 1065353216. One node, a CAST whose arg is BITCAST (uop.py), which every device
+        computes by reinterpreting the bits, never with arithmetic: each float16, bfloat16,
+        float32 and float64 bit pattern reads back as it was, subnormals, -0.0, infinities and
+        NaN payloads (quiet or signaling) included. Integers of one size reinterpret by a
+        wrapping cast, which keeps the bits too. No gradient, as in tinygrad.
+
+        Where not bit for bit: WGSL cannot bitcast a half float, so WEBGPU converts it through
+        f32 (exact for every value); lavapipe keeps every NaN payload that way, except that a
+        bitcast of a constant to a signaling half NaN comes back quiet (its compiler folds
+        the conversion). tests/test_bitcast_bits.py shows what each device does."""
         wanted = dtypes.as_dtype(dtype)
         if dtypes.bool in (wanted, self.dtype):
             raise TypeError(f"bitcast between bool and {self.dtype.name}/{wanted.name} is "
@@ -570,9 +574,9 @@ class TensorMath(TensorMovement):
         x = self.detach()
         if wanted == x.dtype:
             return x
-        unsigned = _UNSIGNED[x.dtype.itemsize]
-        bits = _float_to_bits(x, unsigned) if dtypes.is_float(x.dtype) else x.cast(unsigned)
-        return _bits_to_float(bits, wanted) if dtypes.is_float(wanted) else bits.cast(wanted)
+        if dtypes.is_int(x.dtype) and dtypes.is_int(wanted):
+            return x.cast(wanted)  # int8 <-> uint8, ...: a wrapping cast keeps the bits
+        return x._apply(x.uop.bitcast(wanted), x)
 
     # ---- reductions: sum and max are the primitive REDUCE; the rest are built on them ----
 
@@ -964,49 +968,9 @@ def _compare_and_swap(values: TM, index: TM, n: int, j: int, mirror: bool,
     return results[0], results[1]
 
 
-# IEEE 754 formats by size in bytes: (exponent bits, mantissa bits)
-_FLOAT_FORMATS = {2: (5, 10), 4: (8, 23), 8: (11, 52)}
-_UNSIGNED = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
+# the signed integer of each float size: a float's sign is its bits' sign
+_SIGNED = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}
 
-
-def _float_to_bits(x: TM, unsigned: DType) -> TM:
-    """sign * 2^(n-1) + biased exponent * 2^m + mantissa, as an unsigned integer."""
-    exponent_bits, mantissa_bits = _FLOAT_FORMATS[x.dtype.itemsize]
-    bias, top = 2 ** (exponent_bits - 1) - 1, 2 ** exponent_bits - 1
-    work = x.cast(dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32)  # exact
-    magnitude = work.abs()
-    negative = (work < 0) | ((work == 0) & (work.reciprocal() < 0))   # -0.0 included
-    ordinary = magnitude.isfinite() & (magnitude > 0)
-    safe = ordinary.where(magnitude, 1.0)
-    e = safe.log2().floor()
-    e = (e.exp2() > safe).where(e - 1, e)
-    e = ((e + 1).exp2() <= safe).where(e + 1, e)
-    normal = e >= 1 - bias
-    fraction = (safe * (-e).exp2() - 1) * 2.0 ** mantissa_bits
-    subnormal = safe * 2.0 ** (bias - 1) * 2.0 ** mantissa_bits  # two exact power-of-2 steps
-    biased = (normal & ordinary).where(e + bias, 0.0)
-    mantissa = ordinary.where(normal.where(fraction, subnormal), 0.0)
-    biased = magnitude.isfinite().where(biased, float(top))
-    mantissa = work.isnan().where(2.0 ** (mantissa_bits - 1), mantissa)  # the quiet NaN
-    sign = negative.cast(unsigned) * 2 ** (8 * x.dtype.itemsize - 1)
-    return sign + biased.cast(unsigned) * 2 ** mantissa_bits + mantissa.cast(unsigned)
-
-
-def _bits_to_float(bits: TM, wanted: DType) -> TM:
-    """The float whose IEEE 754 bits are the unsigned integer `bits`."""
-    exponent_bits, mantissa_bits = _FLOAT_FORMATS[wanted.itemsize]
-    bias, top = 2 ** (exponent_bits - 1) - 1, 2 ** exponent_bits - 1
-    work = dtypes.float64 if wanted == dtypes.float64 else dtypes.float32
-    negative = bits // 2 ** (8 * wanted.itemsize - 1) == 1
-    biased = (bits // 2 ** mantissa_bits) % 2 ** exponent_bits
-    mantissa = bits % 2 ** mantissa_bits
-    fraction = mantissa.cast(work) * 2.0 ** -mantissa_bits
-    normal = (1 + fraction) * (biased.cast(work) - bias).exp2()
-    subnormal = fraction * 2.0 ** (1 - bias)
-    value = (biased == 0).where(subnormal, normal)
-    special = (mantissa == 0).where(math.inf, math.nan)
-    value = (biased == top).where(special, value)
-    return negative.where(-value, value).cast(wanted)
 
 def _integer_tensor_power(base: TM, power: TM) -> TM:
     """base ** power for integer tensors of one dtype, exactly: square and multiply.

@@ -19,8 +19,8 @@ exp2(x), for a float32 x:
    multiplication rounds, also when the result is a subnormal number.
 
 A BITCAST is a CAST node whose arg is `BITCAST` (a plain CAST converts the value: 1.0 -> 1;
-a bitcast keeps the bits: 1.0 -> 1065353216). It appears only here, after lowering, so no
-rewrite of the earlier chapters meets it.
+a bitcast keeps the bits: 1.0 -> 1065353216), the node `Tensor.bitcast` builds too: `BITCAST`
+and `is_bitcast` are uop.py's (the tensor layer needs them), re-exported here.
 
 Where it is applied: a renderer that sets `decompose_transcendentals` (the C renderer: its math
 functions are libm calls) gets the scalar float32 EXP2 of its program replaced by these ops
@@ -38,17 +38,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tinyteach.dtype import dtypes
+from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import ContextVar
 from tinyteach.lower import LinearProgram
 from tinyteach.opt import index_value
-from tinyteach.uop import Ops, UOp
+from tinyteach.uop import BITCAST, Ops, UOp, is_bitcast  # noqa: F401  (BITCAST: re-exported)
 
 # 1: exp2 as arithmetic in the loops the compiler vectorizes (sums split across SIMD lanes);
 # 2: every float32 exp2; 0: keep the libm calls
 TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)
-
-BITCAST = "bitcast"  # the arg of a CAST that reinterprets bits instead of converting the value
 
 # 2**f = 1 + f*(c1 + f*(c2 + ...)) on [-0.5, 0.5]: a least-squares fit of the relative error on
 # Chebyshev points (c_k close to ln(2)**k / k!, Taylor's coefficients); error below 0.3 of
@@ -66,13 +64,9 @@ EXPONENT_FIELD = 0xFF  # the 8 bits of a float32's exponent
 SIGN_CLEARED = 0x7FFFFFFF
 
 
-def bitcast(value: UOp, dtype: object) -> UOp:
-    """The same 32 bits, read as `dtype` (float32 <-> int32)."""
-    return UOp(Ops.CAST, dtype, (value,), BITCAST)  # type: ignore[arg-type]
-
-
-def is_bitcast(node: UOp) -> bool:
-    return node.op is Ops.CAST and node.arg == BITCAST
+def bitcast(value: UOp, dtype: DType) -> UOp:
+    """The same 32 bits, read as `dtype` (float32 <-> int32; `UOp.bitcast`)."""
+    return value.bitcast(dtype)
 
 
 def _const(like: UOp, value: float | int) -> UOp:

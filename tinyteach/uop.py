@@ -5,7 +5,8 @@ What this teaches:
   graph of UOps; a kernel is a graph of UOps; the loops and loads of a lowered kernel are UOps;
 - the ops a backend must implement are few and pinned here: `PRIMITIVE_OPS` (29 of them:
   load/const/copy, 7 unary, 11 binary, 1 ternary, 1 reduce, 6 movement). Everything the Tensor
-  API offers — softmax, conv2d, cross-entropy — is built from them;
+  API offers — softmax, conv2d, cross-entropy — is built from them. A CAST converts a value;
+  with the arg BITCAST it reads the same bits as another dtype (`UOp.bitcast`);
 - UOps are hash-consed: building the same node twice gives the same object, so equal
   subgraphs are shared for free (common-subexpression elimination by construction);
 - every node knows its shape (derived from its sources and arg), and the integer nodes of index
@@ -57,7 +58,8 @@ class Ops(enum.Enum):
     SIN = enum.auto()
     SQRT = enum.auto()
     RECIPROCAL = enum.auto()
-    CAST = enum.auto()        # convert to this node's dtype
+    CAST = enum.auto()        # convert to this node's dtype; with arg BITCAST, reinterpret
+                              # the same bits as it (a dtype of the same size)
     # binary
     ADD = enum.auto()
     MUL = enum.auto()
@@ -130,6 +132,18 @@ COMPARISONS = (Ops.CMPLT, Ops.CMPNE)
 
 # The backend contract: an interpreter backend implements exactly these (tests pin the count).
 PRIMITIVE_OPS: tuple[Ops, ...] = SOURCES + UNARY + BINARY + TERNARY + REDUCE_OPS + MOVEMENT
+
+# The arg of a CAST that reinterprets bits instead of converting the value: a plain CAST turns
+# 1.0 into 1, a bitcast keeps the bits, 1.0 -> 1065353216 (numpy's `view`). It is a kind of
+# CAST, not a primitive op of its own (tinygrad's CAST once carried a bitcast flag the same
+# way): every stage that looks at a CAST asks `is_bitcast` first, and never folds one as a
+# conversion of the value.
+BITCAST = "bitcast"
+
+
+def is_bitcast(node: UOp) -> bool:
+    """Is `node` a CAST that keeps the bits (arg BITCAST)?"""
+    return node.op is Ops.CAST and node.arg == BITCAST
 
 
 def _arg_key(arg: Any) -> Any:
@@ -285,6 +299,14 @@ class UOp(metaclass=UOpMetaClass):
 
     def cast(self, dtype: DType) -> UOp:
         return self if dtype == self.dtype else UOp(Ops.CAST, dtype, (self,))
+
+    def bitcast(self, dtype: DType) -> UOp:
+        """The same bits read as `dtype`, which must have the same size (a CAST with arg
+        BITCAST): float32 1.0 -> int32 1065353216."""
+        if dtype.itemsize != self.dtype.itemsize:
+            raise ValueError(f"a bitcast keeps the size: {self.dtype.name} has "
+                             f"{self.dtype.itemsize} bytes, {dtype.name} {dtype.itemsize}")
+        return self if dtype == self.dtype else UOp(Ops.CAST, dtype, (self,), BITCAST)
 
     # ---- symbolic sizes: a Variable and its value ----
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from tinyteach.device import Buffer
 from tinyteach.helpers import prod
-from tinyteach.uop import MOVEMENT, Ops, UOp
+from tinyteach.uop import MOVEMENT, Ops, UOp, is_bitcast
 from viz.figure import (
     DotWriter,
     Figure,
@@ -204,8 +204,8 @@ def describe_op(node: UOp) -> str:
         return f"REDUCE_AXIS {kind} axes {node.arg[1]}"
     if node.op is Ops.COPY:
         return f"COPY to {node.arg}"
-    if node.op is Ops.CAST:
-        return f"CAST to {node.dtype.name}"
+    if node.op is Ops.CAST:  # (a bitcast keeps the bits: it is no conversion, and says so)
+        return f"{'BITCAST' if is_bitcast(node) else 'CAST'} to {node.dtype.name}"
     return node.op.name
 
 

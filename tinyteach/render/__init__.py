@@ -25,6 +25,13 @@ It returns one C-like expression, in parentheses (it is pasted into bigger ones)
 value (DType.vec) an entry is called with the dtypes of one lane. A language changes entries by
 merging tables: `code_for_op = {**CStyleRenderer.code_for_op, Ops.MAX: wgsl_max}`.
 
+A bitcast (a CAST with arg BITCAST: the same bits, read as another dtype of the same size) is
+no entry of the table: it is `renderer.bitcast(operand, source_dtype, dtype)`, where each
+language says how it reinterprets bits — C and CUDA through a few functions that read a float's
+bits as the signed integer of its size and back (`bits_functions`), OpenCL with `as_float`,
+WGSL with `bitcast<f32>`. Never with arithmetic: every bit pattern, NaN payloads included, must
+come out as it went in.
+
 Everything else a renderer knows about one kernel while it renders it (each value's name, the
 loop depth, a GPU kernel's launch) lives in the `KernelWriter` of that render, never on the
 renderer, which all kernels of a device share: two kernels can be rendered at once.
@@ -53,7 +60,7 @@ from dataclasses import dataclass, field
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
-from tinyteach.uop import ALU, Ops, UOp, load_parts, store_parts
+from tinyteach.uop import ALU, Ops, UOp, is_bitcast, load_parts, store_parts
 
 # values written inline where they are used, when they are used once
 INLINE_OPS = set(ALU) | {Ops.CONST}
@@ -190,6 +197,8 @@ def typed_math_function(base: str, half_to_float: str, float_to_half: str) -> Co
 
 
 MATH_FUNCTIONS = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt"}
+# the signed integer of each size: a float's bits are read as it (C's `tt_float_to_bits`)
+SIGNED_OF_SIZE = {1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}
 
 
 class CStyleRenderer:
@@ -214,6 +223,13 @@ class CStyleRenderer:
         Ops.AND: logic("&", "&"), Ops.OR: logic("|", "|"), Ops.XOR: logic("!=", "^"),
         Ops.WHERE: where,
     }
+    # float dtype -> (bits to value, value to bits): two functions of the language between the
+    # float and the signed integer of its size (SIGNED_OF_SIZE), the same bits read either way
+    bits_functions: dict[DType, tuple[str, str]] = {}
+    # float dtypes the language holds as integers (C's bfloat16 word): an integer cast
+    # reinterprets them
+    held_as_integers: tuple[DType, ...] = ()
+    bitcasts_vectors = False  # does `bitcast` take vectors whole? (else lane by lane)
     # C computes on narrow ints (and bools) as int: the result of these ops is cast back, so
     # that int8 127+1 wraps to -128 here, not only when stored, as numpy does
     wrapping_ops: tuple[Ops, ...] = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.MOD)
@@ -366,13 +382,56 @@ class CStyleRenderer:
 
     def alu(self, node: UOp, operands: list[str]) -> str:
         """An ALU node's expression: its entry's snippet, brought back into range when the
-        language computes a narrow dtype in a wider one."""
+        language computes a narrow dtype in a wider one (a bitcast: `bitcast`)."""
+        if is_bitcast(node):
+            return self.bitcast_node(node, operands[0])
         if node.dtype.count > 1:
             return self.vector_alu(node.op, node.dtype, node.src, operands)
         expression = self.code(node.op)(self, operands, [s.dtype for s in node.src], node.dtype)
         if node.op in self.wrapping_ops and node.dtype in self.narrow_dtypes:
             return self.wrap_narrow(expression, node.dtype)
         return expression
+
+    def bitcast_node(self, node: UOp, operand: str) -> str:
+        """A bitcast node's expression; a vector's lane by lane, unless the language
+        reinterprets a whole vector (`bitcasts_vectors`)."""
+        source = node.src[0].dtype
+        if node.dtype.count == 1 or self.bitcasts_vectors:
+            return self.bitcast(operand, source, node.dtype)
+        lanes = [self.bitcast(self.lane(operand, number), source.scalar, node.dtype.scalar)
+                 for number in range(node.dtype.count)]
+        return self.vector_literal(node.dtype, lanes)
+
+    def bitcast(self, operand: str, source: DType, dtype: DType) -> str:
+        """The bits of `operand` (a `source` value) read as `dtype`, of the same size: a
+        float's bits become the signed integer of its size and back through `bits_functions`;
+        between integers (and integer-held dtypes) a cast, which keeps the bits.
+        float32 -> uint32 in C: `((unsigned int)(tt_float_to_bits(x)))`."""
+        self.check_bitcast(source, dtype)
+        signed = SIGNED_OF_SIZE[dtype.itemsize]
+        bits, bits_dtype = operand, source
+        if source in self.bits_functions:  # a float: first its bits, as the signed integer
+            bits, bits_dtype = f"{self.bits_functions[source][1]}({operand})", signed
+        if dtype in self.bits_functions:  # to a float: from the signed integer
+            if bits_dtype != signed:
+                bits = self.plain_cast(bits, signed)
+            return f"{self.bits_functions[dtype][0]}({bits})"
+        return bits if bits_dtype == dtype else self.plain_cast(bits, dtype)
+
+    def check_bitcast(self, source: DType, dtype: DType) -> None:
+        """A float the language has no `bits_functions` for is an error, never a conversion
+        of its value (which an integer cast would be)."""
+        for float_dtype in (source, dtype):
+            if dtypes.is_float(float_dtype) and float_dtype not in self.bits_functions and \
+                    float_dtype not in self.held_as_integers:
+                raise NotImplementedError(f"{type(self).__name__} cannot bitcast {source.name} "
+                                          f"to {dtype.name}: no bits_functions for "
+                                          f"{float_dtype.name}")
+
+    def plain_cast(self, operand: str, dtype: DType) -> str:
+        """A conversion of an integer to another integer type: modulo 2^bits, which keeps the
+        bits of a value of the same size."""
+        return cast(self, [operand], [dtype], dtype)
 
     def vector_alu(self, op: Ops, dtype: DType, sources: tuple[UOp, ...],
                    operands: list[str]) -> str:

@@ -38,13 +38,8 @@ from tinyteach.render import (
     _render_alu,
     typed_math_function,
 )
-from tinyteach.transcendental import (
-    TRANSCENDENTAL,
-    decompose_program,
-    is_bitcast,
-    row_column_loops,
-)
-from tinyteach.uop import Ops, UOp, store_parts
+from tinyteach.transcendental import TRANSCENDENTAL, decompose_program, row_column_loops
+from tinyteach.uop import Ops, UOp, is_bitcast, store_parts
 
 C_PRELUDE = "#include <stdbool.h>\n"
 # <math.h> costs gcc ~17 ms of parsing: it is included only where the body may call a function
@@ -75,13 +70,15 @@ static inline uint16_t tt_f32_to_bf16(float f) {
 """
 BFLOAT16_TO_FLOAT, FLOAT_TO_BFLOAT16 = "tt_bf16_to_f32", "tt_f32_to_bf16"
 
-# a BITCAST (transcendental.py): the same 32 bits read as the other type. gcc and clang: a cast
-# between one-lane vectors keeps the bits, and vectorizes (a union's local variable does not in
-# an `omp simd` loop: gcc 12 keeps it in memory, one per lane); macros, since a function is not
-# inlined into a kernel compiled with other options (NO_TRAPS below). The attribute's name is
-# pasted from two tokens, so that the fast tier's check for vector types (runtime/cpu.py,
-# TCC_CANNOT, a search of the text) still lets tcc build the kernel: tcc, which knows no vector
-# types, reads the union version
+# a BITCAST (uop.py; Tensor.bitcast, and exp2's bit fields in transcendental.py): the same bits
+# read as the other type. gcc and clang: a cast between one-lane vectors keeps the bits, and
+# vectorizes (a union's local variable does not in an `omp simd` loop: gcc 12 keeps it in
+# memory, one per lane); macros, since a function is not inlined into a kernel compiled with
+# other options (NO_TRAPS below). The attribute's name is pasted from two tokens, so that the
+# fast tier's check for vector types (runtime/cpu.py, TCC_CANNOT, a search of the text) still
+# lets tcc build the kernel: tcc, which knows no vector types, reads the union version.
+# float <-> int here; double <-> long long and _Float16 <-> short below, in the same way; every
+# other pair is one of these and an integer cast (CStyleRenderer.bitcast)
 BITCAST_C = """#ifndef TT_BITCAST
 #define TT_BITCAST
 #ifdef __TINYC__
@@ -103,7 +100,7 @@ typedef float tt_float_lane TT_LANES(4);
 # gcc assumes a float operation may trap (-ftrapping-math) and then will not compute both sides
 # of a comparison's choice at once (exp2's clamp), so the loop does not vectorize. No kernel
 # reads the floating-point exception flags, and no result changes: a kernel with exp2 as
-# arithmetic is compiled without that assumption
+# arithmetic (any kernel with a bitcast, in fact) is compiled without that assumption
 NO_TRAPS = "no-trapping-math"
 # every kernel is compiled with -fwrapv (runtime/cpu.py): an int32 that overflows wraps, as in
 # numpy. But then a position `row + column`, an int that may wrap, is not a straight line in
@@ -113,6 +110,39 @@ NO_TRAPS = "no-trapping-math"
 # (which cannot overflow, transcendental.py) has nothing that wraps: it is compiled without
 NO_WRAP = "no-wrapv"
 BITCAST_FUNCTIONS = {dtypes.float32: "tt_bits_to_float", dtypes.int32: "tt_float_to_bits"}
+# 64 bits, the same way (tcc has double and long long)
+BITCAST64_C = """#ifndef TT_BITCAST64
+#define TT_BITCAST64
+#ifdef __TINYC__
+static inline double tt_bits_to_double(long long bits) {
+  union { long long i; double f; } v; v.i = bits; return v.f;
+}
+static inline long long tt_double_to_bits(double f) {
+  union { double f; long long i; } v; v.f = f; return v.i;
+}
+#else
+#define TT_LANES(bytes) __attribute__((vector_##size(bytes)))
+typedef long long tt_long_lane TT_LANES(8);
+typedef double tt_double_lane TT_LANES(8);
+#define tt_bits_to_double(bits) (((tt_double_lane)((tt_long_lane){(bits)}))[0])
+#define tt_double_to_bits(f) (((tt_long_lane)((tt_double_lane){(f)}))[0])
+#endif
+#endif
+"""
+# 16 bits: a kernel with _Float16 is never built by tcc (TCC_CANNOT), so only the vector version
+BITCAST16_C = """#ifndef TT_BITCAST16
+#define TT_BITCAST16
+#define TT_LANES(bytes) __attribute__((vector_##size(bytes)))
+typedef short tt_short_lane TT_LANES(2);
+typedef _Float16 tt_half_lane TT_LANES(2);
+#define tt_bits_to_half(bits) (((tt_half_lane)((tt_short_lane){(bits)}))[0])
+#define tt_half_to_bits(f) (((tt_short_lane)((tt_half_lane){(f)}))[0])
+#endif
+"""
+# each prelude, with the functions whose use in a kernel's body calls for it
+BITCAST_PRELUDES = ((BITCAST_C, tuple(BITCAST_FUNCTIONS.values())),
+                    (BITCAST64_C, ("tt_bits_to_double", "tt_double_to_bits")),
+                    (BITCAST16_C, ("tt_bits_to_half", "tt_half_to_bits")))
 
 
 @functools.cache  # one wrapper per (entry, op): the table keeps the entry itself
@@ -199,16 +229,16 @@ def may_use_libm(line: str) -> bool:
 
 
 def integers_are_positions(program: LinearProgram) -> bool:
-    """Are the program's integers only positions and exp2's bit fields (NO_WRAP)? No integer is
-    loaded, stored, accumulated or converted to or from another type (a BITCAST excepted), so
-    every integer op computes an index, a guard's bound, or exp2's exponent."""
+    """Are the program's integers only positions (NO_WRAP)? No integer is loaded, stored,
+    accumulated or converted to or from another type (a bitcast included: the bits of a float
+    are data), so every integer op computes an index or a guard's bound. Asked before exp2 is
+    written as arithmetic (transcendental.py), whose bit fields cannot overflow."""
     for u in program.uops:
         value_dtype = u.src[2].dtype if u.op is Ops.STORE else u.dtype
         if u.op in (Ops.LOAD, Ops.STORE, Ops.DEFINE_ACC) and not dtypes.is_float(value_dtype) \
                 and value_dtype != dtypes.bool:
             return False
-        if u.op is Ops.CAST and not is_bitcast(u) and \
-                (dtypes.is_int(u.dtype) or dtypes.is_int(u.src[0].dtype)):
+        if u.op is Ops.CAST and (dtypes.is_int(u.dtype) or dtypes.is_int(u.src[0].dtype)):
             return False
     return True
 
@@ -378,6 +408,12 @@ class CRenderer(CStyleRenderer):
     code_for_op = {**CStyleRenderer.code_for_op,
                    **{op: typed_math_function(name, "(float)({})", "((_Float16){})")
                       for op, name in MATH_FUNCTIONS.items()}}
+    # a bitcast reads bits through these (BITCAST_C and the others); bfloat16 is its word
+    bits_functions = {dtypes.float16: ("tt_bits_to_half", "tt_half_to_bits"),
+                      dtypes.float32: ("tt_bits_to_float", "tt_float_to_bits"),
+                      dtypes.float64: ("tt_bits_to_double", "tt_double_to_bits")}
+    held_as_integers = (dtypes.bfloat16,)
+    bitcasts_vectors = True  # a cast between vector types of one size keeps the bits
 
     # exp2f is a libm call, and a loop with a call does not vectorize: EXP2 is written as
     # arithmetic instead in the loops gcc vectorizes (transcendental.py; TRANSCENDENTAL=0
@@ -388,12 +424,12 @@ class CRenderer(CStyleRenderer):
         """The table's entry, computing bfloat16 in float (`in_float32`)."""
         return in_float32(super().code(op), op)
 
-    def alu(self, node: UOp, operands: list[str]) -> str:
-        """A BITCAST reads the bits as the other type (BITCAST_C); every other op, the table's
-        entry."""
-        if is_bitcast(node):
-            return f"{BITCAST_FUNCTIONS[node.dtype]}({operands[0]})"
-        return super().alu(node, operands)
+    def bitcast(self, operand: str, source: DType, dtype: DType) -> str:
+        """A vector: gcc's and clang's cast between vector types of one size, which keeps
+        the bits (`(int_vec8)(val0)`); a scalar, CStyleRenderer's (BITCAST_C)."""
+        if dtype.count > 1:
+            return f"(({self.type_name(dtype)})({operand}))"
+        return super().bitcast(operand, source, dtype)
 
     def render_const(self, value: float | int | bool, dtype: DType) -> str:
         if dtype == dtypes.bfloat16:
@@ -418,6 +454,7 @@ class CRenderer(CStyleRenderer):
         such a kernel is compiled without -ftrapping-math (NO_TRAPS)."""
         if ROW_CACHE:
             program = cache_row_values(program)
+        positions_only = integers_are_positions(program)  # (before exp2's bit fields)
         if self.decompose_transcendentals and TRANSCENDENTAL.value:
             program = decompose_program(program, simd_loops_only=TRANSCENDENTAL.value == 1)
         program = with_lanes(program, self.vector_width if FIXED_LANES else 0)
@@ -425,7 +462,7 @@ class CRenderer(CStyleRenderer):
         options = []
         if any(is_bitcast(u) for u in program.uops):
             options.append(NO_TRAPS)
-        if integers_are_positions(program):
+        if positions_only:
             options.append(NO_WRAP)
         if options:
             attribute = "__attribute__((optimize(" + ", ".join(f'"{o}"' for o in options) + ")))"
@@ -568,12 +605,13 @@ class CRenderer(CStyleRenderer):
 
     def render_kernel(self, writer: KernelWriter, name: str, params: list[str],
                       body: list[str]) -> str:
-        uses_bfloat16 = any(BFLOAT16_TO_FLOAT in line or FLOAT_TO_BFLOAT16 in line
-                            for line in body)
-        uses_bitcast = any(function in line for line in body
-                           for function in BITCAST_FUNCTIONS.values())
+        # (a bfloat16 word is a uint16_t, which <stdint.h> in BFLOAT16_C declares: also where
+        # a kernel only moves or bitcasts words)
+        uses_bfloat16 = any(BFLOAT16_TO_FLOAT in line or FLOAT_TO_BFLOAT16 in line or
+                            "uint16_t" in line for line in [*params, *body])
+        bitcasts = "".join(prelude for prelude, functions in BITCAST_PRELUDES
+                           if any(f in line for line in body for f in functions))
         math_header = MATH_HEADER if any(may_use_libm(line) for line in body) else ""
-        prelude = math_header + C_PRELUDE + (BFLOAT16_C if uses_bfloat16 else "") + \
-            (BITCAST_C if uses_bitcast else "")
+        prelude = math_header + C_PRELUDE + (BFLOAT16_C if uses_bfloat16 else "") + bitcasts
         lines = [prelude + f"void {name}({', '.join(params)}) {{", *body, "}"]
         return "\n".join(lines) + "\n"

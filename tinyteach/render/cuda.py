@@ -9,7 +9,9 @@ the runtime can find it. Threads come in *blocks* on a *grid*: a thread's index 
       for (int gidx0 = (blockIdx.y*blockDim.y+threadIdx.y); gidx0 < 6; ...
 
 Half floats come from `cuda_fp16.h`; math functions on them go through float. NVRTC compiles
-without the C library's headers, so INFINITY and NAN are spelled with bit patterns.
+without the C library's headers, so INFINITY and NAN are spelled with bit patterns. A bitcast
+is one of CUDA's intrinsics that read bits as another type (`__int_as_float`,
+`__half_as_short`, ...; `bits_functions`), with an integer cast for the unsigned ones.
 
 Tensor cores (wmma.py; sm_80 and later): the WMMA nodes of one instruction become one call of a
 small device function that packs the thread's fragments, two halves per 32-bit register, into
@@ -140,6 +142,11 @@ class CUDARenderer(GPURenderer):
     code_for_op = {**GPURenderer.code_for_op, Ops.CAST: cuda_cast, Ops.MOD: cuda_remainder,
                    **{op: typed_math_function(name, "__half2float({})", "__float2half({})")
                       for op, name in MATH_FUNCTIONS.items()}}
+    # a float's bits as the signed integer of its size and back (CStyleRenderer.bitcast)
+    bits_functions = {dtypes.float16: ("__short_as_half", "__half_as_short"),
+                      dtypes.bfloat16: ("__short_as_bfloat16", "__bfloat16_as_short"),
+                      dtypes.float32: ("__int_as_float", "__float_as_int"),
+                      dtypes.float64: ("__longlong_as_double", "__double_as_longlong")}
 
     def thread_id(self, dimension: int) -> str:
         axis = AXES[dimension]

@@ -12,7 +12,8 @@ this work-item's index and the number of work-items along dimension `d`:
 `half` needs the `cl_khr_fp16` extension and `double` `cl_khr_fp64`; the renderer enables them
 when a kernel uses them (the runtime checks that the device has them). Math functions are
 overloaded by type, as in C++, so `exp2(x)` works for every float type. bfloat16 is its word
-(`ushort`), computed in float through two small functions, as in C (render/c.py).
+(`ushort`), computed in float through two small functions, as in C (render/c.py). A bitcast is
+OpenCL's own reinterpretation, `as_float(x)`, `as_ushort(x)`, ...: `as_<type>` for every type.
 
 Builds on: render/gpu.py.
 
@@ -51,12 +52,16 @@ EXTENSIONS = {dtypes.float16: "cl_khr_fp16", dtypes.float64: "cl_khr_fp64"}
 
 
 # bfloat16 <-> float in OpenCL C (as_uint / as_float read a value's bits; see render/c.py)
-BFLOAT16_CL = f"""float {BFLOAT16_TO_FLOAT}(ushort h) {{ return as_float((uint)h << 16); }}
+# (guarded: the runtime builds a schedule's kernels as one program, each with its own copy)
+BFLOAT16_CL = f"""#ifndef TT_BFLOAT16
+#define TT_BFLOAT16
+float {BFLOAT16_TO_FLOAT}(ushort h) {{ return as_float((uint)h << 16); }}
 ushort {FLOAT_TO_BFLOAT16}(float f) {{
   uint u = as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);
   return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}}"""
+}}
+#endif"""
 
 
 def dtypes_used(program: LinearProgram) -> set[DType]:
@@ -101,6 +106,16 @@ class OpenCLRenderer(GPURenderer):
     def code(self, op: Ops) -> CodeForOp:
         """The table's entry, computing bfloat16 in float (render/c.py's `in_float32`)."""
         return in_float32(super().code(op), op)
+
+    bitcasts_vectors = True  # as_int8(x) reads a float8's bits
+
+    def bitcast(self, operand: str, source: DType, dtype: DType) -> str:
+        """`as_float(x)`: OpenCL reads the bits of any value (a vector too) as any type of
+        its size. A scalar narrower than an int is cast to its own type first: C computes
+        `a&b` or `c?a:b` on shorts as an int, of another size."""
+        if source.itemsize < 4 and source != dtypes.float16:  # (a bfloat16 word too)
+            operand = f"(({self.type_name(source)})({operand}))"
+        return f"as_{self.type_name(dtype)}({operand})"
 
     def render_const(self, value: float | int | bool, dtype: DType) -> str:
         if dtype == dtypes.bfloat16:

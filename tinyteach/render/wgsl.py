@@ -22,7 +22,12 @@ WGSL looks like Rust more than C, and it is stricter than both:
 - WGSL's float `%` is x - y * trunc(x / y), rounded, not C's exact fmod: `fmod_f32`
   computes fmod exactly, by long division of the significands as integers;
 - a device allows a limited number of storage buffers per kernel (8 is guaranteed; lavapipe
-  has 32): a kernel with more buffers is refused with an error that says so.
+  has 32): a kernel with more buffers is refused with an error that says so;
+- a bitcast is WGSL's own `bitcast<f32>(x)` for 32 bits. 16 bits have no such word here (naga
+  cannot bitcast f16, and 16-bit integers are held in 32): a half float's bits are its word
+  from `pack2x16float`, and a word becomes a half through `unpack2x16float`. Both convert
+  through f32, exactly for every value; a NaN's payload is the driver's to keep (lavapipe
+  keeps every one).
 
 Builds on: render/gpu.py.
 
@@ -179,6 +184,12 @@ HELPERS["minus_itself_f16"] = ("fn minus_itself_f16(x: f16) -> f16 "
                                "{ return f16(minus_itself_f32(f32(x))); }")
 HELPERS["times_zero_f16"] = ("fn times_zero_f16(x: f16, zero: f16) -> f16 "
                              "{ return f16(times_zero_f32(f32(x), f32(zero))); }")
+# a half float's 16 bits as a u32 word and back (a bitcast: naga cannot bitcast f16). The
+# conversions between f16 and f32 are exact: every half, subnormals included, is a normal f32
+HELPERS["half_to_bits"] = ("fn half_to_bits(x: f16) -> u32 "
+                           "{ return pack2x16float(vec2<f32>(f32(x), 0.0f)) & 0xffffu; }")
+HELPERS["bits_to_half"] = ("fn bits_to_half(bits: u32) -> f16 "
+                           "{ return f16(unpack2x16float(bits & 0xffffu).x); }")
 for _name in ("log2", "exp2"):  # half floats go through f32 (its subnormals are normal there)
     HELPERS[f"{_name}_f16"] = (f"fn {_name}_f16(x: f16) -> f16 "
                                f"{{ return f16({_name}_f32(f32(x))); }}")
@@ -422,6 +433,21 @@ class WGSLRenderer(GPURenderer):
 
     def wrap_narrow(self, expression: str, dtype: DType) -> str:
         return wrap(expression, dtype)
+
+    def bitcast(self, operand: str, source: DType, dtype: DType) -> str:
+        """`bitcast<f32>(x)` for 32 bits. 16 bits go through a u32 word: a half's from
+        `half_to_bits`, an int16's or uint16's (held in 32 bits) from its low 16 bits; the
+        word becomes a half (`bits_to_half`), a uint16, or an int16 with its sign bit
+        copied up (`wrap`)."""
+        if dtype.itemsize != 2:
+            return f"bitcast<{self.type_name(dtype)}>({operand})"
+        if source == dtypes.float16:
+            word = f"half_to_bits({operand})"
+        else:
+            word = f"(u32({operand}) & 0xffffu)"  # (i32 -> u32 keeps the bits)
+        if dtype == dtypes.float16:
+            return f"bits_to_half({word})"
+        return wrap(f"i32({word})", dtype) if dtype == dtypes.int16 else word
 
     def alu(self, node: UOp, operands: list[str]) -> str:
         """The table's snippet, except for x + (-x), x * 0.0 and x + 0.0 on floats: lavapipe

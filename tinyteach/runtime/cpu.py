@@ -31,6 +31,13 @@ What this teaches:
   unoptimized build would run longer than the optimized one takes to compile.
 
 Settings: `CC` chooses the compiler (gcc or clang; default: cc, then gcc, then clang),
+`CPU_ARCH` the CPU the C is built for: a `-march=` value such as `x86-64-v3` (AVX2) or
+`x86-64-v4` (AVX-512); default `native`, this machine's own. It is every build's -march (the
+fast tier's cc -O0 too; tcc takes none), it sets the vector width (8 lanes for x86-64-v3, 16
+for x86-64-v4, unless `CPU_VECTOR_WIDTH` pins it) and it is part of the cache key. A value the
+compiler rejects, or a target this CPU cannot run (its feature macros, `__AVX512F__` and the
+like, compared with -march=native's), is a ValueError naming CPU_ARCH. `describe_target()`
+names the target in effect: "x86-64-v4 (native), 16 float lanes, gcc 12.2.0 (cc)".
 `TINYTEACH_CACHE` moves the cache (default ~/.cache/tinyteach), `CPU_TIERED=0` (or
 `Context(CPU_TIERED=0)`, a setting of tinyteach.runtime, known from `import tinyteach` on)
 turns tiering off: every kernel waits for its optimized build, as
@@ -51,6 +58,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import hashlib
 import os
 import re
@@ -79,7 +87,8 @@ from tinyteach.helpers import BEAM, DEBUG, machine_identity
 from tinyteach.render.c import HEAVY_MARK, CRenderer
 from tinyteach.runtime import CPU_TIERED  # (registered with `import tinyteach`)
 
-# -march=native: use this machine's vector instructions (the cache key names the machine).
+# -march=native: use this machine's vector instructions; CPU_ARCH names another target
+# (march_flags puts it in place; the cache key names the flags and the machine).
 # -O2, not -O3: gcc 12's -O3 with AVX-512 miscompiles a padded load (`cond ? a[i % 4] : 0`
 # loses half the rows; tests/test_runtime.py keeps the case), and -O2 vectorizes too.
 # -fno-trapping-math with -fvect-cost-model=dynamic: gcc may compute both sides of a select
@@ -109,16 +118,164 @@ def supports_flags(compiler: str, flags: list[str]) -> bool:
     return result.returncode == 0
 
 
-def native_macros(compiler: str) -> str:
-    """What the compiler predefines with -march=native (`#define __AVX512F__ 1`, ...)."""
-    result = subprocess.run([compiler, "-march=native", "-dM", "-E", "-x", "c", "-"],
-                            input="", capture_output=True, text=True)
+# ---- the target: which CPU the C is built for (CPU_ARCH) ----
+
+NATIVE = "native"  # -march=native: the CPU this process runs on
+# x86-64's micro-architecture levels (the psABI's): each adds these feature macros to the
+# ones of the levels before it
+X86_LEVELS = (
+    ("x86-64", ("__SSE2__",)),
+    ("x86-64-v2", ("__SSE3__", "__SSSE3__", "__SSE4_1__", "__SSE4_2__", "__POPCNT__")),
+    ("x86-64-v3", ("__AVX__", "__AVX2__", "__BMI__", "__BMI2__", "__F16C__", "__FMA__",
+                   "__LZCNT__", "__MOVBE__")),
+    ("x86-64-v4", ("__AVX512F__", "__AVX512BW__", "__AVX512CD__", "__AVX512DQ__",
+                   "__AVX512VL__")),
+)
+OTHER_ARCHITECTURES = {"__aarch64__": "aarch64", "__arm__": "arm", "__riscv": "riscv",
+                       "__powerpc64__": "ppc64"}
+VERSION_MACROS = {"clang": ("__clang_major__", "__clang_minor__", "__clang_patchlevel__"),
+                  "gcc": ("__GNUC__", "__GNUC_MINOR__", "__GNUC_PATCHLEVEL__")}
+
+
+def cpu_arch() -> str:
+    """The CPU_ARCH setting: the -march= value of every build ("native" when unset or empty)."""
+    return os.environ.get("CPU_ARCH") or NATIVE
+
+
+def march_flags(arch: str) -> list[str]:
+    """C_FLAGS for the target `arch`: its -march= in place of -march=native."""
+    return [f"-march={arch}" if flag == f"-march={NATIVE}" else flag for flag in C_FLAGS]
+
+
+@functools.cache
+def _predefine(compiler: str, arch: str) -> subprocess.CompletedProcess[str]:
+    """One preprocessor run that prints the macros for -march=arch (~10 ms; once a process)."""
+    return subprocess.run([compiler, f"-march={arch}", "-dM", "-E", "-x", "c", "-"],
+                          input="", capture_output=True, text=True)
+
+
+def target_macros(compiler: str, arch: str) -> str:
+    """What the compiler predefines for -march=arch (`#define __AVX2__ 1`, ...); "" if it
+    does not know that target."""
+    result = _predefine(compiler, arch)
     return result.stdout if result.returncode == 0 else ""
 
 
+def native_macros(compiler: str) -> str:
+    """What the compiler predefines for the device's target: -march=native, this CPU, unless
+    CPU_ARCH names another (a build for x86-64-v3 has no `__AVX512F__`, whatever this CPU has)."""
+    return target_macros(compiler, cpu_arch())
+
+
+def instruction_sets(macros: str) -> set[str]:
+    """The feature macros among `macros`: `__AVX2__`, `__FMA__`, `__AVX512F__`, ..."""
+    return set(re.findall(r"^#define (__[A-Z0-9_]+__) 1$", macros, re.MULTILINE))
+
+
+def isa_level(macros: str) -> str:
+    """The highest x86-64 level whose instructions the macros promise (x86-64-v4: AVX-512,
+    v3: AVX2 and FMA, v2: SSE4.2); on another CPU, its architecture's name."""
+    if "#define __x86_64__ " not in macros:
+        found = [name for macro, name in OTHER_ARCHITECTURES.items()
+                 if f"#define {macro} " in macros]
+        return found[0] if found else "unknown"
+    have, needed, level = instruction_sets(macros), set(), "x86-64"
+    for name, features in X86_LEVELS:
+        needed |= set(features)
+        if not needed <= have:
+            break
+        level = name
+    return level
+
+
+def compiler_version(macros: str) -> str:
+    """The compiler and its version, "gcc 12.2.0" or "clang 14.0.6", read from its own macros
+    (clang defines gcc's too, with an old version: its own are asked first)."""
+    values = dict(re.findall(r"^#define (\w+) (.*)$", macros, re.MULTILINE))
+    for family, parts in VERSION_MACROS.items():
+        if all(part in values for part in parts):
+            return f"{family} {'.'.join(values[part] for part in parts)}"
+    return "an unknown compiler"
+
+
+def missing_instructions(target: str, native: str) -> list[str]:
+    """The feature macros the target defines and this CPU's own (-march=native) does not: the
+    instructions a build for the target may use that this CPU cannot run."""
+    return sorted(instruction_sets(target) - instruction_sets(native))
+
+
+@dataclass(frozen=True)
+class CPUTarget:
+    """The CPU the device's C is built for: a -march= value (CPU_ARCH) and what the compiler
+    predefines for it, from which its level, its vector lanes and the compiler are read."""
+
+    compiler: str
+    arch: str
+    macros: str
+
+    @property
+    def level(self) -> str:
+        return isa_level(self.macros)
+
+    @property
+    def lanes(self) -> int:
+        """The float32 lanes of its vector registers (CPU_VECTOR_WIDTH may render others)."""
+        return native_vector_width(self.macros)
+
+    @property
+    def fused_multiply_add(self) -> bool:
+        """Has it a fused multiply-add instruction? (render/c.py writes vector FMAs then)"""
+        return "#define __FP_FAST_FMAF " in self.macros
+
+    def describe(self, lanes: int) -> str:
+        """One line: "x86-64-v4 (native), 16 float lanes, gcc 12.2.0 (cc)", with the lanes
+        the renderer uses (and the target's own, when CPU_VECTOR_WIDTH pinned others)."""
+        where = self.level if self.arch == self.level else f"{self.level} ({self.arch})"
+        width = f"{lanes} float lanes" if lanes else "no vectors"
+        if lanes != self.lanes:
+            width += f" (CPU_VECTOR_WIDTH; the target's own: {self.lanes})"
+        return f"{where}, {width}, {compiler_version(self.macros)} ({Path(self.compiler).name})"
+
+
+def cpu_target(compiler: str, arch: str | None = None) -> CPUTarget:
+    """The target `arch` (default: the CPU_ARCH setting), checked: the compiler must know it
+    and this CPU must be able to run what is built for it. Either failure is a ValueError
+    that names CPU_ARCH and says which."""
+    return _checked_target(compiler, cpu_arch() if arch is None else arch)
+
+
+@functools.cache
+def _checked_target(compiler: str, arch: str) -> CPUTarget:
+    if arch == NATIVE:  # as always: a compiler without -march=native builds without vectors
+        return CPUTarget(compiler, arch, target_macros(compiler, arch))
+    result = _predefine(compiler, arch)
+    if result.returncode != 0:
+        # the error, and the values it knows, on one line
+        message = "; ".join(line.strip() for line in result.stderr.splitlines() if line.strip())
+        raise ValueError(f"CPU_ARCH={arch!r}: {Path(compiler).name} rejects -march={arch}: "
+                         f"{message}")
+    native = target_macros(compiler, NATIVE)
+    missing = missing_instructions(result.stdout, native) if native else []
+    if missing:
+        raise ValueError(f"CPU_ARCH={arch!r}: this CPU cannot run code built for {arch}: it "
+                         f"lacks {', '.join(m.strip('_') for m in missing)} (the feature macros "
+                         f"-march={arch} defines and -march=native does not)")
+    return CPUTarget(compiler, arch, result.stdout)
+
+
+def describe_target() -> str:
+    """The CPU device's target in one line, as the test summary's device table prints it:
+    "x86-64-v4 (native), 16 float lanes, gcc 12.2.0 (cc)". It reads CC, CPU_ARCH and
+    CPU_VECTOR_WIDTH as the device does (DeviceUnavailable without a compiler, ValueError for
+    a bad setting); the compiler is asked once a process (one or two preprocessor runs)."""
+    target = cpu_target(find_c_compiler())
+    return target.describe(vector_width(target.macros))
+
+
 def native_vector_width(macros: str) -> int:
-    """How many float32 lanes this CPU's vector registers hold, as the compiler sees it with
-    -march=native: 16 with AVX-512, 8 with AVX, 4 with SSE2 or NEON, else 0 (no vectors)."""
+    """How many float32 lanes the vector registers of the target whose macros these are hold
+    (native_macros: this CPU's, unless CPU_ARCH names another): 16 with AVX-512, 8 with AVX,
+    4 with SSE2 or NEON, else 0 (no vectors)."""
     for macro, width in (("__AVX512F__", 16), ("__AVX__", 8), ("__SSE2__", 4),
                          ("__ARM_NEON", 4)):
         if f"#define {macro} " in macros:
@@ -131,7 +288,8 @@ VECTOR_WIDTHS = (0, 2, 4, 8, 16)
 
 def vector_width(macros: str) -> int:
     """The lanes the CPU renderer uses: `CPU_VECTOR_WIDTH` when set (0 turns vectors off; the
-    book's stored outputs are those of a 16-lane CPU), else what this CPU has."""
+    book's stored outputs are those of a 16-lane CPU), else what the target has (this CPU,
+    unless CPU_ARCH names another)."""
     wanted = os.environ.get("CPU_VECTOR_WIDTH")
     if wanted is None:
         return native_vector_width(macros)
@@ -313,10 +471,12 @@ class ClangStyleCompiler(Compiler):
     """Compiles C source to a shared object with gcc or clang, with an on-disk cache; for
     `compile_many`, with a fast tier first (see the module docstring)."""
 
-    def __init__(self, compiler: str):
+    def __init__(self, compiler: str, arch: str | None = None):
         self.compiler = compiler
+        self.target = cpu_target(compiler, arch)  # CPU_ARCH's, unless `arch` names one
         selects = SELECT_FLAGS if supports_flags(compiler, SELECT_FLAGS) else []
-        self.flags = [*C_FLAGS, *selects]  # every build's; `openmp_flags` adds OpenMP's
+        # every build's (the fast tier's cc -O0 too); `openmp_flags` adds OpenMP's
+        self.flags = [*march_flags(self.target.arch), *selects]
         self.threads = THREAD_FLAGS if supports_flags(compiler, THREAD_FLAGS) else []
         self.simd = SIMD_FLAGS if supports_flags(compiler, SIMD_FLAGS) else self.threads
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True)
@@ -591,11 +751,12 @@ class CPUGraph:
 
 
 def make_backend() -> Backend:
-    compiler = ClangStyleCompiler(find_c_compiler())
-    macros = native_macros(compiler.compiler)
-    # a vector multiply-add is written as fused where the CPU has the instruction (render/c.py)
-    fused = "#define __FP_FAST_FMAF " in macros
-    renderer = CRenderer(vector_width=vector_width(macros), fused_multiply_add=fused)
+    compiler = ClangStyleCompiler(find_c_compiler())  # for CPU_ARCH's target, checked
+    target = compiler.target
+    # a vector multiply-add is written as fused where the target has the instruction
+    # (render/c.py); the lanes are the target's, unless CPU_VECTOR_WIDTH pins them
+    renderer = CRenderer(vector_width=vector_width(target.macros),
+                         fused_multiply_add=target.fused_multiply_add)
     backend = Backend("CPU", HostAllocator(), renderer, compiler, CPUProgram)
     backend.graph = CPUGraph
     return backend

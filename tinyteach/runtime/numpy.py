@@ -10,7 +10,8 @@ What this teaches:
 
 bfloat16 is held as 16-bit words (numpy has none, dtype.py): an op on bfloat16 decodes its
 operands to float32, computes there, and rounds the result back to a word (`_in_float32`), as
-PyTorch and tinygrad compute it; movement ops and `where` move the words as they are.
+PyTorch and tinygrad compute it; movement ops and `where` move the words as they are, and a
+bitcast (a CAST with arg BITCAST) reads them as the bits they are: numpy's `view`.
 
 Integer semantics are C's (which every compiled backend shares): IDIV truncates toward zero, MOD
 takes the dividend's sign, dividing by zero gives 0, and integers wrap around on overflow. Float
@@ -27,7 +28,7 @@ import numpy as np
 
 from tinyteach.device import Backend, Buffer, HostAllocator
 from tinyteach.dtype import dtypes, from_bfloat16_bits, to_bfloat16_bits
-from tinyteach.uop import MOVEMENT, Ops, UOp, substitute_symbols, variables_of
+from tinyteach.uop import MOVEMENT, Ops, UOp, is_bitcast, substitute_symbols, variables_of
 
 
 def _idiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -66,6 +67,19 @@ def _max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(np.where((a > b) | np.isnan(a), a, b))
 
 
+def _exp2(a: np.ndarray) -> np.ndarray:
+    """2**a (np.exp2), exact where a is a whole number: there it is a power of two, built
+    by np.ldexp (the exponent put in place, rounded once: 0 or a subnormal far below, inf
+    above). numpy's own float32 exp2 is an ulp high at 127 on AVX-512 CPUs (on others not),
+    which C's exp2f, the other devices and transcendental.py's exp2 are not."""
+    result = np.exp2(a)
+    if a.dtype.kind != "f":
+        return result
+    whole = (a == np.floor(a)) & (np.abs(a) < 4096)  # (NaN and +-inf are not)
+    exponent = np.where(whole, a, 0).astype(np.int32)
+    return np.where(whole, np.ldexp(np.ones_like(a), exponent), result)
+
+
 def _reciprocal(a: np.ndarray) -> np.ndarray:
     return np.divide(np.ones_like(a), a)
 
@@ -74,6 +88,20 @@ def _cast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if dtype == np.bool_:
         return a != 0
     return a.astype(dtype)
+
+
+def _bitcast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The same bytes read as `dtype` (its size is the same): numpy's `view`, which copies and
+    computes nothing, so every bit pattern, a NaN's payload too, stays as it was. (bfloat16's
+    words are viewed as they are: they are its bits.)"""
+    return np.asarray(a).view(dtype)
+
+
+def _convert(node: UOp, a: np.ndarray) -> np.ndarray:
+    """CAST: a conversion of the value, or, with arg BITCAST, the same bits (uop.py)."""
+    if is_bitcast(node):
+        return _bitcast(a, node.dtype.np)
+    return _cast(a, node.dtype.np)
 
 
 def _lowest(dtype: np.dtype) -> float | int | bool:
@@ -99,12 +127,12 @@ def _reduce(a: np.ndarray, op: Ops, axes: tuple[int, ...]) -> np.ndarray:
 NUMPY_OPS: dict[Ops, Callable[..., np.ndarray]] = {
     Ops.CONST: lambda node: np.array(node.arg, dtype=node.dtype.np),
     Ops.NEG: lambda node, a: np.negative(a) if a.dtype != np.bool_ else np.logical_not(a),
-    Ops.EXP2: lambda node, a: np.exp2(a),
+    Ops.EXP2: lambda node, a: _exp2(a),
     Ops.LOG2: lambda node, a: np.log2(a),
     Ops.SIN: lambda node, a: np.sin(a),
     Ops.SQRT: lambda node, a: np.sqrt(a),
     Ops.RECIPROCAL: lambda node, a: _reciprocal(a),
-    Ops.CAST: lambda node, a: _cast(a, node.dtype.np),
+    Ops.CAST: _convert,
     Ops.ADD: lambda node, a, b: np.add(a, b, dtype=a.dtype),
     Ops.MUL: lambda node, a, b: np.multiply(a, b, dtype=a.dtype),
     Ops.IDIV: lambda node, a, b: _idiv(a, b),
@@ -127,7 +155,8 @@ NUMPY_OPS: dict[Ops, Callable[..., np.ndarray]] = {
 }
 
 
-# ops that move bfloat16 words without computing on them
+# ops that move bfloat16 words without computing on them (a bitcast, too, takes the words as
+# they are: `_evaluate`)
 WORD_OPS = (*MOVEMENT, Ops.WHERE, Ops.DEFINE_GLOBAL)
 
 
@@ -166,7 +195,7 @@ class InterpretedProgram:
             raise NotImplementedError(f"op {node.op.name} is not implemented by this backend")
         sources = [values[s] for s in node.src]
         touches_bfloat16 = dtypes.bfloat16 in (node.dtype, *(s.dtype for s in node.src))
-        if touches_bfloat16 and node.op not in WORD_OPS:
+        if touches_bfloat16 and node.op not in WORD_OPS and not is_bitcast(node):
             return self._in_float32(node, sources)
         result = self.ops[node.op](node, *sources)
         return np.asarray(result, dtype=node.dtype.np) if node.op is not Ops.CAST else result

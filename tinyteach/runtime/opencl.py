@@ -6,9 +6,10 @@ What this teaches:
   order. `pip install 'pyopencl[pocl]'` brings pocl, an OpenCL that runs on the CPU;
 - the backend's three pieces: the Allocator makes `cl.Buffer`s and copies with
   `enqueue_copy`; the Compiler builds the source for the device (the binary is a built
-  `cl.Program`); the Program enqueues the kernel with its global and local sizes and returns
-  at once — the device runs it later. `synchronize()` waits for the queue to drain (reading a
-  buffer waits too, because the queue runs in order);
+  `cl.Program`, with the kernel's source; a schedule's new kernels are built as one program,
+  since each build has a fixed cost of ~0.1 s); the Program enqueues the kernel with its
+  global and local sizes and returns at once — the device runs it later. `synchronize()`
+  waits for the queue to drain (reading a buffer waits too, because the queue runs in order);
 - graph execution for the JIT: enqueue every captured kernel, then wait once.
 
 Which platform? A machine may have several (Debian's pocl and the one inside the pyopencl wheel,
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -170,11 +172,30 @@ class OpenCLCompiler(Compiler):
         self.cache_key = (f"opencl {device.platform.name} {device.name} {device.version} "
                           f"{' '.join(self.options)}")
 
-    def compile(self, source: str) -> Any:
+    def compile(self, source: str) -> OpenCLBinary:
+        self._check_extensions(source)
+        return OpenCLBinary(self._build(source), source)
+
+    def compile_many(self, sources: list[str]) -> list[OpenCLBinary]:
+        """Several kernels (with different names) built as one program: a build costs pocl
+        ~0.1-0.2 s however many kernels it holds (the OpenCL C front end and the link of its
+        kernel library), so a schedule's new kernels are built together. When the joined
+        program does not build, each kernel is built alone, so the error names its source."""
+        for source in sources:
+            self._check_extensions(source)
+        try:
+            program = self._build("\n".join(sources))
+        except CompileError:
+            return [self.compile(source) for source in sources]
+        return [OpenCLBinary(program, source) for source in sources]
+
+    def _check_extensions(self, source: str) -> None:
         for dtype, extension in EXTENSIONS.items():
             if extension in source and extension not in self.device.extensions:
                 raise CompileError(f"OPENCL device {self.device.name!r} does not support "
                                    f"{dtype.name} (it lacks the {extension} extension)")
+
+    def _build(self, source: str) -> Any:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # build logs of successful builds
@@ -184,13 +205,24 @@ class OpenCLCompiler(Compiler):
                 from None
 
 
+@dataclass(frozen=True)
+class OpenCLBinary:
+    """What the Compiler gives: a built `cl.Program` (it may hold other kernels too, when
+    built by `compile_many`) and the source of this kernel, whose first line records its
+    launch sizes."""
+
+    program: Any
+    source: str
+
+
 class OpenCLProgram:
     """One kernel, ready to enqueue. Calling it enqueues and returns without waiting."""
 
-    def __init__(self, queue: Any, name: str, program: Any, source: str):
+    def __init__(self, queue: Any, name: str, binary: OpenCLBinary):
         self.queue, self.name = queue, name
-        self.kernel = getattr(program, name)  # kept: re-reading program.name warns and costs
-        launch = launch_of(source)
+        # kept: re-reading program.name warns and costs
+        self.kernel = getattr(binary.program, name)
+        launch = launch_of(binary.source)
         self.global_size, self.local_size = launch.global_size, launch.local_size
 
     def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> Any:
@@ -232,8 +264,8 @@ class OpenCLBackend(Backend):
                                    for dtype, extension in EXTENSIONS.items()
                                    if extension not in self.cl_device.extensions}
 
-    def _make_program(self, name: str, binary: Any) -> OpenCLProgram:
-        return OpenCLProgram(self.queue, name, binary, binary.get_info(cl.program_info.SOURCE))
+    def _make_program(self, name: str, binary: OpenCLBinary) -> OpenCLProgram:
+        return OpenCLProgram(self.queue, name, binary)
 
     def synchronize(self) -> None:
         self.queue.finish()

@@ -53,7 +53,16 @@ from tinyteach.dtype import DType, dtypes, from_bfloat16_bits, to_bfloat16_bits
 from tinyteach.lower import LinearProgram
 from tinyteach.render.gpu import output_loops, plan_launch, plan_local_launch
 from tinyteach.runtime.numpy import NUMPY_OPS
-from tinyteach.uop import ALU, Ops, UOp, load_parts, store_parts, sym_eval, sym_max
+from tinyteach.uop import (
+    ALU,
+    Ops,
+    UOp,
+    is_bitcast,
+    load_parts,
+    store_parts,
+    sym_eval,
+    sym_max,
+)
 from tinyteach.wmma import WMMAArg, wmma_reference
 
 MAX_LANES = 1 << 14  # threads emulated side by side (several work-groups when they are small)
@@ -411,9 +420,9 @@ def _update_range(low_high: tuple[np.ndarray, np.ndarray], slots: np.ndarray,
 def _alu(u: UOp, sources: list[np.ndarray]) -> np.ndarray:
     """One ALU op for every lane, with NUMPY's function. bfloat16 lanes hold 16-bit words (the
     host format): an op on them computes on their float32 values and rounds back to words, as
-    the NUMPY device does (WHERE moves words as they are)."""
+    the NUMPY device does (WHERE moves words as they are, a bitcast reads them as bits)."""
     bfloat16 = dtypes.bfloat16
-    if u.op is Ops.WHERE or bfloat16 not in (u.dtype, *(s.dtype for s in u.src)):
+    if u.op is Ops.WHERE or is_bitcast(u) or bfloat16 not in (u.dtype, *(s.dtype for s in u.src)):
         return np.asarray(NUMPY_OPS[u.op](u, *sources), dtype=u.dtype.np)
     wide = [from_bfloat16_bits(value) if s.dtype == bfloat16 else value
             for value, s in zip(sources, u.src)]
