@@ -130,6 +130,39 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _compile_waiting_for_cuda()
 
 
+# ---- issue 23: one case of a shape-only parametrization on OPENCL ----
+#
+# pocl, the CPU OpenCL the suite runs on, compiles a kernel in ~0.5 s (its build, then a work-group
+# function at the first launch): 40% of the suite's time went to it. A parametrization that only
+# varies shapes, axes or index expressions tests the GPU lowering (render/gpu.py, lower.py), which
+# OPENCL shares with WEBGPU, PYTHON (the emulator) and CUDA; the OpenCL C itself is the same ops
+# on the same types. Such a test is marked `@pytest.mark.one_case_on_opencl("axis")`: on OPENCL
+# its first `axis` runs (with every value of its other parameters), on every other device all.
+# `ALL_CASES_ON_OPENCL=1 make test` runs every case on OPENCL too.
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("ALL_CASES_ON_OPENCL") == "1":
+        return
+    kept, dropped = [], []
+    for item in items:
+        (dropped if _other_case_on_opencl(item) else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def _other_case_on_opencl(item: pytest.Item) -> bool:
+    """Is `item` on OPENCL, marked one_case_on_opencl, and not its parametrization's first case?"""
+    marker = item.get_closest_marker("one_case_on_opencl")
+    callspec = getattr(item, "callspec", None)
+    if marker is None or callspec is None:
+        return False
+    if not str(callspec.params.get("device", "")).startswith("OPENCL"):
+        return False
+    return any(callspec.indices.get(name, 0) != 0 for name in marker.args)
+
+
 # ---- issue 11: which devices ran tests, which were skipped and why ----
 #
 # `make test` ends with a table of devices. `.ci/run` sets TINYTEACH_REQUIRE_DEVICES to the devices

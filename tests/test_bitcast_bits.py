@@ -192,8 +192,8 @@ def test_copysign_reads_the_sign_bit(device: str) -> None:
 
 
 # conversions between floats and integers at the ends of the integers' ranges: rounded or
-# truncated exactly on every device (values outside the range, NaN and inf have no defined
-# integer: C calls it undefined, and numpy's answer changes with the CPU and the array's size)
+# truncated exactly on every device (values outside the range, NaN and inf, which C leaves
+# undefined, saturate: tests/test_cast_saturation.py)
 LIMITS = [("float32", "int32", [2.0**31 - 128, -2.0**31, -2.0**31 + 128, -0.99, 0.99]),
           ("float32", "uint32", [2.0**32 - 256, 2.0**31, 2.0**31 - 128, 0.99]),
           ("float64", "int64", [2.0**63 - 1024, -2.0**63, 2.0**53 + 2, -2.0**62 - 2048]),

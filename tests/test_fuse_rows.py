@@ -93,6 +93,7 @@ def test_one_kernel_on_every_device_three_without_row_fusion(name, device):
         assert kernel_count(lambda: OPS[name][0](x), device) == 3
 
 
+@pytest.mark.one_case_on_opencl("shape")
 @pytest.mark.parametrize("fuse_rows", [1, 0])
 @pytest.mark.parametrize("special", [False, True])
 @pytest.mark.parametrize("shape", [(6, 33), (2, 3, 16), (5, 1), (17,)])

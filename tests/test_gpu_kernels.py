@@ -168,6 +168,7 @@ MATMULS = {
 }
 
 
+@pytest.mark.one_case_on_opencl("name")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("size", [4, 8])
 @pytest.mark.parametrize("name", sorted(MATMULS))

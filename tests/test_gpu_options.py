@@ -78,6 +78,7 @@ MATMULS = {
 }
 
 
+@pytest.mark.one_case_on_opencl("name")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tile, block", [(4, 2), (4, 3), (8, 4)])
 @pytest.mark.parametrize("name", sorted(MATMULS))

@@ -107,6 +107,7 @@ def test_without_optimizations_gpu_devices_keep_three_kernels():
 
 # ---- values against PyTorch ----
 
+@pytest.mark.one_case_on_opencl("shape")
 @pytest.mark.parametrize("special", [False, True])
 @pytest.mark.parametrize("shape", [(6, 33), (2, 3, 16), (5, 1), (17,), (3, 100), (2, 64)])
 @pytest.mark.parametrize("name", list(OPS))

@@ -46,6 +46,7 @@ MOVEMENT = {  # name: (ours, theirs, input shape)
 }
 
 
+@pytest.mark.one_case_on_opencl("name")
 @pytest.mark.parametrize("name", list(MOVEMENT))
 def test_movement(device, name):
     ours, theirs, shape = MOVEMENT[name]
@@ -61,6 +62,7 @@ PADS = {  # name: (our padding, torch's flat padding)
 }
 
 
+@pytest.mark.one_case_on_opencl("name")
 @pytest.mark.parametrize("name", list(PADS))
 def test_pad(device, name):
     ours, theirs = PADS[name]
@@ -105,6 +107,7 @@ def check_index_gradient(index, our_index, device):
     compare(t.grad, expected, 1e-6, 1e-6, "gradient")
 
 
+@pytest.mark.one_case_on_opencl("name")
 @pytest.mark.parametrize("name", list(BASIC_INDICES))
 def test_basic_indexing(device, name):
     index = BASIC_INDICES[name]
@@ -137,6 +140,7 @@ def _as_tensor_index(index, device):
                  for i in items)
 
 
+@pytest.mark.one_case_on_opencl("name")
 @pytest.mark.parametrize("name", list(ADVANCED_INDICES))
 def test_advanced_indexing(device, name):
     index = ADVANCED_INDICES[name]
@@ -190,6 +194,7 @@ def test_gather(device):
           lambda x: torch.gather(x, 1, torch.tensor(index3)), [(2, 3, 2)], device)
 
 
+@pytest.mark.one_case_on_opencl("dim")
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_cat_stack(device, dim):
     shapes = [(2, 3), (2, 3), (2, 3)]
@@ -221,6 +226,7 @@ SPLITS = {  # name: (ours, theirs)
 }
 
 
+@pytest.mark.one_case_on_opencl("name")
 @pytest.mark.parametrize("name", list(SPLITS))
 def test_split_chunk(device, name):
     ours, theirs = SPLITS[name]

@@ -347,6 +347,7 @@ REDUCTIONS = {
 }
 
 
+@pytest.mark.one_case_on_opencl("axis")
 @pytest.mark.parametrize("name", list(REDUCTIONS))
 @pytest.mark.parametrize("axis", AXES, ids=str)
 def test_reductions(device, name, axis):
@@ -467,6 +468,7 @@ MATMUL_SHAPES = {
 }
 
 
+@pytest.mark.one_case_on_opencl("name")
 @pytest.mark.parametrize("name", list(MATMUL_SHAPES))
 def test_matmul(device, name):
     check(lambda a, b: a @ b, lambda a, b: a @ b, list(MATMUL_SHAPES[name]), device, atol=1e-5)
@@ -501,6 +503,7 @@ CONV_CASES = {  # name: (input, weight, keyword arguments)
 }
 
 
+@pytest.mark.one_case_on_opencl("name")
 @pytest.mark.parametrize("name", list(CONV_CASES))
 def test_conv2d(device, name):
     x_shape, w_shape, kwargs = CONV_CASES[name]
@@ -530,6 +533,7 @@ CONV_TRANSPOSE_CASES = {
 }
 
 
+@pytest.mark.one_case_on_opencl("name")
 @pytest.mark.parametrize("name", list(CONV_TRANSPOSE_CASES))
 def test_conv_transpose2d(device, name):
     x_shape, w_shape, kwargs = CONV_TRANSPOSE_CASES[name]
@@ -563,6 +567,7 @@ def test_avg_pool2d(device, name):
               [(2, 3, 6, 7)], device, atol=1e-5)
 
 
+@pytest.mark.one_case_on_opencl("name")
 @pytest.mark.parametrize("name", list(POOL_CASES) + ["dilation"])
 def test_max_pool2d(device, name):
     kwargs = POOL_CASES.get(name, {"kernel_size": 2, "stride": 1, "dilation": 2})

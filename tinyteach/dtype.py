@@ -285,6 +285,30 @@ def truncate_to(dtype: DType, value: float | int | bool) -> float | int | bool:
     return wrapped
 
 
+def float_to_int(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Floats converted to the integer type `dtype` as a CAST converts them on every device:
+    toward zero, saturated to the type's range, NaN -> 0 (float32 1e10 -> uint32 is
+    4294967295, -1e10 -> 0, inf -> the largest value): OpenCL's `convert_int_sat_rtz`, Rust's
+    and Java's `as`. C leaves a value outside the range undefined, and there numpy's own
+    `astype` changes with the CPU (its SIMD loops and its scalar ones differ), so it is only
+    asked for values inside.
+
+    The comparisons are made in float64, which holds every float16, float32 and float64 value
+    exactly, against two limits that are exact there too: the type's smallest value (0 or
+    -2**(bits-1)) and its largest plus one (a power of two; int64's largest, 2**63 - 1, is no
+    float64, so a value is compared with 2**63 and the largest is chosen by a `where`).
+    Used by the NUMPY and PYTHON devices (runtime/numpy.py) and by constant folding."""
+    info = np.iinfo(dtype)
+    low, high = float(info.min), float(info.max + 1)  # (both exact: powers of two, or 0)
+    with np.errstate(invalid="ignore"):  # (some numpy builds warn when a NaN is compared)
+        wide = np.asarray(values, dtype=np.float64)
+        below, above = wide < low, wide >= high
+        inside = (wide >= low) & (wide < high)  # NaN is neither inside nor outside: 0
+        converted = np.where(inside, wide, 0.0).astype(dtype)
+    converted = np.where(below, np.array(info.min, dtype), converted)
+    return np.where(above, np.array(info.max, dtype), converted)
+
+
 def _set_default_float(name: str | DType) -> None:
     """DEFAULT_FLOAT=HALF (environment) or `Context(DEFAULT_FLOAT=dtypes.half)`: the dtype that
     float data and float results of integer ops get. An empty name keeps float32."""

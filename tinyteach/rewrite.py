@@ -27,7 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from tinyteach.dtype import DType, dtypes, from_bfloat16_bits, to_bfloat16_bits, truncate_to
+from tinyteach.dtype import (
+    DType,
+    dtypes,
+    float_to_int,
+    from_bfloat16_bits,
+    to_bfloat16_bits,
+    truncate_to,
+)
 from tinyteach.helpers import DEBUG
 from tinyteach.uop import ALU, Ops, UOp, float_divide, is_bitcast
 
@@ -322,7 +329,7 @@ def fold_constants(node: UOp) -> UOp | None:
     if is_bitcast(node):
         return fold_bitcast(node)
     if node.op is Ops.CAST:
-        return UOp.const(node.dtype, node.src[0].arg)
+        return fold_cast(node)
     if dtypes.is_float(node.dtype) and node.op in (Ops.EXP2, Ops.SIN, Ops.LOG2):
         return None  # leave transcendental functions to the device, for bit-exact results
     try:
@@ -330,6 +337,17 @@ def fold_constants(node: UOp) -> UOp | None:
     except (OverflowError, ValueError):
         return None
     return UOp.const(node.dtype, truncate_to(node.dtype, value))
+
+
+def fold_cast(node: UOp) -> UOp:
+    """A conversion of a constant, as the devices convert it: a float to an integer type
+    toward zero, saturated, NaN -> 0 (dtype.float_to_int, which the NUMPY device uses too);
+    else the constant stored as the new dtype (integers wrap, floats round)."""
+    source = node.src[0]
+    if dtypes.is_float(source.dtype) and dtypes.is_int(node.dtype):
+        value = float_to_int(np.array(source.arg, dtype=np.float64), node.dtype.scalar.np)
+        return UOp.const(node.dtype, value.item())
+    return UOp.const(node.dtype, source.arg)
 
 
 def fold_bitcast(node: UOp) -> UOp | None:

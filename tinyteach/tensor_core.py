@@ -604,6 +604,14 @@ class CoreTensor:
         return self._apply(self.uop.alu(op), self)
 
     def cast(self, dtype: DType | str | type) -> Self:
+        """The values converted to `dtype` (`bitcast` keeps the bits instead). Every device
+        converts alike: integers wrap around, floats round to nearest, anything to bool is
+        `x != 0`, and a float to an integer type truncates toward zero and saturates to the
+        type's range, NaN -> 0 (where C is undefined: dtype.float_to_int).
+
+        >>> Tensor([2.7, -2.7, 1e10, float("nan")]).cast(dtypes.int32).tolist()
+        [2, -2, 2147483647, 0]
+        """
         wanted = dtypes.as_dtype(dtype)
         return self if wanted == self.dtype else self._apply(self.uop.cast(wanted), self)
 

@@ -58,8 +58,10 @@ class Ops(enum.Enum):
     SIN = enum.auto()
     SQRT = enum.auto()
     RECIPROCAL = enum.auto()
-    CAST = enum.auto()        # convert to this node's dtype; with arg BITCAST, reinterpret
-                              # the same bits as it (a dtype of the same size)
+    CAST = enum.auto()        # convert to this node's dtype (a float to an integer: toward
+                              # zero, saturated to its range, NaN -> 0; dtype.float_to_int);
+                              # with arg BITCAST, reinterpret the same bits as it (a dtype of
+                              # the same size)
     # binary
     ADD = enum.auto()
     MUL = enum.auto()

@@ -266,7 +266,8 @@ for label, (_, program) in (("scalar", scalar), ("NOOPT=1", plain), ("4x8 tile",
 # %% [markdown] id="lower-52"
 # Why is the 4×8 tile barely faster than the plain `NOOPT=1` loop, when it loads far less? Because
 # the plain loop is not as plain as its source: gcc's `-O2` (gcc 12 and later) vectorizes its
-# `gidx1` loop by itself (on the course's machines `-fopt-info-vec` reports "loop vectorized using 32 byte vectors": 8 output columns at once),
+# `gidx1` loop by itself (`-fopt-info-vec` reports "loop vectorized using 32 byte vectors" for an
+# AVX2 CPU, x86-64-v3: 8 output columns at once; 64 byte vectors, 16 columns, on an AVX-512 one),
 # while it leaves the tile's 32 separate accumulators scalar. The tile saves loads but does its
 # arithmetic one float at a time; the row `scalar` is the plain loop with that vectorizer turned
 # off, the loop as written. The vector tile has both the reuse and the vectors, so it wins. (The

@@ -94,8 +94,13 @@ for op, operands in ((Ops.EXP2, ("a",)), (Ops.CAST, ("a",)), (Ops.WHERE, ("c", "
 assert RENDERERS["WGSL"].where("c", "a", "b").startswith("select(")
 
 # %% [markdown] id="codegen-07"
-# WGSL has no `?:` (it says `select(if_false, if_true, condition)`), and casts are written as
-# constructors (`i32(a)`); C picks `exp2f` for floats where OpenCL overloads `exp2`.
+# WGSL has no `?:` (it says `select(if_false, if_true, condition)`), and its casts are written as
+# constructors (`i32(a)`); C picks `exp2f` for floats where OpenCL overloads `exp2`. A float
+# converted to an integer is the one CAST every language writes differently, because C leaves it
+# undefined outside the integer's range (NaN, inf, 1e10 to int32) and CPUs disagree there (AVX2
+# and AVX-512 code too). tinyteach defines it as OpenCL's `convert_int_sat_rtz` does: toward zero,
+# saturated to the integer's range, NaN to 0. OpenCL has the function; C and CUDA call a small
+# helper of comparisons (`tt_float_to_int32`); WGSL a helper that also finds NaN by its bits.
 #
 # The tables are class attributes, and a language is a table merged over its parent's:
 # `code_for_op = {**CStyleRenderer.code_for_op, Ops.MAX: wgsl_max, ...}`. An entry that a

@@ -744,14 +744,19 @@ if opencl_here():
 
 # %% [markdown] id="dev-66"
 # The **build**: `Device["OPENCL"].compiler.compile` hands the source to the OpenCL driver
-# (`cl.Program(context, source).build()`), which compiles it for the device. The "binary" is the
-# built `cl.Program` (a kernel that does not build raises `CompileError` with the driver's log).
+# (`cl.Program(context, source).build()`), which compiles it for the device. The "binary" is an
+# `OpenCLBinary`: the built `cl.Program` and the kernel's own source (a kernel that does not build
+# raises `CompileError` with the driver's log). Every build costs pocl about 0.1 s however many
+# kernels it holds, so realize builds a schedule's new kernels as one program (`compile_many`),
+# and each binary keeps its own kernel's source, whose first line has its launch sizes.
 
 # %% id="dev-67"
 if opencl_here():
     built = Device["OPENCL"].compiler.compile(walk_runner.source)
-    print(type(built).__module__, type(built).__name__, "with kernels:", built.kernel_names)
-    assert built.kernel_names == walk_item.name
+    program_built = built.program
+    print(type(program_built).__module__, type(program_built).__name__, "with kernels:",
+          program_built.kernel_names)
+    assert program_built.kernel_names == walk_item.name
 
 # %% [markdown] id="dev-68"
 # The **launch**: `Device["OPENCL"].program(name, built)` makes an `OpenCLProgram`, which reads the

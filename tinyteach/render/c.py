@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from tinyteach.dtype import DType, dtypes, to_bfloat16_bits
+from tinyteach.dtype import ALL_DTYPES, DType, dtypes, to_bfloat16_bits
 from tinyteach.helpers import ContextVar
 from tinyteach.lower import FIXED_LANES, LinearProgram, identity_element
 from tinyteach.render import (
@@ -36,6 +36,7 @@ from tinyteach.render import (
     CStyleRenderer,
     KernelWriter,
     _render_alu,
+    cast,
     typed_math_function,
 )
 from tinyteach.transcendental import TRANSCENDENTAL, decompose_program, row_column_loops
@@ -143,6 +144,61 @@ typedef _Float16 tt_half_lane TT_LANES(2);
 BITCAST_PRELUDES = ((BITCAST_C, tuple(BITCAST_FUNCTIONS.values())),
                     (BITCAST64_C, ("tt_bits_to_double", "tt_double_to_bits")),
                     (BITCAST16_C, ("tt_bits_to_half", "tt_half_to_bits")))
+
+# a CAST of a float to an integer type. C leaves it undefined outside the integer's range (NaN
+# and inf too), and there compilers disagree: gcc with AVX-512 (vcvttps2udq) turns float -1.0
+# into uint32 4294967295, other instructions and tcc give other numbers. Every device computes
+# OpenCL's `convert_<type>_sat_rtz` instead (dtype.float_to_int): toward zero, saturated to the
+# type's range, NaN -> 0. In C that is one small function per pair (float_to_int_function); a
+# value inside the range takes C's own cast, as before, and gcc vectorizes the comparisons.
+# A half and a bfloat16 convert through float, exactly (C computes bfloat16 in float already:
+# in_float32; CUDA widens both first)
+FLOAT_TO_INT_SOURCES = {dtypes.float16: "float", dtypes.bfloat16: "float", dtypes.float32: "float",
+                        dtypes.float64: "double"}
+
+
+def float_to_int_name(source: DType, target: DType) -> str:
+    """The function that converts a `source` float to the integer type `target`, with every
+    device's semantics: `tt_float_to_int32`, `tt_double_to_uint8`, ..."""
+    return f"tt_{FLOAT_TO_INT_SOURCES[source.scalar]}_to_{target.scalar.name}"
+
+
+def float_to_int_function(renderer: CStyleRenderer, source: str, target: DType,
+                          qualifier: str = "static inline") -> str:
+    """The C of one `float_to_int_name` function, from a `source` ("float" or "double").
+    Its limits are exact in both: the type's smallest value (0 or -2^(bits-1)) and its largest
+    plus one, a power of two written as a hex float (0x1p31f); the largest itself (2^63 - 1)
+    is no float. Guarded, as BITCAST_C: several kernels may be compiled as one source."""
+    wide = dtypes.float32 if source == "float" else dtypes.float64
+    suffix = "f" if wide == dtypes.float32 else ""
+    bits = 8 * target.itemsize - (0 if dtypes.is_unsigned(target) else 1)
+    low = f"0.0{suffix}" if dtypes.is_unsigned(target) else f"-0x1p{bits}{suffix}"
+    type_name, name = renderer.type_name(target), float_to_int_name(wide, target)
+    smallest = renderer.render_const(target.min, target)
+    largest = renderer.render_const(target.max, target)
+    return (f"#ifndef {name.upper()}\n#define {name.upper()}\n"
+            f"{qualifier} {type_name} {name}({source} x) {{\n"
+            f"  return x != x ? 0 : x < {low} ? {smallest} : x >= 0x1p{bits}{suffix} ? "
+            f"{largest} : ({type_name})x;\n}}\n#endif\n")
+
+
+def float_to_int_functions(renderer: CStyleRenderer, body: list[str],
+                           qualifier: str = "static inline") -> str:
+    """The `float_to_int_function`s that the kernel's body calls."""
+    text = "\n".join(body)
+    integers = sorted(d for d in ALL_DTYPES.values() if dtypes.is_int(d))
+    return "".join(float_to_int_function(renderer, source, target, qualifier)
+                   for source in ("float", "double") for target in integers
+                   if f"tt_{source}_to_{target.name}(" in text)
+
+
+def c_cast(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+           dtype: DType) -> str:
+    """CAST: a float to an integer type through its function (`float_to_int_name`), which
+    defines what C leaves undefined; every other conversion is C's own cast."""
+    if dtypes.is_float(operand_dtypes[0]) and dtypes.is_int(dtype):
+        return f"{float_to_int_name(operand_dtypes[0], dtype)}({operands[0]})"
+    return cast(renderer, operands, operand_dtypes, dtype)
 
 
 @functools.cache  # one wrapper per (entry, op): the table keeps the entry itself
@@ -405,7 +461,7 @@ class CRenderer(CStyleRenderer):
     device = "CPU"
     type_names = {**CStyleRenderer.type_names, dtypes.float16: "_Float16",
                   dtypes.bfloat16: "uint16_t"}
-    code_for_op = {**CStyleRenderer.code_for_op,
+    code_for_op = {**CStyleRenderer.code_for_op, Ops.CAST: c_cast,
                    **{op: typed_math_function(name, "(float)({})", "((_Float16){})")
                       for op, name in MATH_FUNCTIONS.items()}}
     # a bitcast reads bits through these (BITCAST_C and the others); bfloat16 is its word
@@ -612,6 +668,7 @@ class CRenderer(CStyleRenderer):
         bitcasts = "".join(prelude for prelude, functions in BITCAST_PRELUDES
                            if any(f in line for line in body for f in functions))
         math_header = MATH_HEADER if any(may_use_libm(line) for line in body) else ""
-        prelude = math_header + C_PRELUDE + (BFLOAT16_C if uses_bfloat16 else "") + bitcasts
+        prelude = math_header + C_PRELUDE + (BFLOAT16_C if uses_bfloat16 else "") + bitcasts + \
+            float_to_int_functions(self, body)
         lines = [prelude + f"void {name}({', '.join(params)}) {{", *body, "}"]
         return "\n".join(lines) + "\n"

@@ -11,7 +11,8 @@ the runtime can find it. Threads come in *blocks* on a *grid*: a thread's index 
 Half floats come from `cuda_fp16.h`; math functions on them go through float. NVRTC compiles
 without the C library's headers, so INFINITY and NAN are spelled with bit patterns. A bitcast
 is one of CUDA's intrinsics that read bits as another type (`__int_as_float`,
-`__half_as_short`, ...; `bits_functions`), with an integer cast for the unsigned ones.
+`__half_as_short`, ...; `bits_functions`), with an integer cast for the unsigned ones. A float
+becomes an integer through the C renderer's small functions (toward zero, saturated, NaN -> 0).
 
 Tensor cores (wmma.py; sm_80 and later): the WMMA nodes of one instruction become one call of a
 small device function that packs the thread's fragments, two halves per 32-bit register, into
@@ -45,6 +46,7 @@ from tinyteach.render import (
     remainder,
     typed_math_function,
 )
+from tinyteach.render.c import float_to_int_functions, float_to_int_name
 from tinyteach.render.gpu import (
     GPUKernelWriter,
     GPURenderer,
@@ -58,6 +60,8 @@ from tinyteach.wmma import WMMAArg, instructions
 CUDA_PRELUDE = """#define INFINITY (__int_as_float(0x7f800000))
 #define NAN (__int_as_float(0x7fffffff))
 """
+# the C renderer's float -> integer functions (render/c.py), compiled for the GPU
+FLOAT_TO_INT_DEVICE = "__device__ __forceinline__"
 HALF_HEADER = "#include <cuda_fp16.h>\n"  # only when a kernel uses half: NVRTC needs its path
 BFLOAT16_HEADER = "#include <cuda_bf16.h>\n"
 AXES = "xyz"
@@ -113,7 +117,10 @@ RENDER_FOR_OP[Ops.WMMA] = _render_wmma  # only CUDA renders tensor cores (the ot
 def cuda_cast(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
               dtype: DType) -> str:
     """half (and bfloat16) convert to and from other types through float (cuda_fp16.h has
-    no direct conversions to bool or to 8-bit integers)."""
+    no direct conversions to bool or to 8-bit integers). A float becomes an integer through
+    the C renderer's function (render/c.py, `float_to_int_name`), as a device function: toward
+    zero, saturated, NaN -> 0. Spelled out: CUDA C's cast is C's, undefined outside the range,
+    and its conversion intrinsics (`__float2int_rz`, ...) have only 32- and 64-bit targets."""
     (a,) = operands
     if operand_dtypes[0] == dtypes.half:
         a = f"__half2float({a})"
@@ -123,6 +130,8 @@ def cuda_cast(renderer: CStyleRenderer, operands: list[str], operand_dtypes: lis
         return f"__float2half((float)({a}))"
     if dtype.name == "bfloat16":
         return f"__float2bfloat16((float)({a}))"
+    if dtypes.is_float(operand_dtypes[0]) and dtypes.is_int(dtype):
+        return f"{float_to_int_name(operand_dtypes[0], dtype)}({a})"  # (FLOAT_TO_INT_DEVICE)
     return cast(renderer, [a], operand_dtypes, dtype)
 
 
@@ -239,7 +248,8 @@ class CUDARenderer(GPURenderer):
 
     def render_kernel(self, writer: KernelWriter, name: str, params: list[str],
                       body: list[str]) -> str:
+        prelude = CUDA_PRELUDE + float_to_int_functions(self, body, FLOAT_TO_INT_DEVICE)
         lines = [launch_comment(gpu_writer(writer).launch),
-                 CUDA_PRELUDE + f'extern "C" __global__ void {name}({", ".join(params)}) {{',
+                 prelude + f'extern "C" __global__ void {name}({", ".join(params)}) {{',
                  *body, "}"]
         return "\n".join(lines) + "\n"

@@ -13,7 +13,9 @@ this work-item's index and the number of work-items along dimension `d`:
 when a kernel uses them (the runtime checks that the device has them). Math functions are
 overloaded by type, as in C++, so `exp2(x)` works for every float type. bfloat16 is its word
 (`ushort`), computed in float through two small functions, as in C (render/c.py). A bitcast is
-OpenCL's own reinterpretation, `as_float(x)`, `as_ushort(x)`, ...: `as_<type>` for every type.
+OpenCL's own reinterpretation, `as_float(x)`, `as_ushort(x)`, ...: `as_<type>` for every type,
+and a float becomes an integer through `convert_int_sat_rtz(x)`, whose semantics (toward zero,
+saturated, NaN -> 0) are those of every device.
 
 Builds on: render/gpu.py.
 
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
-from tinyteach.render import CodeForOp, KernelWriter
+from tinyteach.render import CodeForOp, CStyleRenderer, KernelWriter, cast
 from tinyteach.render.c import (
     BFLOAT16_TO_FLOAT,
     FLOAT_TO_BFLOAT16,
@@ -64,6 +66,16 @@ ushort {FLOAT_TO_BFLOAT16}(float f) {{
 #endif"""
 
 
+def opencl_cast(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
+                dtype: DType) -> str:
+    """CAST: a float to an integer type is OpenCL's own `convert_int_sat_rtz(x)`: toward zero
+    (rtz), saturated to the type's range, NaN -> 0 (sat), what every device computes (C's
+    cast is undefined outside the range); every other conversion is C's cast."""
+    if dtypes.is_float(operand_dtypes[0]) and dtypes.is_int(dtype):
+        return f"convert_{renderer.type_name(dtype)}_sat_rtz({operands[0]})"
+    return cast(renderer, operands, operand_dtypes, dtype)
+
+
 def dtypes_used(program: LinearProgram) -> set[DType]:
     return {u.dtype for u in program.uops}
 
@@ -75,6 +87,7 @@ class OpenCLRenderer(GPURenderer):
     type_names = {**GPURenderer.type_names, dtypes.int8: "char", dtypes.uint8: "uchar",
                   dtypes.uint16: "ushort", dtypes.uint32: "uint", dtypes.int64: "long",
                   dtypes.uint64: "ulong", dtypes.bfloat16: "ushort"}
+    code_for_op = {**GPURenderer.code_for_op, Ops.CAST: opencl_cast}
 
     def thread_id(self, dimension: int) -> str:
         return f"get_global_id({dimension})"

@@ -193,6 +193,31 @@ HELPERS["bits_to_half"] = ("fn bits_to_half(bits: u32) -> f16 "
 for _name in ("log2", "exp2"):  # half floats go through f32 (its subnormals are normal there)
     HELPERS[f"{_name}_f16"] = (f"fn {_name}_f16(x: f16) -> f16 "
                                f"{{ return f16({_name}_f32(f32(x))); }}")
+# a float to an integer type, as every device converts it: toward zero, saturated to the type's
+# range, NaN -> 0 (dtype.float_to_int). WGSL's own i32(x) and u32(x) clamp but promise nothing
+# for NaN (found here by its bits: lavapipe folds `x != x`), and the 8- and 16-bit types are
+# held in 32 bits
+FLOAT_TO_INT_TARGETS = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32,
+                        dtypes.uint32)
+
+
+def float_to_int_helper(target: DType) -> str:
+    """`to_int8_f32(x)`, ...: NaN is 0, a value below the range the type's smallest, above it
+    the largest. The limits are exact in f32: the smallest (0 or -2^(bits-1)) and the largest
+    plus one (2^bits or 2^(bits-1))."""
+    held, bits = VALUE_TYPES[target], 8 * target.itemsize
+    suffix = "u" if dtypes.is_unsigned(target) else "i"
+    low = 0 if dtypes.is_unsigned(target) else -(1 << (bits - 1))
+    high = 1 << (bits if dtypes.is_unsigned(target) else bits - 1)
+    return (f"fn to_{target.name}_f32(x: f32) -> {held} {{\n"
+            f"  if (is_nan_f32(x)) {{ return 0{suffix}; }}\n"
+            f"  if (x < {float(low)!r}f) {{ return {held}({low}); }}\n"
+            f"  if (x >= {float(high)!r}f) {{ return {high - 1}{suffix}; }}\n"
+            f"  return {held}(x);\n}}")
+
+
+for _target in FLOAT_TO_INT_TARGETS:
+    HELPERS[f"to_{_target.name}_f32"] = float_to_int_helper(_target)
 AXES = "xyz"
 
 
@@ -222,7 +247,13 @@ def wgsl_negate(renderer: CStyleRenderer, operands: list[str], operand_dtypes: l
 
 def wgsl_cast(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],
               dtype: DType) -> str:
-    return f"{renderer.type_name(dtype)}({operands[0]})"  # casts are constructors: i32(a)
+    """Casts are constructors, `i32(a)`; a float to an integer type is `to_int32_f32(a)`, a
+    helper that saturates each type alike and finds NaN by its bits (a half through f32)."""
+    (a,) = operands
+    if dtypes.is_float(operand_dtypes[0]) and dtypes.is_int(dtype):
+        wide = f"f32({a})" if operand_dtypes[0] == dtypes.float16 else a
+        return f"to_{dtype.name}_f32({wide})"
+    return f"{renderer.type_name(dtype)}({a})"
 
 
 def wgsl_add(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[DType],

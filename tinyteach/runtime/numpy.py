@@ -15,7 +15,9 @@ bitcast (a CAST with arg BITCAST) reads them as the bits they are: numpy's `view
 
 Integer semantics are C's (which every compiled backend shares): IDIV truncates toward zero, MOD
 takes the dividend's sign, dividing by zero gives 0, and integers wrap around on overflow. Float
-semantics are IEEE 754's: FDIV is the correctly rounded quotient, x/0 is +-inf, 0/0 is NaN.
+semantics are IEEE 754's: FDIV is the correctly rounded quotient, x/0 is +-inf, 0/0 is NaN. A
+CAST of a float to an integer type, which C leaves undefined outside the type's range, truncates
+toward zero and saturates, NaN -> 0 (as OpenCL's `convert_int_sat_rtz`; dtype.float_to_int).
 
 Builds on: uop.py, device.py.
 """
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tinyteach.device import Backend, Buffer, HostAllocator
-from tinyteach.dtype import dtypes, from_bfloat16_bits, to_bfloat16_bits
+from tinyteach.dtype import dtypes, float_to_int, from_bfloat16_bits, to_bfloat16_bits
 from tinyteach.uop import MOVEMENT, Ops, UOp, is_bitcast, substitute_symbols, variables_of
 
 
@@ -85,8 +87,14 @@ def _reciprocal(a: np.ndarray) -> np.ndarray:
 
 
 def _cast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A conversion of the value: to bool, `a != 0` (NaN is true); a float to an integer
+    type toward zero, saturated to its range, NaN -> 0 (dtype.float_to_int: C leaves that
+    undefined, and numpy's own answer changes with the CPU); anything else numpy's `astype`
+    (integers wrap around, floats round to nearest)."""
     if dtype == np.bool_:
         return a != 0
+    if a.dtype.kind == "f" and dtype.kind in "iu":
+        return float_to_int(a, dtype)
     return a.astype(dtype)
 
 
