@@ -64,6 +64,7 @@ def kernels_also_compile_for_cuda(request: pytest.FixtureRequest) -> Iterator[No
         yield
         return
     from tinyteach.realize import record_launches
+    from tinyteach.runtime.cuda import render_for_cuda
     with record_launches() as launches:
         yield
     for launch in launches:
@@ -74,17 +75,9 @@ def kernels_also_compile_for_cuda(request: pytest.FixtureRequest) -> Iterator[No
         if any(n.dtype.name == "float16" for n in ast.toposort):
             continue  # half needs cuda_fp16.h from a CUDA toolkit; pip's NVRTC has none
         name = f"{launch.item.name}_k{len(_cuda_checked)}"  # unique within a batch
-        _cuda_waiting.append((request.node.nodeid, name, _cuda_source(name, ast)))
+        _cuda_waiting.append((request.node.nodeid, name, render_for_cuda(name, ast)))
     if len(_cuda_waiting) >= CUDA_BATCH:
         _compile_waiting_for_cuda()
-
-
-def _cuda_source(name: str, ast: Any) -> str:
-    from tinyteach.lower import lower
-    from tinyteach.opt import options_for_renderer
-    from tinyteach.render.cuda import CUDARenderer
-    renderer = CUDARenderer()
-    return renderer.render(name, lower(ast, options_for_renderer(ast, renderer)))
 
 
 def _one_translation_unit(sources: list[str]) -> str:

@@ -6,9 +6,14 @@ libraries, compares the forward values and, for float inputs, the gradients that
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -179,3 +184,46 @@ def _check_gradients(ours: list[Any], theirs: list[Any], ours_in: list[Any],
         expected = t.grad if t.grad is not None else torch.zeros_like(t)
         assert o.grad is not None, f"input {k} got no gradient"
         compare(o.grad, expected, atol, rtol, f"gradient of input {k}")
+
+
+# ---- the CPU's builds of one C source, side by side ----
+
+GCC_O0 = ["gcc", "-O0", "-fPIC", "-shared", "-fwrapv", "-x", "c"]  # the fast tier without tcc
+
+
+def c_builds() -> dict[str, list[str]]:
+    """The compile commands whose builds must give the same bits: gcc -O2 for this CPU (the
+    optimized tier) and, on x86, for an AVX2 CPU (x86-64-v3, which an AVX-512 CPU runs too:
+    another vector instruction set), gcc -O0, and tcc (the fast tier) where it is installed."""
+    from tinyteach.runtime.cpu import C_FLAGS, march_flags
+    builds = {"gcc -O2": ["gcc", *C_FLAGS, "-x", "c"], "gcc -O0": GCC_O0}
+    if platform.machine() in ("x86_64", "AMD64"):
+        builds["gcc -O2 x86-64-v3"] = ["gcc", *march_flags("x86-64-v3"), "-x", "c"]
+    if shutil.which("tcc"):
+        builds["tcc"] = ["tcc", "-shared"]
+    return builds
+
+
+def build_c_library(code: str, command: list[str], directory: Path) -> ctypes.CDLL:
+    """`code` built by `command` into a new shared library in `directory`, loaded."""
+    library = directory / f"kernels{len(list(directory.iterdir()))}.so"
+    subprocess.run([*command, "-o", str(library), "-"], input=code, text=True, check=True,
+                   capture_output=True)
+    return ctypes.CDLL(str(library))
+
+
+def libraries_of_every_build(kernels: dict[str, str], directory: Path
+                             ) -> Iterator[tuple[str, ctypes.CDLL, list[str]]]:
+    """For each of `c_builds()`: its name, one library of the kernels (name -> C source) it can
+    build (tcc has no _Float16), and those kernels' names."""
+    for build, command in c_builds().items():
+        usable = [name for name, code in kernels.items()
+                  if build != "tcc" or "_Float16" not in code]
+        code = "\n".join(kernels[name] for name in usable)
+        yield build, build_c_library(code, command, directory), usable
+
+
+def run_c_kernel(kernel: Callable[..., object], out: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """Call a kernel whose parameters are its output and one input; the output, filled."""
+    kernel(out.ctypes.data_as(ctypes.c_void_p), data.ctypes.data_as(ctypes.c_void_p))
+    return out

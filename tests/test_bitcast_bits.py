@@ -12,16 +12,20 @@ exact), the CPU's three builds, vector bitcasts and CUDA's compiler.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
-import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import skip_unless_supported
+from helpers import (
+    GCC_O0,
+    build_c_library,
+    c_builds,
+    libraries_of_every_build,
+    run_c_kernel,
+    skip_unless_supported,
+)
 
 from tinyteach import Tensor, dtypes
 from tinyteach.device import Device
@@ -30,7 +34,6 @@ from tinyteach.lower import LinearProgram, linearize, lower, make_range
 from tinyteach.realize import record_launches
 from tinyteach.render.c import CRenderer
 from tinyteach.rewrite import graph_rewrite, symbolic
-from tinyteach.runtime.cpu import C_FLAGS
 from tinyteach.schedule import create_schedule
 from tinyteach.uop import Ops, UOp, is_bitcast
 
@@ -218,10 +221,6 @@ CPU_PAIRS = [("int32", "float32"), ("float32", "uint32"), ("uint64", "float64"),
 # the bits each CPU kernel reads: every 16-bit word; each float32 and float64 exponent's edges
 CPU_PATTERNS = {2: np.arange(1 << 16, dtype=np.uint16), 4: float_patterns(4)[:1 << 13],
                 8: float_patterns(8)[:1 << 15]}
-O0 = ["gcc", "-O0", "-fPIC", "-shared", "-fwrapv", "-x", "c"]
-O2 = ["gcc", *C_FLAGS, "-x", "c"]
-
-
 def cpu_kernel(source: str, target: str, name: str) -> str:
     """The CPU renderer's C for a `source` -> `target` bitcast of CPU_PATTERNS, the kernel
     named `name` (several go into one library)."""
@@ -232,36 +231,23 @@ def cpu_kernel(source: str, target: str, name: str) -> str:
     return code.replace(f"void {item.name}(", f"void {name}(")
 
 
-def build(code: str, command: list[str], directory: Path) -> ctypes.CDLL:
-    library = directory / f"kernels{len(list(directory.iterdir()))}.so"
-    subprocess.run([*command, "-o", str(library), "-"], input=code, text=True, check=True,
-                   capture_output=True)
-    return ctypes.CDLL(str(library))
-
-
 def run(kernel: Callable[..., object], bits: np.ndarray) -> np.ndarray:
     """A kernel's output (its first parameter) for the input `bits`."""
-    out = np.zeros_like(bits)
-    kernel(out.ctypes.data_as(ctypes.c_void_p), bits.ctypes.data_as(ctypes.c_void_p))
-    return out
+    return run_c_kernel(kernel, np.zeros_like(bits), bits)
 
 
 def test_every_cpu_build_gives_the_same_bits(tmp_path: Path) -> None:
     """The same kernels built by tcc (the fast tier; it has no _Float16), gcc -O0 (the fast
-    tier without tcc) and gcc -O2 -march=native (the optimized tier) give numpy's view."""
-    kernels = {f"bitcast{n}": (pair, cpu_kernel(*pair, f"bitcast{n}"))
-               for n, pair in enumerate(CPU_PAIRS)}
-    tiers = {"gcc -O2": O2, "gcc -O0": O0}
-    if shutil.which("tcc"):
-        tiers["tcc"] = ["tcc", "-shared"]
-    for tier, command in tiers.items():
-        usable = {name: kernel for name, kernel in kernels.items()
-                  if tier != "tcc" or "_Float16" not in kernel[1]}
-        library = build("\n".join(code for _, code in usable.values()), command, tmp_path)
-        for name, ((source, target), _) in usable.items():
+    tier without tcc) and gcc -O2 for this CPU and for x86-64-v3 (the optimized tier) give
+    numpy's view."""
+    kernels = {f"bitcast{n}": cpu_kernel(*pair, f"bitcast{n}") for n, pair in enumerate(CPU_PAIRS)}
+    pairs = {f"bitcast{n}": pair for n, pair in enumerate(CPU_PAIRS)}
+    for build, library, names in libraries_of_every_build(kernels, tmp_path):
+        for name in names:
+            source, target = pairs[name]
             bits = CPU_PATTERNS[dtypes.as_dtype(source).itemsize]
             np.testing.assert_array_equal(run(getattr(library, name), bits), bits,
-                                          err_msg=f"{tier}: {source} -> {target}")
+                                          err_msg=f"{build}: {source} -> {target}")
 
 
 def vector_bitcast_program(size: int, lanes: int) -> LinearProgram:
@@ -280,9 +266,9 @@ def test_a_vector_bitcast_is_a_vector_cast_on_cpu(tmp_path: Path) -> None:
     code = CRenderer(vector_width=8).render("vector_bitcast", vector_bitcast_program(64, 8))
     assert "((int_vec8)(val0))" in code
     bits = float_patterns(4)[:64].copy()
-    for command in (O2, O0):
-        np.testing.assert_array_equal(run(build(code, command, tmp_path).vector_bitcast, bits),
-                                      bits)
+    for command in (c_builds()["gcc -O2"], GCC_O0):
+        library = build_c_library(code, command, tmp_path)
+        np.testing.assert_array_equal(run(library.vector_bitcast, bits), bits)
 
 
 def test_opencl_reinterprets_a_whole_vector() -> None:

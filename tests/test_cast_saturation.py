@@ -16,19 +16,22 @@ and WGSL sources, and CUDA's compiler.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
-import platform
-import shutil
-import subprocess
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import skip_unless_supported
+from helpers import (
+    GCC_O0,
+    build_c_library,
+    c_builds,
+    libraries_of_every_build,
+    run_c_kernel,
+    skip_unless_supported,
+)
 
 from tinyteach import Tensor, dtypes
 from tinyteach.device import Device
@@ -37,7 +40,6 @@ from tinyteach.lower import LinearProgram, linearize, lower, make_range
 from tinyteach.realize import record_launches
 from tinyteach.render.c import CRenderer
 from tinyteach.rewrite import graph_rewrite, symbolic
-from tinyteach.runtime.cpu import C_FLAGS, march_flags
 from tinyteach.schedule import create_schedule
 from tinyteach.uop import Ops, UOp
 
@@ -176,7 +178,6 @@ def test_a_constant_tensor_casts_alike(device: str) -> None:
 # ---- the CPU: every build of the C gives the same integers ----
 
 CPU_PAIRS = [(source, target) for source in SOURCES for target in TARGETS]
-O0 = ["gcc", "-O0", "-fPIC", "-shared", "-fwrapv", "-x", "c"]
 
 
 def cpu_kernel(source: str, target: str, name: str) -> str:
@@ -187,29 +188,8 @@ def cpu_kernel(source: str, target: str, name: str) -> str:
     return code.replace(f"void {item.name}(", f"void {name}(")
 
 
-def build(code: str, command: list[str], directory: Path) -> ctypes.CDLL:
-    library = directory / f"kernels{len(list(directory.iterdir()))}.so"
-    subprocess.run([*command, "-o", str(library), "-"], input=code, text=True, check=True,
-                   capture_output=True)
-    return ctypes.CDLL(str(library))
-
-
 def run(kernel: Callable[..., object], host: np.ndarray, target: str) -> np.ndarray:
-    out = np.zeros(len(host), dtype=target)
-    kernel(out.ctypes.data_as(ctypes.c_void_p), host.ctypes.data_as(ctypes.c_void_p))
-    return out
-
-
-def cpu_tiers() -> dict[str, list[str]]:
-    """gcc -O2 for this CPU (the optimized tier) and, on x86, for an AVX2 CPU (x86-64-v3,
-    which this one runs too: another vector instruction set, the same numbers); gcc -O0 (the
-    fast tier without tcc); tcc (the fast tier)."""
-    tiers = {"gcc -O2": ["gcc", *C_FLAGS, "-x", "c"], "gcc -O0": O0}
-    if platform.machine() in ("x86_64", "AMD64"):
-        tiers["gcc -O2 x86-64-v3"] = ["gcc", *march_flags("x86-64-v3"), "-x", "c"]
-    if shutil.which("tcc"):
-        tiers["tcc"] = ["tcc", "-shared"]
-    return tiers
+    return run_c_kernel(kernel, np.zeros(len(host), dtype=target), host)
 
 
 def test_every_cpu_build_gives_the_same_integers(tmp_path: Path) -> None:
@@ -219,14 +199,14 @@ def test_every_cpu_build_gives_the_same_integers(tmp_path: Path) -> None:
                for n, pair in enumerate(CPU_PAIRS)}
     float32_to_uint32 = kernels[f"cast{CPU_PAIRS.index(('float32', 'uint32'))}"][1]
     assert "data0[gidx0] = tt_float_to_uint32(val0);" in float32_to_uint32
-    for tier, command in cpu_tiers().items():
-        usable = {name: kernel for name, kernel in kernels.items()
-                  if tier != "tcc" or "_Float16" not in kernel[1]}
-        library = build("\n".join(code for _, code in usable.values()), command, tmp_path)
-        for name, ((source, target), _) in usable.items():
+    pairs = {f"cast{n}": pair for n, pair in enumerate(CPU_PAIRS)}
+    codes = {name: code for name, (_, code) in kernels.items()}
+    for build, library, names in libraries_of_every_build(codes, tmp_path):
+        for name in names:
+            source, target = pairs[name]
             np.testing.assert_array_equal(run(getattr(library, name), cast_inputs(source),
                                               target), reference(source, target),
-                                          err_msg=f"{tier}: {source} -> {target}")
+                                          err_msg=f"{build}: {source} -> {target}")
 
 
 def vector_cast_program(source: DType, target: DType, lanes: int) -> LinearProgram:
@@ -247,8 +227,8 @@ def test_a_vector_cast_converts_each_lane_alike(tmp_path: Path, source: str, lan
         "vector_cast", vector_cast_program(dtypes.as_dtype(source), dtypes.int32, lanes))
     function = "tt_float_to_int32" if source == "float32" else "tt_double_to_int32"
     assert f"(int_vec{lanes}){{{function}(val0[0]), {function}(val0[1])," in code
-    for command in (["gcc", *C_FLAGS, "-x", "c"], O0):
-        library = build(code, command, tmp_path)
+    for command in (c_builds()["gcc -O2"], GCC_O0):
+        library = build_c_library(code, command, tmp_path)
         np.testing.assert_array_equal(run(library.vector_cast, cast_inputs(source), "int32"),
                                       reference(source, "int32"), err_msg=" ".join(command))
 

@@ -162,11 +162,15 @@ class CUDACompiler(Compiler):
         return PTXKernel(compile_with_nvcc(self.nvcc, source, self.arch), launch_of(source))
 
 
+def render_for_cuda(name: str, ast: UOp) -> str:
+    """Lower and render one kernel for CUDA, with the heuristic's options for CUDA."""
+    renderer = CUDARenderer()
+    return renderer.render(name, lower(ast, options_for_renderer(ast, renderer)))
+
+
 def compile_for_cuda(name: str, ast: UOp, compiler: CUDACompiler | None = None) -> PTXKernel:
     """Lower, render and compile one kernel for CUDA without a GPU (what the tests check)."""
-    renderer = CUDARenderer()
-    source = renderer.render(name, lower(ast, options_for_renderer(ast, renderer)))
-    return (compiler or CUDACompiler()).compile(source)
+    return (compiler or CUDACompiler()).compile(render_for_cuda(name, ast))
 
 
 # ---- running (1): pycuda ----
