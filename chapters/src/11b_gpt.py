@@ -85,12 +85,20 @@ embedding = nn.Embedding(tokenizer.vocab_size, 8)
 idx = Tensor(data[:5])
 np.testing.assert_allclose(embedding(idx).numpy(), embedding.weight.numpy()[data[:5]])
 print("tokens", idx.shape, "->", embedding(idx).shape)
-print("kernels:", [item.name for item in schedule_of(embedding(idx))])
+lookup_items = schedule_of(embedding(idx))
+print("kernels:", [item.name for item in lookup_items])
+print(f"{lookup_items[0].name} is stored because {lookup_items[0].boundary_reason}")
+np.testing.assert_array_equal(Tensor.arange(96).numpy(), np.arange(96))  # 10*i + j, cut to 96
+assert lookup_items[0].name == "r_10_10" and "another reduction" in lookup_items[0].boundary_reason
 
 # %% [markdown] id="gpt-07"
-# Two kernels: the first, `r_10_10`, is the running sum of ones behind `arange(96)` (chapter
-# 11's "arange in every step"); the second compares, multiplies and sums in one go — the
-# one-hot matrix never exists in memory.
+# Two kernels, and the first is where `arange(96)` comes from (chapter 11's "arange in every
+# step"). An arange is a running sum of ones, and one of 96 would add up to 96 ones per element;
+# so a long arange is built from a short one (`_arange_int` in `tinyteach/tensor_create.py`):
+# `10·i + j` over a 10×10 grid of `i` and `j` from `arange(10)`, flattened and cut to its first
+# 96. `r_10_10` is that `arange(10)`: 10 running sums of up to 10 ones, stored because it feeds
+# the second kernel's sum. The second kernel makes `10·i + j` from it, compares with the
+# tokens, multiplies and sums in one go — the one-hot matrix never exists in memory.
 #
 # ## Attention, from primitives
 #
@@ -147,15 +155,35 @@ viz.schedule(attention(q, k, v))
 # %% [markdown] id="gpt-11"
 # Reading them in order:
 #
-# 1. `r_8_8` is the causal mask's `tril`, which compares against an `arange` (a running sum).
-#    It is stored because three kernels read it.
+# 1. `r_8_8` is the `arange(8)` that the causal mask's `tril` compares against (a running sum
+#    of ones, 8 integers). It stores the arange, not the mask: the comparison `j ≤ i` is fused
+#    into each of the three kernels that read it, and those three readers are why it is stored.
 # 2. `r_2_8_8_4` is the first matrix product, the scores `q k^T`: one sum over d per (head, i,
-#    j), the scale fused in. Stored because three kernels read it.
-# 3. `r_2_8_8` is the softmax's **max** over j, with the mask fused into its input.
+#    j); its one fused MUL is the products q·k. The scale is not in it: it stores the raw
+#    products, and each of the three kernels that read them multiplies by `1/√d` again.
+# 3. `r_2_8_8` is the softmax's **max** over j, with the scale and the mask fused into its input.
 # 4. `r_2_8_8` is the softmax's **sum** of `exp(s - max)` over j.
 # 5. `r_2_8_4_8` is the second matrix product. Its input is `exp(s - max) / sum` — the
-#    softmax's elementwise work (mask, subtract, exp, divide) is fused into it and never stored.
+#    softmax's elementwise work (scale, mask, subtract, exp, divide) is fused into it and never
+#    stored.
 #
+# The generated C says the same: `r_8_8` writes integers, and the scale, `* 0.5f` for d = 4,
+# appears in the last three kernels and not in the product that computes the scores:
+
+# %% id="gpt-26"
+from tinyteach.lower import lower
+
+cpu = Device["CPU"].renderer
+sources = [cpu.render(item.name, lower(item.ast, vector_width=cpu.vector_width))
+           for item in primitive_items]
+scale = f"*{1 / math.sqrt(D)}f"                    # / sqrt(d): a multiplication by 0.5
+scaled = [item.name for item, source in zip(primitive_items, sources) if scale in source]
+print(f"{primitive_items[0].name} writes", sources[0].split("(", 1)[1].split(")")[0])
+print(f"kernels with {scale}:", scaled)
+assert "void r_8_8(int* restrict data0)" in sources[0]     # the arange: 8 integers
+assert [scale in source for source in sources] == [False, False, True, True, True]
+
+# %% [markdown] id="gpt-27"
 # `Tensor.scaled_dot_product_attention(k, v, is_causal=True)` (in `tinyteach/tensor_nn.py`) is
 # the same computation — it builds the mask with `tril` and calls `softmax` — and it becomes the
 # same kernels:
@@ -173,8 +201,10 @@ viz.schedule(q.scaled_dot_product_attention(k, v, is_causal=True))
 # %% [markdown] id="gpt-13"
 # ## What fuses, and what cannot
 #
-# Everything elementwise fused: the scale into the first product, the mask into the max and
-# the sum, `exp` and the division into the second product. What stops fusion are the softmax's
+# Everything elementwise fused, into the kernels that read it: the scale and the mask into the
+# max, the sum and the second product (each of them computes `s * 0.5` and the comparison
+# again), `exp` into the sum and the second product, the division into the second product.
+# Nothing elementwise was stored. What stops fusion are the softmax's
 # two **reductions**. The max over j must be complete before any `exp(s - max)` can be
 # computed, and the sum must be complete before anything is divided by it. Chapter 6's row
 # fusion keeps such a chain in one kernel — a softmax on its own is one kernel — but only when
