@@ -26,11 +26,24 @@ viz.graph(out)
 
 # %% [markdown] id="25cc8b14"
 # ## The schedule
-# Softmax needs three kernels. Each cluster says what it fused, and each arrow why the value had to go through memory.
+# Softmax is one kernel: row fusion (chapter 6) computes each row's max and sum in the kernel that writes the
+# row, while the row is in cache. Each cluster says what it fused.
 
 # %% id="547fce33"
+from tinyteach.helpers import Context
+
 x = Tensor(np.arange(15, dtype=np.float32).reshape(3, 5))
+assert viz.schedule(x.softmax(1)).text.startswith("schedule: 1 kernel")
 viz.schedule(x.softmax(1))
+
+# %% [markdown] id="b7e3a1f0"
+# With `FUSE_ROWS=0` it is three kernels, and each arrow says why the value had to go through memory:
+
+# %% id="c41d9e27"
+with Context(FUSE_ROWS=0):
+    unfused = viz.schedule(x.softmax(1))
+assert unfused.text.startswith("schedule: 3 kernel")
+unfused
 
 # %% id="1af52c44"
 viz.graph(x.softmax(1))
