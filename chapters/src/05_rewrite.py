@@ -257,10 +257,24 @@ print("recombine, then symbolic: ", expression(graph_rewrite(recombined, symboli
 assert graph_rewrite(graph_rewrite(e, recombine), symbolic) is x6
 
 # %% [markdown] id="rewrite-35"
-# On the real kernel no order of whole passes is enough: its quotient is wrapped in a `%3` that only
-# the `MOD` rule removes, and the same rule spoils the remainder. tinygrad meets the same problem by
-# running several passes with different tables, in an order chosen by hand. The other cure is a rule
-# that does not depend on the order at all — exercise 3.
+# On the real kernel the order of whole passes is enough too. Its raw index, before step 1 of
+# rewrite-23's log, is the same expression with only an outer `%12` around it; `recombine` first
+# gives `x`, whose `%12` symbolic then drops (x is at most 11):
+
+# %% id="rewrite-43"
+g0 = UOp(Ops.RANGE, dtypes.int32, (), ("g", 0, 6))
+r0 = UOp(Ops.RANGE, dtypes.int32, (), ("r", 0, 2))
+_, raw, _ = index_into_buffer(base.reshape(2, 6).permute(1, 0).uop, (g0, r0))  # out's load
+print("raw index:                ", expression(raw))
+print("symbolic:                 ", expression(graph_rewrite(raw, symbolic)))
+print("recombine, then symbolic: ", expression(graph_rewrite(graph_rewrite(raw, recombine), symbolic)))
+assert graph_rewrite(graph_rewrite(raw, recombine), symbolic) is r0 * 6 + g0
+
+# %% [markdown] id="rewrite-44"
+# But an order of passes is chosen for the expressions one has seen. tinygrad meets the same
+# problem by running several passes with different tables, in an order chosen by hand. The general
+# cure is a rule that does not depend on the order at all, because it compares values, not nodes —
+# exercise 3.
 
 # %% [markdown] id="rewrite-36"
 # ## Which passes of the book are tables
