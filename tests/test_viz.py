@@ -11,6 +11,9 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
+from html.parser import HTMLParser
+from xml.etree import ElementTree
 
 import numpy as np
 import pytest
@@ -66,6 +69,50 @@ def test_graph_nodes_show_op_shape_dtype_and_roles() -> None:
         assert text in figure.svg, text
     assert figure.html.count("<svg") == 1
     assert "stored because it is an output" in figure.html  # the legend
+
+
+class ImagesAndElements(HTMLParser):
+    """The elements of an HTML string as a browser's parser sees them, and each <img>'s URL."""
+
+    def __init__(self, markup: str):
+        super().__init__()
+        self.tags: list[str] = []
+        self.sources: list[str] = []
+        self.feed(markup)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        if tag == "img":
+            self.sources.append(dict(attrs).get("src") or "")
+
+
+def drawn_svgs(markup: str) -> list[str]:
+    """The SVG documents that the <img> elements of `markup` draw (data: URLs decoded)."""
+    prefix = "data:image/svg+xml,"
+    sources = ImagesAndElements(markup).sources
+    assert all(source.startswith(prefix) for source in sources), sources
+    return [urllib.parse.unquote(source[len(prefix):]) for source in sources]
+
+
+@needs_dot
+def test_drawings_are_images_that_an_untrusted_notebook_keeps() -> None:
+    """JupyterLab strips an inline <svg> from the HTML of an untrusted notebook, leaving its
+    strings (tests/test_viz_browser.py shows it in Chromium): the figure's HTML holds no <svg>
+    element, only an <img> whose data: URL decodes to the same drawing, as XML."""
+    for figure in (viz.graph(seed_example()), viz.schedule(softmax_example())):
+        parsed = ImagesAndElements(figure.html)
+        assert "svg" not in parsed.tags and parsed.tags.count("img") == 1
+        [drawn] = drawn_svgs(figure.html)
+        assert figure.svg is not None
+        reference = ElementTree.fromstring(figure.svg)
+        image = ElementTree.fromstring(drawn)  # well-formed XML: a browser can draw it
+        assert image.attrib == reference.attrib
+        assert [e.text for e in image.iter()] == [e.text for e in reference.iter()]
+        assert [e.attrib for e in image.iter()] == [e.attrib for e in reference.iter()]
+        # graphviz titles each edge "a->b": every edge of the DOT source is drawn
+        titles = {e.text for e in image.iter("{http://www.w3.org/2000/svg}title")}
+        edges = {f"{a}->{b}" for a, b in re.findall(r"(\w+) -> (\w+)", figure.dot or "")}
+        assert edges and edges <= titles, edges - titles
 
 
 @needs_dot

@@ -14,9 +14,10 @@ launches and rewrite steps); the core never imports viz.
 | `threads.*(trace)` | GPU threads and memory from the PYTHON emulator's record      | threads.py  |
 | `%%tinyteach`      | run a cell, show the kernels it launched (`%load_ext tinyteach`) | magic.py |
 
-Each returns an object a notebook displays as HTML (inline SVG from graphviz, source highlighted
-with pygments) and a terminal prints as text. Without graphviz's `dot`, the views say how to
-install it and show text instead. Output is deterministic: the same graph gives the same bytes.
+Each returns an object a notebook displays as HTML (graphviz's SVG as an image, so it shows
+before the notebook is trusted; source highlighted with pygments) and a terminal prints as text.
+Without graphviz's `dot`, the views say how to install it and show text instead. Output is
+deterministic: the same graph gives the same bytes.
 
 >>> from tinyteach import Tensor
 >>> import numpy as np

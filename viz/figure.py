@@ -6,6 +6,11 @@ What this teaches:
   of string building) so it is easy to read, and ask the `dot` program to lay it out as SVG;
 - a notebook shows an object through its `_repr_html_` method; a terminal uses `repr`. A `Figure`
   has both, and keeps its DOT source and SVG around so tests (and curious students) can read them;
+- the HTML draws the SVG as an `<img>` whose source is the SVG itself (a `data:` URL), not as an
+  inline `<svg>` element: a notebook its reader has not run yet is *untrusted*, and JupyterLab
+  and Notebook 7 sanitize its HTML, which strips an inline `<svg>` down to the strings inside it.
+  An image cannot run scripts, so the sanitizer keeps it, and the stored drawings show on first
+  open (an `image/png` next to the HTML would not help: an untrusted output shows its HTML);
 - when `dot` is missing we say how to install it and show a text view instead: a display hook
   must never raise, or the student sees a traceback instead of their graph.
 
@@ -27,6 +32,7 @@ digraph "example" {
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass, field
 
 # a qualitative palette (ColorBrewer Set3): one color per kernel, repeated after twelve
@@ -107,6 +113,22 @@ def dot_to_svg(dot_source: str) -> str:
     return svg[svg.index("<svg"):]
 
 
+XML_COMMENT = re.compile(r"<!--.*?-->\n?", re.DOTALL)
+
+
+def svg_image(svg: str, alt: str) -> str:
+    """An <img> that draws `svg`: its source is a `data:image/svg+xml,` URL holding the SVG as
+    text. Escaped is only what would end the URL or the attribute: `%` and `#` (an escape and a
+    fragment in a URL; colours are `#rrggbb`), newlines (a URL parser drops them), `&` and `"`
+    (HTML entities). graphviz's comments are left out, and its `&#45;` and `&gt;` written as the
+    characters they stand for (both are plain text in XML), so the stored HTML reads as SVG:
+    `<title>n0->n1</title>`. Byte-identical for the same SVG."""
+    svg = XML_COMMENT.sub("", svg).replace("&#45;", "-").replace("&gt;", ">")
+    url = svg.replace("%", "%25").replace("#", "%23").replace("\n", "%0A")
+    source = url.replace("&", "&amp;").replace('"', "&quot;")
+    return f'<img src="data:image/svg+xml,{source}" alt="{escape(alt)}">'
+
+
 @dataclass
 class Figure:
     """What a viz function returns: shown as HTML in a notebook, as text in a terminal."""
@@ -132,7 +154,7 @@ def graph_figure(title: str, dot_source: str, text_view: str, legend_html: str =
     except DotUnavailable as error:
         body = notice(str(error)) + preformatted(text_view)
         return Figure(title, wrap(title, body + legend_html), text_view, dot_source, None)
-    body = f'<div class="tinyteach-graph">{svg}</div>'
+    body = f'<div class="tinyteach-graph">{svg_image(svg, title)}</div>'
     return Figure(title, wrap(title, body + legend_html), text_view, dot_source, svg)
 
 

@@ -19,7 +19,7 @@ What a student sees:
   16x8 tile of the work-group's block of outputs.
 
 Every function but `block_layout` reads a `Trace` recorded with `record_threads()` (or
-`emulate(..., record=True)`) and returns a `Figure`: inline SVG in a notebook, text in a
+`emulate(..., record=True)`) and returns a `Figure`: an SVG image in a notebook, text in a
 terminal. Nothing runs again; output is deterministic (the same trace gives the same bytes).
 
 Builds on: tinyteach.runtime.python (Trace, AccessEvent), viz/figure.py.
@@ -41,7 +41,7 @@ import numpy as np
 
 from tinyteach.runtime.python import AccessEvent, Trace
 from tinyteach.wmma import TensorCoreBlock
-from viz.figure import PALETTE, Figure, escape, preformatted, table, wrap
+from viz.figure import PALETTE, Figure, escape, preformatted, svg_image, table, wrap
 
 CELL = 26       # pixels per drawn element
 MAX_CELLS = 1024  # larger buffers are drawn in part, with a note
@@ -93,7 +93,7 @@ def _cell(x: int, y: int, fill: str, label: str, tip: str) -> str:
 
 def _figure(title: str, svg: str, text: str, notes: list[str]) -> Figure:
     notes_html = "".join(f'<div style="font-size:12px">{escape(n)}</div>' for n in notes)
-    body = f'<div class="tinyteach-threads">{svg}</div>{notes_html}'
+    body = f'<div class="tinyteach-threads">{svg_image(svg, title)}</div>{notes_html}'
     return Figure(title, wrap(title, body), text, None, svg, notes)
 
 
