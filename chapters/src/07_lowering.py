@@ -182,8 +182,11 @@ assert "acc1 " not in plain[0]
 # `base`, `val0*val1` multiplies one float of `a` with 16 floats of `b`, each of the 16
 # accumulators holds 16 sums, and a store writes 16 outputs. C has no vector types of its own:
 # the kernel declares one with GCC's vector extension (`typedef float float_vec16
-# __attribute__((vector_size(64)))`), and `fp-contract=fast` lets the compiler fuse each
-# multiply and add into one FMA instruction. Ops with no vector form (max, where, exp2, ...) are
+# __attribute__((vector_size(64)))`). The compiler is not allowed to fuse a multiply and an add
+# by itself: every kernel is built with `-ffp-contract=off`, so `a*b + c` rounds twice, as in
+# numpy. The renderer writes each vector multiply-accumulate as an explicit fused multiply-add
+# instead, one `__builtin_fmaf` per lane, rounded once; gcc -O2 makes the 16 lanes one vector
+# FMA instruction, and an unoptimized build computes the same bits (chapter 9). Ops with no vector form (max, where, exp2, ...) are
 # written lane by lane, and a kernel whose lanes would need different guards or a gather stays
 # scalar (the fallback is automatic).
 
@@ -192,6 +195,12 @@ lines = vectored[0].splitlines()
 print("\n".join(line for line in lines[:46] if "acc" not in line or "acc0" in line))
 print(f"... {len(lines)} lines in all")
 assert "float_vec16 val1 = *(const float_vec16*)(data2+" in vectored[0]
+from tinyteach.runtime.cpu import C_FLAGS
+
+multiply_add = next(line for line in lines if line.strip().startswith("acc0 = "))
+print("C_FLAGS:", " ".join(C_FLAGS))
+print("fused multiply-adds in one accumulator's update:", multiply_add.count("__builtin_fmaf("))
+assert "-ffp-contract=off" in C_FLAGS and multiply_add.count("__builtin_fmaf(") == 16
 
 # %% [markdown] id="lower-23"
 # All three compute the same numbers (a tile still sums in order; only the FMA's single
