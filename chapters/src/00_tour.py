@@ -130,7 +130,9 @@ round(loss.item(), 4)
 # %% [markdown] id="tour-25"
 # Is 3.5 a sensible loss for a network that has learnt nothing? A classifier that spreads its
 # bets evenly over 10 classes scores ln 10 ≈ 2.30. He initialization gives the logits a spread
-# (standard deviation) of about 1.5 rather than 0, so an untrained network starts a little above that. With the fan-in
+# (standard deviation) σ of about 1.5 rather than 0, and random logits of spread σ cost more:
+# the loss is the log of the mean of e^z over the classes, minus the picked class's z, which is
+# about ln 10 + σ²/2 ≈ 3.4 for σ = 1.5 (the mean of e^z is e^(σ²/2) for normal z). With the fan-in
 # taken from the wrong axis, both layers are too large (by √(784/128) ≈ 2.5 and √(128/10) ≈ 3.6),
 # the logits come out about 8× too large, and the softmax is confidently wrong:
 
@@ -139,10 +141,12 @@ wrong1, wrong2 = Tensor.kaiming_uniform(784, 128), Tensor.kaiming_uniform(128, 1
 wrong_logits = x.flatten(1).dot(wrong1).relu().dot(wrong2)
 wrong_loss = wrong_logits.sparse_categorical_crossentropy(labels).item()
 print(f"ln 10 = {np.log(10):.2f}")
-print(f"loss {loss.item():.2f}, logits' std {logits.std():.1f}: fan-in 784 and 128")
+print(f"loss {loss.item():.2f}, logits' std {logits.std():.1f}: fan-in 784 and 128; "
+      f"ln 10 + std²/2 = {np.log(10) + logits.std() ** 2 / 2:.2f}")
 print(f"loss {wrong_loss:.2f}, logits' std {wrong_logits.numpy().std():.1f}: "
       "kaiming_uniform(784, 128), fan-in 128 and 10")
 assert loss.item() < 4 < 10 < wrong_loss
+assert abs(loss.item() - (np.log(10) + logits.std() ** 2 / 2)) < 0.25  # 4 images: roughly
 
 # %% [markdown] id="tour-17"
 # ## The map of the book
@@ -158,12 +162,16 @@ assert loss.item() < 4 < 10 < wrong_loss
 # | 6 | Scheduling: kernel fusion | [06_scheduling](06_scheduling.ipynb) | [`schedule.py`](../tinyteach/schedule.py) |
 # | 7 | Lowering: loops, indices, optimizations | [07_lowering](07_lowering.ipynb) | [`lower.py`](../tinyteach/lower.py), [`opt.py`](../tinyteach/opt.py), [`pack.py`](../tinyteach/pack.py), [`search.py`](../tinyteach/search.py) |
 # | 8 | Code generation: C, OpenCL, CUDA, WGSL | [08_codegen](08_codegen.ipynb) | [`render/`](../tinyteach/render/) |
+# | 8b | GPU kernels: threads, work-groups and shared memory | [08b_gpu](08b_gpu.ipynb) | [`runtime/python.py`](../tinyteach/runtime/python.py) (the emulator), [`wmma.py`](../tinyteach/wmma.py), [`viz/threads.py`](../viz/threads.py) |
 # | 9 | Devices and runtimes | [09_devices](09_devices.ipynb) | [`device.py`](../tinyteach/device.py), [`realize.py`](../tinyteach/realize.py), [`runtime/`](../tinyteach/runtime/) |
 # | 10 | The JIT and graph execution | [10_jit](10_jit.ipynb) | [`jit.py`](../tinyteach/jit.py) |
 # | 11 | Deep learning: nn, optim, datasets | [11_deep_learning](11_deep_learning.ipynb) | [`nn/`](../tinyteach/nn/) |
+# | 11b | Attention and a small GPT | [11b_gpt](11b_gpt.ipynb) | [`nn/transformer.py`](../tinyteach/nn/transformer.py) |
 #
 # The last chapter is an exercise: build a backend's primitive ops yourself
-# ([12_exercise_backend](12_exercise_backend.ipynb)).
+# ([12_exercise_backend](12_exercise_backend.ipynb)). In the course that `make course` opens,
+# this is the student copy, with every solution taken out; the solved notebook stays in
+# `chapters/`, for instructors and the tests.
 #
 # The visual layer used above is the [`viz`](../viz/__init__.py) package; it only reads what the
 # core exposes, and the core never imports it.
