@@ -14,13 +14,15 @@ from tinyteach.tensor_core import CoreTensor
 
 PACKAGE = Path(tinyteach.__file__).parent
 
-# bottom to top, as tinyteach/__init__.py states it; opt.py is chapter 7's optimizer (with lower),
-# wmma.py the GPU chapter's tensor cores (with lower, which calls it), transcendental.py exp2
-# from primitive ops (with lower: it rewrites a linear program; render/c.py calls it),
-# search.py its timed search and pack.py its packing copies (with realize, which calls both);
-# the parts of Tensor (TENSOR_PARTS below) are one layer, ordered within it
-CORE = ["helpers", "dtype", "uop", "view", "rewrite", "device", "schedule", "lower", "render",
-        "runtime", "realize", "gradient", "tensor", "indexing"]
+# bottom to top, as tinyteach/__init__.py states it; settings.py (every setting) is the bottom,
+# importing nothing of tinyteach, and helpers.py re-exports its tinygrad names; opt.py is
+# chapter 7's optimizer (with lower), wmma.py the GPU chapter's tensor cores (with lower, which
+# calls it), transcendental.py exp2 from primitive ops (with lower: it rewrites a linear
+# program; render/c.py calls it), search.py its timed search and pack.py its packing copies
+# (with realize, which calls both); the parts of Tensor (TENSOR_PARTS below) are one layer,
+# ordered within it
+CORE = ["settings", "helpers", "dtype", "uop", "view", "rewrite", "device", "schedule", "lower",
+        "render", "runtime", "realize", "gradient", "tensor", "indexing"]
 SAME_LAYER = {"opt": "lower", "wmma": "lower", "transcendental": "lower",
               "search": "realize", "pack": "realize",
               "tensor_core": "tensor",
@@ -83,8 +85,8 @@ def test_every_module_has_a_known_layer():
 
 def test_the_order_matches_the_package_docstring():
     doc = " ".join((tinyteach.__doc__ or "").split())
-    stated = "helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime, " \
-             "realize, gradient, the tensor layer"
+    stated = "settings, helpers, dtype, uop, view, rewrite, device, schedule, lower, render, " \
+             "runtime, realize, gradient, the tensor layer"
     assert stated in doc
     assert stated.split(", ")[:-1] + ["tensor", "indexing"] == CORE
     assert all(part in doc for part in TENSOR_PARTS) and "tensor.py on top" in doc
@@ -122,6 +124,13 @@ def test_no_visual_layer_or_jupyter_imports(path):
 def test_every_module_has_a_docstring(path):
     docstring = ast.get_docstring(ast.parse(path.read_text()))
     assert docstring and docstring.strip(), f"{path} has no module docstring"
+
+
+def test_settings_imports_nothing_of_tinyteach():
+    # the bottom layer: every other module may read a setting, so it reads none of them
+    found = [module for module, _ in imports_of(PACKAGE / "settings.py")
+             if module.split(".")[0] == "tinyteach"]
+    assert found == [] and level("settings") == 0
 
 
 def test_the_checker_catches_an_upward_import(tmp_path):

@@ -32,21 +32,19 @@ it into kernels -> lower.py turns each into loops -> render/ writes C -> runtime
 and runs it. Set DEBUG=1..5 (or `with Context(DEBUG=4):`) to watch every stage.
 
 Layering: a module imports only from modules *below* it in this order (a test checks it):
-helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime, realize,
-gradient, the tensor layer, then jit, nn and exercises on top (opt sits with lower; pack and
-search, which compile and run kernels, with realize). The tensor layer is tensor_core (the
-core: graph, realize, primitive ops, autograd), the parts on it in order (tensor_create,
-tensor_movement, tensor_math, tensor_nn) and indexing, with tensor.py on top assembling them
-into Tensor.
+settings, helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime,
+realize, gradient, the tensor layer, then jit, nn and exercises on top (settings.py lists every
+setting; opt sits with lower; pack and search, which compile and run kernels, with realize).
+The tensor layer is tensor_core (the core: graph, realize, primitive ops, autograd), the parts
+on it in order (tensor_create, tensor_movement, tensor_math, tensor_nn) and indexing, with
+tensor.py on top assembling them into Tensor.
 """
 from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
 from tinyteach.device import Device
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import DEBUG, Context, GlobalCounters, clear_caches, getenv
 from tinyteach.jit import TinyJit, function
-from tinyteach.runtime import CPU_TIERED  # noqa: F401  # a setting Context knows
 from tinyteach.tensor import Tensor
-from tinyteach.transcendental import TRANSCENDENTAL  # noqa: F401  # a setting Context knows
 from tinyteach.uop import UOp, Variable
 
 __all__ = ["Tensor", "TinyJit", "dtypes", "Device", "Context", "DEBUG", "GlobalCounters", "nn",

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from tinyteach.dtype import DType, dtypes
+from tinyteach.settings import chosen_device
 
 # every device tinyteach knows, with the module that implements it
 KNOWN_DEVICES = {
@@ -219,9 +219,7 @@ class _DeviceRegistry:
         self._default = self.canonicalize(name)
 
     def _choose_default(self) -> str:
-        wanted = os.environ.get("DEV")
-        if wanted is None:
-            wanted = next((n for n in KNOWN_DEVICES if os.environ.get(n) == "1"), None)
+        wanted = chosen_device(KNOWN_DEVICES)
         if wanted is not None:
             name = self.canonicalize(wanted)
             self[name]  # raises a clear error if it cannot run here

@@ -29,7 +29,7 @@ from typing import Final, Literal
 
 import numpy as np
 
-from tinyteach.helpers import ContextVar
+from tinyteach.settings import DEFAULT_FLOAT
 
 Kind = Literal["bool", "int", "uint", "float"]
 
@@ -318,4 +318,4 @@ def _set_default_float(name: str | DType) -> None:
     dtypes.default_float = wanted
 
 
-DEFAULT_FLOAT = ContextVar("DEFAULT_FLOAT", "", apply=_set_default_float)
+DEFAULT_FLOAT.watch(_set_default_float)

@@ -1,5 +1,7 @@
-"""Small helpers shared by every chapter: settings (DEBUG, Context), counters and math on tuples.
+"""Small helpers shared by every chapter: counters, caches and math on tuples.
 
+The settings (DEBUG, Context, getenv, ...) live in settings.py, the one list of every setting;
+they are imported here too, as tinygrad's programs write `from tinygrad.helpers import DEBUG`.
 Settings follow tinygrad: each is read once from the environment (`DEBUG=4 python x.py`) and can
 be changed for a block of code with `with Context(DEBUG=4): ...`.
 
@@ -9,11 +11,9 @@ be changed for a block of code with `with Context(DEBUG=4): ...`.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import operator
-import os
 import sys
 import time
 from collections import OrderedDict
@@ -22,76 +22,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar
 
+from tinyteach.settings import (  # noqa: F401  (re-exported: tinygrad's programs import them here)
+    BEAM,
+    DEBUG,
+    NOOPT,
+    TINYTEACH_CACHE,
+    TRAINING,
+    Context,
+    ContextVar,
+    getenv,
+)
+
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
-
-
-def getenv(key: str, default: Any = 0) -> Any:
-    """Read a setting from the environment, as the type of `default` (tinygrad's helper):
-    `getenv("DEBUG")` is an int, `getenv("DEV", "")` a string."""
-    if key not in os.environ:
-        return default
-    return type(default)(os.environ[key])
-
-
-class ContextVar:
-    """A named setting with a value taken from the environment; `Context` changes it for a block.
-    `apply`, if given, is called with every new value (DEFAULT_FLOAT sets dtypes.default_float)."""
-
-    registry: dict[str, ContextVar] = {}
-    # every setting's value, in registry order, kept up to date by set(): the plan cache puts
-    # it in each key, and rebuilding it on every eager realize would cost more than the lookup
-    values: tuple[Any, ...] = ()
-
-    def __init__(self, key: str, default: Any, apply: Callable[[Any], Any] | None = None):
-        self.key, self.apply = key, apply
-        self.value = default
-        ContextVar.registry[key] = self
-        self.set(getenv(key, default))
-
-    def set(self, value: Any) -> None:
-        """Change the value: ints stay ints, other settings are checked by `apply`."""
-        if isinstance(self.value, int) and not isinstance(value, int):
-            value = int(value)
-        if self.apply is not None:
-            self.apply(value)
-        self.value = value
-        ContextVar.values = tuple(var.value for var in ContextVar.registry.values())
-
-    def __bool__(self) -> bool:
-        return bool(self.value)
-
-    def __ge__(self, other: int) -> bool:
-        return self.value >= other
-
-    def __gt__(self, other: int) -> bool:
-        return self.value > other
-
-    def __repr__(self) -> str:
-        return f"{self.key}={self.value}"
-
-
-DEBUG = ContextVar("DEBUG", 0)        # 1 launches, 2 timings, 3 ASTs, 4 source, 5 rewrites
-NOOPT = ContextVar("NOOPT", 0)        # 1: no kernel optimizations (later chapters)
-BEAM = ContextVar("BEAM", 0)          # n: search kernel optimizations, beam width n (search.py)
-TRAINING = ContextVar("TRAINING", 0)  # 1: dropout and batchnorm behave as in training
-
-
-@contextlib.contextmanager
-def Context(**settings: Any) -> Iterator[None]:
-    """Set settings for the duration of a `with` block: `with Context(DEBUG=4): ...`,
-    `with Context(DEFAULT_FLOAT="float16"): ...`."""
-    unknown = [key for key in settings if key not in ContextVar.registry]
-    if unknown:
-        raise KeyError(f"unknown setting(s) {unknown}; known: {sorted(ContextVar.registry)}")
-    saved = {key: ContextVar.registry[key].value for key in settings}
-    try:
-        for key, value in settings.items():
-            ContextVar.registry[key].set(value)
-        yield
-    finally:
-        for key, value in saved.items():
-            ContextVar.registry[key].set(value)
+M = TypeVar("M")
 
 
 class GlobalCounters:
@@ -218,22 +162,69 @@ def remember(cache: dict[Any, T] | LRUCache[Any, T], key: Any, compute: Callable
     return cache[key]
 
 
+# every other memo, by name: a functools cache (it has cache_clear) or a table of its own
+# (a dict, a WeakKeyDictionary: it has clear), each registered where it is defined
+MEMOS: dict[str, Any] = {}
+
+
+def register_memo(name: str, memo: M) -> M:
+    """List `memo` under `name` ("module.what"), so clear_caches() empties it, and return it:
+    `_TRUNCATED = register_memo("uop.truncated", {})`."""
+    if not (hasattr(memo, "cache_clear") or hasattr(memo, "clear")):
+        raise TypeError(f"the memo {name} is a {type(memo).__name__}: a memo is a functools "
+                        "cache (cache_clear) or a table with clear()")
+    if name in MEMOS and MEMOS[name] is not memo:
+        raise ValueError(f"two memos are named {name}")
+    MEMOS[name] = memo
+    return memo
+
+
+def memo(name: str) -> Callable[[M], M]:
+    """register_memo as a decorator, over a functools cache:
+    `@memo("view.contiguous_strides")` above `@functools.lru_cache(maxsize=4096)`."""
+    def register(function: M) -> M:
+        return register_memo(name, function)
+    return register
+
+
+def memo_size(memo: Any) -> int:
+    """How many entries a memo (an LRUCache, a functools cache or a table) holds."""
+    if hasattr(memo, "cache_info"):
+        return int(memo.cache_info().currsize)
+    return len(memo)
+
+
+def cache_sizes() -> dict[str, int]:
+    """Every memo in the process by name, with its size: the LRUCaches, the registered memos,
+    and the dicts remember() has filled (named by the id of the dict)."""
+    sizes = {name: len(cache) for name, cache in LRUCache.every.items()}
+    sizes.update({name: memo_size(table) for name, table in MEMOS.items()})
+    sizes.update({f"remembered.{key}": len(table) for key, table in _remembered.items()})
+    return sizes
+
+
 def clear_caches() -> None:
     """Forget, in this process, every compiled program, chosen optimization and packing plan
-    (every LRUCache, and each dict `remember` filled); the caches on disk stay. For a test or
-    a notebook that changes what a cache does not key on (a backend's code, the vector width);
-    nothing else needs it: the caches are keyed by everything their result depends on."""
+    (every LRUCache, each dict `remember` filled and every registered memo); the caches on disk
+    stay. For a test or a notebook that changes what a cache does not key on (a backend's code,
+    the vector width); nothing else needs it: the caches are keyed by everything their result
+    depends on."""
     for cache in LRUCache.every.values():
         cache.clear()
     for plain in _remembered.values():
         plain.clear()
+    for table in MEMOS.values():
+        if hasattr(table, "cache_clear"):
+            table.cache_clear()
+        else:
+            table.clear()
 
 
 def cache_dir(part: str) -> Path:
     """Where a part of tinyteach caches on disk: ~/.cache/tinyteach/<part> (the folder in
     `TINYTEACH_CACHE`, when set), e.g. "cpu" for compiled kernels, "beam" for BEAM's choices."""
     default = Path.home() / ".cache" / "tinyteach"
-    return Path(os.environ.get("TINYTEACH_CACHE", default)) / part
+    return Path(TINYTEACH_CACHE.get(default)) / part
 
 
 def machine_identity() -> str:

@@ -36,9 +36,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 from tinyteach.device import Buffer, Device
-from tinyteach.helpers import DEBUG, GlobalCounters
+from tinyteach.helpers import GlobalCounters
 from tinyteach.realize import Launch, launch_kernel, record_launches
 from tinyteach.schedule import is_contiguous_buffer
+from tinyteach.settings import DEBUG
 from tinyteach.tensor import Tensor
 from tinyteach.uop import (
     Ops,

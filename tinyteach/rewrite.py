@@ -35,7 +35,7 @@ from tinyteach.dtype import (
     to_bfloat16_bits,
     truncate_to,
 )
-from tinyteach.helpers import DEBUG
+from tinyteach.settings import DEBUG
 from tinyteach.uop import ALU, Ops, UOp, float_divide, is_bitcast
 
 COMMUTATIVE = (Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR)

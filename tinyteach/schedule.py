@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import dtypes
-from tinyteach.helpers import NOOPT, ContextVar, prod
+from tinyteach.helpers import prod
+from tinyteach.settings import FUSE_ROWS, NOOPT
 from tinyteach.uop import (
     ALU,
     MOVEMENT,
@@ -313,9 +314,8 @@ def _ops_between(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str
 
 # ---- a chain of reductions over the same rows, in one kernel ----
 
-# 1 (the default): reductions over the rows of a tensor that fit in cache fuse into the kernel
-# that reads them (softmax, layernorm: one kernel); 0: each is stored (three kernels)
-FUSE_ROWS = ContextVar("FUSE_ROWS", 1)
+# FUSE_ROWS (settings.py), 1 by default: reductions over the rows of a tensor that fit in cache
+# fuse into the kernel that reads them (softmax, layernorm: one kernel); 0: each is stored
 # the longest row fused: the kernel reads each row two or three times, and a row this size
 # (8,192 float32) is still in the core's L1/L2 cache the next time. A longer row would come
 # from memory every time, as from three kernels, and leaves fewer rows to split across cores

@@ -55,9 +55,10 @@ from tinyteach.gradient import (
     graph_before_realize,
     reachable_by_gradient,
 )
-from tinyteach.helpers import Context, prod
+from tinyteach.helpers import prod, register_memo
 from tinyteach.realize import realize_elementwise, realize_uops, schedule_uops
 from tinyteach.schedule import ScheduleItem, device_of, is_contiguous_buffer
+from tinyteach.settings import Context
 from tinyteach.uop import (
     COMPARISONS,
     Ops,
@@ -980,7 +981,8 @@ def _reads_old_contents(graph: UOp, targets: set[int]) -> bool:
 # the buffers each live tensor's graph reads, found once per graph: a training step realizes
 # several times (each realize that assigns asks every live lazy tensor), and a gradient's graph
 # is the whole backward pass. Weak keys: the entry goes with the graph.
-_BUFFERS_READ: weakref.WeakKeyDictionary[UOp, tuple[Buffer, ...]] = weakref.WeakKeyDictionary()
+_BUFFERS_READ: weakref.WeakKeyDictionary[UOp, tuple[Buffer, ...]] = register_memo(
+    "tensor.buffers_read", weakref.WeakKeyDictionary())
 
 
 def _buffers_read(graph: UOp) -> tuple[Buffer, ...]:
@@ -1043,7 +1045,7 @@ def _symbolic_note(start: sint, end: sint) -> str:
 # broadcast constants by (dtype, value, shape): `x + 1` in a loop asks for the same one each
 # time, and building it (CONST, RESHAPE, EXPAND) is three lookups of the UOp table. A bound
 # keeps a loop over many values or shapes from growing it (it starts over, as _TRUNCATED does)
-_CONSTANTS: dict[tuple[Any, ...], UOp] = {}
+_CONSTANTS: dict[tuple[Any, ...], UOp] = register_memo("tensor.constants", {})
 
 
 def _broadcast_constant(dtype: DType, value: Scalar, shape: tuple[int, ...]) -> UOp:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Self, TypeVar
 
 from tinyteach.dtype import DType, dtypes, least_upper_dtype
-from tinyteach.helpers import TRAINING
+from tinyteach.settings import TRAINING
 from tinyteach.tensor_core import padding_pairs, pool
 from tinyteach.tensor_math import TensorMath, in_float32_for_bfloat16
 

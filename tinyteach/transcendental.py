@@ -39,14 +39,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tinyteach.dtype import DType, dtypes
-from tinyteach.helpers import ContextVar
 from tinyteach.lower import LinearProgram
 from tinyteach.opt import index_value
+from tinyteach.settings import TRANSCENDENTAL  # noqa: F401  (re-exported: its old home)
 from tinyteach.uop import BITCAST, Ops, UOp, is_bitcast  # noqa: F401  (BITCAST: re-exported)
-
-# 1: exp2 as arithmetic in the loops the compiler vectorizes (sums split across SIMD lanes);
-# 2: every float32 exp2; 0: keep the libm calls
-TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)
 
 # 2**f = 1 + f*(c1 + f*(c2 + ...)) on [-0.5, 0.5]: a least-squares fit of the relative error on
 # Chebyshev points (c_k close to ln(2)**k / k!, Taylor's coefficients); error below 0.3 of

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from tinyteach.dtype import DType, dtypes, truncate_to
-from tinyteach.helpers import cached_property
+from tinyteach.helpers import cached_property, register_memo
 
 
 class Ops(enum.Enum):
@@ -188,7 +188,7 @@ class UOpMetaClass(type):
 
 # each constant's value as its dtype stores it (truncate_to rounds through numpy: slow next to
 # the lookup of an existing node, and the same few constants, 0 and 1, come back all the time)
-_TRUNCATED: dict[tuple[DType, Any], Any] = {}
+_TRUNCATED: dict[tuple[DType, Any], Any] = register_memo("uop.truncated", {})
 
 
 def _forget_node(key: tuple, reference: weakref.ref,

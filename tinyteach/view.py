@@ -27,6 +27,7 @@ import functools
 from collections.abc import Callable
 
 from tinyteach.dtype import dtypes
+from tinyteach.helpers import memo
 from tinyteach.uop import Ops, UOp, sint, sym_mul
 
 Index = tuple[UOp, ...]
@@ -51,6 +52,7 @@ def below(index: UOp, size: int) -> Valid:
     return None if index.vmax < size else index.lt(size)
 
 
+@memo("view.contiguous_strides")
 @functools.lru_cache(maxsize=4096)  # (every index into a view of this shape asks again)
 def contiguous_strides(shape: tuple[sint, ...]) -> tuple[sint, ...]:
     """Row-major strides in elements: the last axis moves by 1. (A symbolic size makes the
@@ -157,6 +159,7 @@ def _reshape(node: UOp, index: Index) -> tuple[Index, Valid]:
 ReshapeGroup = tuple[tuple[int, ...], tuple[sint, ...], tuple[sint, ...]]
 
 
+@memo("view.reshape_plans")
 @functools.lru_cache(maxsize=4096)
 def _reshape_plan(out_shape: tuple[int, ...],
                   in_shape: tuple[int, ...]) -> tuple[ReshapeGroup, ...]:

@@ -58,6 +58,7 @@ from tinyteach.exercises.report import (
     show,
 )
 from tinyteach.exercises.rewrites import RewriteRules, grade_rules
+from tinyteach.helpers import memo
 from tinyteach.jit import TinyJit
 from tinyteach.runtime.cpu import CPUProgram
 from tinyteach.runtime.numpy import NUMPY_OPS
@@ -391,6 +392,7 @@ def train_digits(device: str, steps: int = 300, batch_size: int = 64, seed: int 
     return float((predictions == y_test).mean())
 
 
+@memo("exercises.reference_accuracy")
 @lru_cache(maxsize=4)
 def reference_accuracy(steps: int) -> float:
     return train_digits("NUMPY", steps)

@@ -29,8 +29,9 @@ import math
 from collections.abc import Sequence
 
 from tinyteach.dtype import dtypes
-from tinyteach.helpers import TRAINING, prod
+from tinyteach.helpers import prod
 from tinyteach.nn import datasets, optim, state
+from tinyteach.settings import TRAINING
 from tinyteach.tensor import Tensor
 
 IntOrPair = int | Sequence[int]

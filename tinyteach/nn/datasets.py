@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tinyteach.settings import TINYTEACH_MNIST_DIR, TINYTEACH_MNIST_URL
 from tinyteach.tensor import Tensor
 
 # ---- the IDX format ----
@@ -95,14 +96,14 @@ MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
 def mnist_directory() -> Path:
     """Where the MNIST files live: $TINYTEACH_MNIST_DIR, or ~/.cache/tinyteach/mnist."""
     default = Path.home() / ".cache" / "tinyteach" / "mnist"
-    return Path(os.environ.get("TINYTEACH_MNIST_DIR", default))
+    return Path(TINYTEACH_MNIST_DIR.get(default))
 
 
 def mnist(directory: str | os.PathLike[str] | None = None, base_url: str | None = None,
           device: str | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """X_train (60000, 1, 28, 28) uint8, Y_train (60000,) uint8, X_test, Y_test — as tinygrad."""
     folder = Path(directory) if directory is not None else mnist_directory()
-    url = base_url or os.environ.get("TINYTEACH_MNIST_URL", MNIST_URL)
+    url = base_url or TINYTEACH_MNIST_URL.get(MNIST_URL)
     arrays = [parse_idx(_mnist_file(folder, name, url), name) for name in MNIST_FILES]
     train_images, train_labels, test_images, test_labels = arrays
     return (_data(train_images.reshape(-1, 1, 28, 28), device), _data(train_labels, device),

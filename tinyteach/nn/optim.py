@@ -40,7 +40,8 @@ import math
 from collections.abc import Sequence
 
 from tinyteach.dtype import dtypes
-from tinyteach.helpers import TRAINING, dedup
+from tinyteach.helpers import dedup
+from tinyteach.settings import TRAINING
 from tinyteach.tensor import Tensor
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from tinyteach.dtype import ALL_DTYPES, DType, dtypes, to_bfloat16_bits
-from tinyteach.helpers import ContextVar
+from tinyteach.helpers import memo
 from tinyteach.lower import FIXED_LANES, LinearProgram, identity_element
 from tinyteach.render import (
     ALU,
@@ -39,7 +39,8 @@ from tinyteach.render import (
     cast,
     typed_math_function,
 )
-from tinyteach.transcendental import TRANSCENDENTAL, decompose_program, row_column_loops
+from tinyteach.settings import ROW_CACHE, TRANSCENDENTAL
+from tinyteach.transcendental import decompose_program, row_column_loops
 from tinyteach.uop import Ops, UOp, is_bitcast, store_parts
 
 C_PRELUDE = "#include <stdbool.h>\n"
@@ -201,6 +202,7 @@ def c_cast(renderer: CStyleRenderer, operands: list[str], operand_dtypes: list[D
     return cast(renderer, operands, operand_dtypes, dtype)
 
 
+@memo("render.c.in_float32")
 @functools.cache  # one wrapper per (entry, op): the table keeps the entry itself
 def in_float32(code: CodeForOp, op: Ops) -> CodeForOp:
     """`code` for an op that may see bfloat16: its bfloat16 operands converted to float, the
@@ -301,7 +303,6 @@ def integers_are_positions(program: LinearProgram) -> bool:
 
 # ---- a row's values computed once (softmax's exp, kept for its column loop) ----
 
-ROW_CACHE = ContextVar("ROW_CACHE", 1)  # 0: a row kernel's column loop computes its exp again
 MAX_ROW_CACHE = 4096  # elements of one row kept on the stack (16 KB of float32)
 COSTLY = (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT)  # worth storing rather than computing again
 

@@ -83,9 +83,17 @@ from tinyteach.device import (
     DeviceUnavailable,
     HostAllocator,
 )
-from tinyteach.helpers import BEAM, DEBUG, machine_identity
+from tinyteach.helpers import machine_identity
 from tinyteach.render.c import HEAVY_MARK, CRenderer
-from tinyteach.runtime import CPU_TIERED  # (registered with `import tinyteach`)
+from tinyteach.settings import (
+    BEAM,
+    CC,
+    CPU_ARCH,
+    CPU_TIERED,
+    CPU_VECTOR_WIDTH,
+    DEBUG,
+    OMP_WAIT_POLICY,
+)
 
 # -march=native: use this machine's vector instructions; CPU_ARCH names another target
 # (march_flags puts it in place; the cache key names the flags and the machine).
@@ -103,7 +111,7 @@ KERNELS_PER_PROCESS = 8   # compile_many starts another compiler per this many k
 THREAD_FLAGS = ["-fopenmp"]  # `#pragma omp parallel for` on big kernels (opt.py decides)
 SIMD_FLAGS = ["-fopenmp-simd"]  # `#pragma omp simd` alone: the directive, no thread library
 # idle OpenMP threads sleep instead of spinning, so they do not steal the other core
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+OMP_WAIT_POLICY.set_default()
 
 OPTIMIZED = "gcc -O2"  # the name DEBUG=2 gives the optimized tier (whichever CC built it)
 # what lets gcc -O2 compute other bits than an unoptimized build (see the docstring)
@@ -139,7 +147,7 @@ VERSION_MACROS = {"clang": ("__clang_major__", "__clang_minor__", "__clang_patch
 
 def cpu_arch() -> str:
     """The CPU_ARCH setting: the -march= value of every build ("native" when unset or empty)."""
-    return os.environ.get("CPU_ARCH") or NATIVE
+    return CPU_ARCH.value or NATIVE
 
 
 def march_flags(arch: str) -> list[str]:
@@ -290,7 +298,7 @@ def vector_width(macros: str) -> int:
     """The lanes the CPU renderer uses: `CPU_VECTOR_WIDTH` when set (0 turns vectors off; the
     book's stored outputs are those of a 16-lane CPU), else what the target has (this CPU,
     unless CPU_ARCH names another)."""
-    wanted = os.environ.get("CPU_VECTOR_WIDTH")
+    wanted = CPU_VECTOR_WIDTH.value
     if wanted is None:
         return native_vector_width(macros)
     if not wanted.isdigit() or int(wanted) not in VECTOR_WIDTHS:
@@ -300,7 +308,7 @@ def vector_width(macros: str) -> int:
 
 
 def find_c_compiler() -> str:
-    wanted = os.environ.get("CC")
+    wanted = CC.value
     candidates = [wanted] if wanted else ["cc", "gcc", "clang"]
     for name in candidates:
         path = shutil.which(name)

@@ -40,11 +40,12 @@ from typing import Any
 import numpy as np
 
 from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler, DeviceUnavailable
-from tinyteach.helpers import DEBUG, programs_of
+from tinyteach.helpers import programs_of
 from tinyteach.lower import lower
 from tinyteach.opt import options_for_renderer
 from tinyteach.render.cuda import CUDARenderer
 from tinyteach.render.gpu import Launch, launch_of
+from tinyteach.settings import CUDA_ARCH, CUDA_HOME, CUDA_PATH, DEBUG
 from tinyteach.uop import UOp
 
 NVCC = "/usr/local/cuda/bin/nvcc"
@@ -82,7 +83,7 @@ def _check(result: tuple, what: str, log: str = "") -> Any:
 
 def cuda_include_directory() -> str | None:
     """Where cuda_fp16.h is (NVRTC knows no include path of its own)."""
-    roots = [os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+    roots = [CUDA_PATH.value, CUDA_HOME.value, "/usr/local/cuda"]
     for root in roots:
         if root and os.path.exists(os.path.join(root, "include", "cuda_fp16.h")):
             return os.path.join(root, "include")
@@ -146,7 +147,7 @@ class CUDACompiler(Compiler):
     architecture (`sm_XY`) NVRTC also gives the machine code."""
 
     def __init__(self, arch: str | None = None):
-        self.arch = arch or os.environ.get("CUDA_ARCH", DEFAULT_ARCH)
+        self.arch = arch or CUDA_ARCH.get(DEFAULT_ARCH)
         self.nvrtc = _nvrtc()
         self.nvcc = None if self.nvrtc is not None else find_nvcc()
         if self.nvrtc is None and self.nvcc is None:
@@ -235,7 +236,7 @@ class PyCUDABackend(Backend):
         self.context.push()
         atexit.register(self.context.pop)
         major, minor = gpu.compute_capability()
-        compiler = CUDACompiler(os.environ.get("CUDA_ARCH", f"sm_{major}{minor}"))
+        compiler = CUDACompiler(CUDA_ARCH.get(f"sm_{major}{minor}"))
         super().__init__("CUDA", PyCUDAAllocator(driver), CUDARenderer(), compiler,
                          self._make_program)
         self.graph = PyCUDAGraph
@@ -416,7 +417,7 @@ class DriverBackend(Backend):
         minor = device_attribute(driver, self.device, "COMPUTE_CAPABILITY_MINOR")
         name = check(driver, driver.cuDeviceGetName(256, self.device), "cuDeviceGetName")
         self.gpu_name = bytes(name).split(b"\0")[0].decode(errors="replace")
-        compiler = CUDACompiler(os.environ.get("CUDA_ARCH", f"sm_{major}{minor}"))
+        compiler = CUDACompiler(CUDA_ARCH.get(f"sm_{major}{minor}"))
         super().__init__("CUDA", DriverAllocator(driver), CUDARenderer(), compiler,
                          self._make_program)
         self.graph = DriverGraph

@@ -25,7 +25,6 @@ Builds on: device.py, render/opencl.py, render/gpu.py.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -36,10 +35,11 @@ from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler,
 from tinyteach.helpers import programs_of
 from tinyteach.render.gpu import launch_of
 from tinyteach.render.opencl import EXTENSIONS, OpenCLRenderer
+from tinyteach.settings import OPENCL_PLATFORM, POCL_SIGFPE_HANDLER
 
 # pocl installs a process-wide SIGFPE handler, after which C code in the same process (the CPU
 # device, the exercises' forked children) no longer traps on an integer division by zero
-os.environ.setdefault("POCL_SIGFPE_HANDLER", "0")
+POCL_SIGFPE_HANDLER.set_default()
 
 cl: Any = None
 try:
@@ -278,6 +278,6 @@ def make_backend() -> Backend:
         platforms = cl.get_platforms()
     except cl.Error:  # "no platforms found" is an error in some ICD loaders
         platforms = []
-    candidates = candidate_platforms(platforms, os.environ.get("OPENCL_PLATFORM"))
+    candidates = candidate_platforms(platforms, OPENCL_PLATFORM.value)
     return OpenCLBackend(find_working_device(candidates))
 

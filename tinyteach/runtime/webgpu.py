@@ -35,6 +35,7 @@ from tinyteach.render.wgsl import (
     UnsupportedDType,
     WGSLRenderer,
 )
+from tinyteach.settings import XDG_RUNTIME_DIR
 
 # the numpy dtype a buffer of each dtype holds on the GPU (WGSL has only 32-bit integers)
 STORAGE_NP = {dtypes.bool: np.uint32, dtypes.int8: np.int32, dtypes.int16: np.int32,
@@ -42,8 +43,8 @@ STORAGE_NP = {dtypes.bool: np.uint32, dtypes.int8: np.int32, dtypes.int16: np.in
 
 
 def _wgpu() -> Any:
-    if not os.environ.get("XDG_RUNTIME_DIR"):  # lavapipe complains without one
-        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tinyteach-xdg-")  # mode 0700
+    if not XDG_RUNTIME_DIR.value:  # lavapipe complains without one
+        os.environ[XDG_RUNTIME_DIR.key] = tempfile.mkdtemp(prefix="tinyteach-xdg-")  # mode 0700
     try:
         import wgpu
     except ImportError:
