@@ -31,9 +31,10 @@ import viz  # drawings: viz.graph, viz.schedule, viz.kernel, viz.rewrites
 # %% [markdown] id="autograd-03"
 # ## A first gradient
 #
-# Compute a scalar, call `backward()`, read `.grad`: as in tinygrad, every float tensor the
-# gradient reaches gets one (`requires_grad=True`, as PyTorch needs it, is allowed but not
-# needed). For `y = Σ xᵢ²` the gradient is `2x`:
+# Compute a scalar, call `backward()`, read `.grad`: in tinyteach, every float tensor the
+# gradient reaches gets one unless it says `requires_grad=False` (`requires_grad=True`, as
+# PyTorch needs it, is allowed but not needed; the rule, and how tinygrad's differs, is at the
+# end of this chapter). For `y = Σ xᵢ²` the gradient is `2x`:
 
 # %% id="autograd-04"
 x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
@@ -231,12 +232,19 @@ viz.graph(w.grad)
 # `torch.no_grad()`) turns it on for one block and then restores it. `detach()` makes a
 # tensor that has the same value but passes no gradient: here `x * x.detach()` has gradient
 # `x`, not `2x`, because only one factor counts.
+#
+# A result made under `no_grad` prints `requires_grad: None`, the state that (below) means
+# "gets a gradient if a backward reaches it". It does, itself; but it is cut from its sources
+# (a `DETACH`), so a backward through it stops there and `x` gets none:
 
 # %% id="autograd-22"
 x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
 with Tensor.test():
     frozen = x * 2
 print("made under no_grad requires_grad:", frozen.requires_grad)
+frozen.sum().backward()
+print("after frozen.sum().backward(): frozen.grad", frozen.grad.tolist(), "x.grad", x.grad)
+assert x.grad is None and frozen.grad.tolist() == [1.0, 1.0, 1.0]
 
 (x * x.detach()).sum().backward()
 assert np.array_equal(x.grad.numpy(), x.numpy())   # x, not 2x
@@ -255,7 +263,7 @@ except RuntimeError as error:
 # %% [markdown] id="autograd-34"
 # ## Who gets a gradient: three states of `requires_grad`
 #
-# As in tinygrad, `requires_grad` is `True`, `None` or `False`. `None`, the default, means
+# This is tinyteach's rule: `requires_grad` is `True`, `None` or `False`. `None`, the default, means
 # "gets a gradient if a backward reaches it": `backward()` adds to `.grad` of every live float
 # tensor on its graph that is not a constant, intermediate results and the loss included.
 # `True` does the same and marks a *leaf* (an optimizer turns `None` into `True`), `False` is
@@ -263,6 +271,13 @@ except RuntimeError as error:
 # a source is, `False` if every source is, else `None`. `Tensor.gradient(*targets)` differentiates
 # with respect to any tensors, of any state, and returns the gradients without touching
 # `.grad` (PyTorch's `torch.autograd.grad`); a target the gradient does not reach gets zeros.
+#
+# tinygrad's rule is not the same, and it changed. Until May 2026 tinygrad had the same three
+# states, but `backward()` filled `.grad` only for `requires_grad=True` (an optimizer turned
+# `None` into `True`). tinygrad 0.14, the version this book compares with, has no
+# `requires_grad` at all: its `backward()` fills `.grad` of every float tensor on the graph, and
+# `is_param` marks the parameters. tinyteach's `None` behaves like tinygrad 0.14; `False` is the
+# stop that tinygrad 0.14 does not have.
 
 # %% id="autograd-35"
 w = Tensor([1.0, -2.0, 0.5], requires_grad=True)
