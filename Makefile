@@ -16,11 +16,22 @@ BOOK_VECTOR_WIDTH := 16
 
 # ---- course ---------------------------------------------------------------
 
-# the course: JupyterLab on chapters/, on this machine only (127.0.0.1); it prints the URL
-course: $(VENV)/.installed-course course-deps
-	@echo "==> starting JupyterLab on chapters/; open the http://127.0.0.1:8888/lab?token=... URL below"
+# the course's JupyterLab settings (binder/overrides.json, Binder's too): no news popup, no update
+# check. JupyterLab reads overrides.json from <sys.prefix>/share/jupyter/lab/settings
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+
+# the course: JupyterLab on chapters/, on this machine only (127.0.0.1), opening on the tour; it
+# prints the URL. The chapters are trusted first (`jupyter trust`: they are the course's own), so
+# their stored outputs show as they were written
+course: $(VENV)/.installed-course $(LAB_SETTINGS) course-deps
+	@$(VENV)/bin/jupyter trust chapters/*.ipynb >/dev/null
+	@echo "==> starting JupyterLab on chapters/: open the .../lab/tree/00_tour.ipynb?token=... URL below"
 	$(VENV)/bin/jupyter lab --notebook-dir=chapters --ServerApp.ip=127.0.0.1 --no-browser \
-	  $(if $(filter 0,$(shell id -u)),--allow-root)
+	  --LabApp.default_url=/lab/tree/00_tour.ipynb $(if $(filter 0,$(shell id -u)),--allow-root)
+
+$(LAB_SETTINGS): binder/overrides.json | $(PY)
+	@mkdir -p $(dir $@)
+	cp binder/overrides.json $@
 
 # graphviz draws the graphs in the notebooks (apt, only as root; the course runs without it)
 course-deps:
@@ -57,17 +68,20 @@ NBVAL := $(VENV)/bin/pytest -p no:cacheprovider --nbval --nbval-current-env \
          --nbval-sanitize-with chapters/nbval_sanitize.cfg
 BOOK  := CPU_VECTOR_WIDTH=$(BOOK_VECTOR_WIDTH) $(PY) chapters/book.py
 
-# one chapter, rebuilt from its source and executed: make chapter NB=08_codegen
-# (KEEP_OUTPUTS=1: no run, the stored outputs of unchanged cell ids are kept; see chapters/src)
+# one chapter, rebuilt from its source and executed, then trusted (as `make course` does):
+# make chapter NB=08_codegen (KEEP_OUTPUTS=1: no run, the stored outputs of unchanged cell ids are
+# kept; see chapters/src)
 chapter:
 	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-course
 	@test -n "$(NB)" || { echo "usage: make chapter NB=08_codegen [KEEP_OUTPUTS=1]"; exit 2; }
 	$(BOOK) build $(if $(KEEP_OUTPUTS),--keep-outputs) $(NB)
+	@$(VENV)/bin/jupyter trust chapters/$(NB).ipynb >/dev/null
 
 # every chapter, rebuilt from its source and executed
 chapters:
 	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-course
 	$(BOOK) build --all
+	@$(VENV)/bin/jupyter trust chapters/*.ipynb >/dev/null
 
 # one chapter re-run by nbval and compared with its stored outputs: make nbval NB=08_codegen
 nbval:

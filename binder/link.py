@@ -3,9 +3,10 @@
     python binder/link.py            # from `git remote get-url origin`
     python binder/link.py URL        # from a remote URL you give
 
-Binder (mybinder.org) builds the course from `binder/` and opens JupyterLab on `chapters/`. It
-needs the repository's public GitHub location, which only the clone knows, so the README has no
-badge with a made-up owner: run this to get the link for your fork or copy.
+Binder (mybinder.org) builds the course from `binder/` and opens JupyterLab on the tour,
+`chapters/00_tour.ipynb`. It needs the repository's public GitHub location, which only the clone
+knows, so the README has no badge with a made-up owner: run this to get the link for your fork or
+copy.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import re
 import subprocess
 import sys
 
-BINDER = "https://mybinder.org/v2/gh/{owner}/{name}/HEAD?urlpath=lab/tree/chapters"
+BINDER = "https://mybinder.org/v2/gh/{owner}/{name}/HEAD?urlpath=lab/tree/chapters/00_tour.ipynb"
 GITHUB_REMOTE = re.compile(r"^(?:https://(?:[^@/]+@)?github\.com/|git@github\.com:|"
                            r"ssh://git@github\.com/)([\w.-]+)/([\w.-]+?)(?:\.git)?/?$")
 

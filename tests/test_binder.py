@@ -31,7 +31,23 @@ def test_binder_files():
     assert (BINDER / "runtime.txt").read_text().strip() == "python-3.11"
     post_build = BINDER / "postBuild"
     assert os.access(post_build, os.X_OK)
-    assert "pip install --no-cache-dir -e ." in post_build.read_text()
+    script = post_build.read_text()
+    assert "pip install --no-cache-dir -e ." in script
+    assert "jupyter trust chapters/*.ipynb" in script  # stored outputs show as written
+    assert 'cp binder/overrides.json "$settings/overrides.json"' in script
+
+
+def test_the_course_settings_silence_jupyterlabs_news_and_update_check():
+    """binder/overrides.json, which `make course` and postBuild install as JupyterLab's
+    overrides.json (tests/test_viz_browser.py checks that no news popup shows)."""
+    import json
+    overrides = json.loads((BINDER / "overrides.json").read_text())
+    notification = overrides["@jupyterlab/apputils-extension:notification"]
+    assert notification == {"fetchNews": "false", "checkForUpdates": False}
+    makefile = (ROOT / "Makefile").read_text()
+    assert "LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json" in makefile
+    assert "jupyter trust chapters/*.ipynb" in makefile
+    assert "--LabApp.default_url=/lab/tree/00_tour.ipynb" in makefile
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +75,8 @@ def test_binder_link_is_built_from_the_remote():
     spec = importlib.util.spec_from_file_location("binder_link", BINDER / "link.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
-    expected = "https://mybinder.org/v2/gh/ada/tinyteach/HEAD?urlpath=lab/tree/chapters"
+    expected = ("https://mybinder.org/v2/gh/ada/tinyteach/HEAD?urlpath=lab/tree/chapters/"
+                "00_tour.ipynb")  # the course opens on the tour
     for remote in ("https://github.com/ada/tinyteach.git", "https://github.com/ada/tinyteach",
                    "git@github.com:ada/tinyteach.git", "ssh://git@github.com/ada/tinyteach"):
         assert module.binder_link(remote) == expected
