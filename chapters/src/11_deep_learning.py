@@ -170,7 +170,8 @@ draw = np.random.default_rng(3)
 probe_model = MLP()
 probe_adam = nn.optim.Adam(get_parameters(probe_model), lr=1e-2)
 # data, not parameters: requires_grad=False, or backward would compute the images' gradient
-# too (tinygrad's rule: a tensor the backward reaches gets a .grad unless it says False)
+# too (tinyteach's rule, chapter 2: a tensor the backward reaches gets a .grad unless it says
+# False)
 probe_images = Tensor(draw.random((64, 1, 8, 8)).astype(np.float32),
                       requires_grad=False).realize()
 probe_labels = Tensor(draw.integers(0, 10, 64).astype(np.int32)).realize()
@@ -450,12 +451,23 @@ print(f"test accuracy: {accuracy:.1%}")
 assert accuracy > 0.85
 
 # %% [markdown] id="dl-22"
-# Which digits does it confuse? A few test images with the model's guesses:
+# Which digits does it confuse? The first eight test images with the model's guesses, and below
+# them the test images it gets wrong (in red: its guess, then the true label):
 
 # %% id="dl-23"
 wrong = np.flatnonzero(predictions != y_test)[:8]
 print("misclassified (true -> predicted):",
       [f"{int(y_test[i])}->{int(predictions[i])}" for i in wrong])
+figure, axes = plt.subplots(2, 8, figsize=(8, 2.4))
+for row, indices in zip(axes, (np.arange(8), wrong)):
+    for axis in row:
+        axis.axis("off")
+    for axis, i in zip(row, indices):
+        axis.imshow(x_test[i, 0], cmap="gray_r")
+        right = predictions[i] == y_test[i]
+        title = f"guess {predictions[i]}" if right else f"{predictions[i]}, not {y_test[i]}"
+        axis.set_title(title, fontsize=9, color="black" if right else "red")
+plt.show()
 
 # %% [markdown] id="dl-50"
 # ## Numerics: log_softmax, not log(softmax)
