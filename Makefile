@@ -63,9 +63,13 @@ student-copy:
 
 # ---- the book: chapters/src/NN_name.py is the source of chapters/NN_name.ipynb ------------
 
-# nbval's settings, shared by `make nbval` and `make test`
-NBVAL := $(VENV)/bin/pytest -p no:cacheprovider --nbval --nbval-current-env \
-         --nbval-sanitize-with chapters/nbval_sanitize.cfg
+# nbval's settings, shared by `make nbval` and `make test`. The chapters run in the book's own
+# kernel, `tinyteach-book` (installed into the venv with the test extra): the venv's python with
+# CPU_VECTOR_WIDTH=$(BOOK_VECTOR_WIDTH), so the unit tests of the same pytest run keep the CPU's
+# own width. In `make test` each notebook runs whole on one xdist worker, in order, while the
+# other worker takes unit tests (tests/conftest.py)
+BOOK_KERNEL := tinyteach-book
+NBVAL := --nbval --nbval-kernel-name $(BOOK_KERNEL) --nbval-sanitize-with chapters/nbval_sanitize.cfg
 BOOK  := CPU_VECTOR_WIDTH=$(BOOK_VECTOR_WIDTH) $(PY) chapters/book.py
 
 # one chapter, rebuilt from its source and executed, then trusted (as `make course` does):
@@ -87,7 +91,7 @@ chapters:
 nbval:
 	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-test
 	@test -n "$(NB)" || { echo "usage: make nbval NB=08_codegen"; exit 2; }
-	CPU_VECTOR_WIDTH=$(BOOK_VECTOR_WIDTH) $(NBVAL) chapters/$(NB).ipynb
+	$(VENV)/bin/pytest -p no:cacheprovider $(NBVAL) chapters/$(NB).ipynb
 
 # ---- virtual environment (idempotent: stamps are redone only when pyproject.toml changes)
 
@@ -100,6 +104,9 @@ $(VENV)/.installed-course: pyproject.toml | $(PY)
 
 $(VENV)/.installed-test: pyproject.toml | $(PY)
 	$(PIP) install -e '.[test]'
+	$(PY) -m ipykernel install --sys-prefix --name $(BOOK_KERNEL) \
+	  --display-name "tinyteach book ($(BOOK_VECTOR_WIDTH) CPU lanes)" \
+	  --env CPU_VECTOR_WIDTH $(BOOK_VECTOR_WIDTH) >/dev/null
 	@touch $@
 
 # ---- tests ----------------------------------------------------------------
@@ -145,16 +152,11 @@ test: setup-test
 	@$(MAKE) --no-print-directory lint
 	@echo "==> mypy"
 	$(VENV)/bin/mypy tinyteach
-	@echo "==> pytest"
-	@rc=0; $(VENV)/bin/pytest -n 2 tests || rc=$$?; \
+	@echo "==> pytest: the unit tests, and nbval: every chapter notebook, re-executed and compared with its stored outputs"
+	@rc=0; $(VENV)/bin/pytest -n 2 $(NBVAL) chapters/*.ipynb tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "==> pytest collected no tests"; rc=0; fi; \
-	echo "==> nbval: every chapter notebook, re-executed and compared with its stored outputs"; \
-	nb=0; CPU_VECTOR_WIDTH=$(BOOK_VECTOR_WIDTH) $(NBVAL) -n 2 --dist loadfile \
-	  chapters/*.ipynb || nb=$$?; \
-	if [ $$nb -eq 5 ]; then echo "==> nbval collected no notebooks"; nb=0; fi; \
 	v3=0; $(MAKE) --no-print-directory test-cpu-v3 || v3=$$?; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; \
-	if [ $$nb -ne 0 ]; then exit $$nb; fi; \
 	exit $$v3
 
 # the fuzzers at length (make test runs each one's fixed-seed slice): the slices with
@@ -187,13 +189,9 @@ test-cpu-v3:
 ifeq ($(HAS_AVX512),1)
 	@echo "==> the CPU device built for $(CPU_V3): $$(CPU_ARCH=$(CPU_V3) $(PY) -c \
 	  'from tinyteach.runtime.cpu import describe_target; print(describe_target())')"
-	@rc=0; CPU_ARCH=$(CPU_V3) TINYTEACH_REQUIRE_DEVICES=CPU $(VENV)/bin/pytest -n 2 \
-	  -p no:cacheprovider $(CPU_OP_SUITE) -k CPU || rc=$$?; \
-	echo "==> nbval, built for $(CPU_V3): $(C_CHAPTERS)"; \
-	nb=0; CPU_ARCH=$(CPU_V3) CPU_VECTOR_WIDTH=$(BOOK_VECTOR_WIDTH) $(NBVAL) -n 2 --dist loadfile \
-	  $(C_CHAPTERS) || nb=$$?; \
-	if [ $$rc -ne 0 ]; then exit $$rc; fi; \
-	exit $$nb
+	@echo "==> the CPU device's op suite and the chapters with C kernels, built for $(CPU_V3): $(C_CHAPTERS)"
+	CPU_ARCH=$(CPU_V3) TINYTEACH_REQUIRE_DEVICES=CPU $(VENV)/bin/pytest -n 2 -p no:cacheprovider \
+	  $(NBVAL) $(C_CHAPTERS) $(CPU_OP_SUITE) -k "CPU or ipynb"
 else
 	@echo "==> no AVX-512 on this CPU: the native build was the only CPU target ($(CPU_V3) on AVX2)"
 endif

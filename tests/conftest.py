@@ -156,6 +156,25 @@ def _other_case_on_opencl(item: pytest.Item) -> bool:
     return any(callspec.indices.get(name, 0) != 0 for name in marker.args)
 
 
+# ---- one pytest for the unit tests and nbval (issue 23) ----
+#
+# `make test` runs the unit tests and nbval's notebooks in one pytest over 2 workers. A notebook's
+# cells share one kernel and run in order, so each notebook goes to one worker as a whole, while
+# the other worker takes unit tests one by one. (xdist's `--dist loadgroup` would do this with
+# marks, but its group suffix does not reach pytest 9's node ids.)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class NotebooksWhole(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path.endswith(".ipynb") else nodeid
+
+    return NotebooksWhole(config, log)
+
+
 # ---- issue 11: which devices ran tests, which were skipped and why ----
 #
 # `make test` ends with a table of devices. `.ci/run` sets TINYTEACH_REQUIRE_DEVICES to the devices
