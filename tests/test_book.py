@@ -73,6 +73,7 @@ def test_chapter_6_lists_the_schedulers_limits_and_reasons():
     table = cell_source("06_scheduling.ipynb", "sched-19")
     assert f"broadcast {schedule.BROADCAST_RECOMPUTE_LIMIT}×" in table
     assert f"{schedule.MAX_KERNEL_DEPTH:,} deep" in table
+    assert f"{schedule.MAX_VIEWS_PER_NODE} different views" in table
     source = inspect.getsource(schedule)
     reasons = re.findall(r'"(it is an output|contiguous\(\) asks|a copy between devices|'
                          r'assign\(\) writes|the reduction feeds another|'

@@ -11,7 +11,8 @@
 #   parameter, and the optimizer's two moments.);
 # - elementwise ops fuse — into the input of a reduction, onto its output, and with each
 #   other — unless a stated reason stores them: `contiguous()`, `assign()`, a copy to another
-#   device, a result broadcast 16 times or more into a reduction, or a chain of 1,000 ops;
+#   device, a result broadcast 16 times or more into a reduction, a result read through 64
+#   different views or more, or a chain of 1,000 ops;
 # - a reduction is stored in its own buffer only for a stated reason: its result is broadcast
 #   back over the axes it reduced, it feeds another reduction, it is padded, or several kernels
 #   need it;
@@ -280,12 +281,16 @@ for length, kernels in ((2048, 1), (2049, 3)):
 # | a reduction | its result is broadcast back (`EXPAND`); it feeds another reduction; it is padded; it is used by several kernels |
 # | — | *not* stored (broadcast back or feeding another reduction) when its rows fuse: at most 32 KiB (`MAX_FUSED_ROW_BYTES`), the innermost axes, output loops that are loops, only elementwise ops, broadcasts and reductions over the same rows above it (`FUSE_ROWS=0` turns it off) |
 # | elementwise | it is broadcast 16× or more into a reduction (`BROADCAST_RECOMPUTE_LIMIT`), has 16 elements or more, and takes two ALU ops or more to compute |
+# | any ALU op | it is read through 64 different views or more within the kernels above it (`MAX_VIEWS_PER_NODE`): each view would compute it again, and views of views multiply |
 # | any ALU op | the chain of ops is 1,000 deep (`MAX_KERNEL_DEPTH`): cut so the source stays small |
 #
 # Each case below is the smallest expression that triggers it.
 
 # %% id="sched-20"
 m = random_tensor(16, 16)
+many_views = Tensor(np.arange(8, dtype=np.float32)).realize() + 1
+for _ in range(6):  # each step reads the one before through two views: 2**6 = 64 views
+    many_views = many_views.pad(((1, 0),)).shrink(((0, 8),)) + many_views.flip(0)
 cases = {
     "broadcast back": a - a.mean(0, keepdim=True),   # (over rows, not the innermost axis)
     "reduction of a reduction": a.sum(1).max(),
@@ -293,6 +298,7 @@ cases = {
     "elementwise, broadcast into a matmul": (m + 1).exp() @ m,
     "contiguous": ((a + b).contiguous() * c).sum(1),
     "copy": (a + b).to("NUMPY"),
+    "read through 64 views": many_views,
 }
 for name, tensor in cases.items():
     items = schedule_of(tensor)
