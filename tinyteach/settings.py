@@ -73,6 +73,11 @@ class ContextVar:
         ContextVar.values = tuple(var.value for var in every)
         ContextVar.compiled = tuple(var.value for var in every if var.compiles)
 
+    @property
+    def shown_default(self) -> str:
+        """The default as the README's table writes it."""
+        return '""' if self.default == "" else str(self.default)
+
     def watch(self, apply: Callable[[Any], Any]) -> None:
         """Call `apply` with the value now and with every new one: a module above this one
         that acts on the setting (dtype.py sets dtypes.default_float from DEFAULT_FLOAT)."""
@@ -120,7 +125,7 @@ class EnvironmentVariable:
         if key in EnvironmentVariable.registry or key in ContextVar.registry:
             raise ValueError(f"the setting {key} is listed twice")
         self.key, self.default, self.meaning = key, default, meaning
-        self.shown_default = shown_default or ("(unset)" if default is None else repr(default))
+        self.shown_default = shown_default or ("(unset)" if default is None else default)
         EnvironmentVariable.registry[key] = self
 
     @property
@@ -194,14 +199,15 @@ OPENCL_PLATFORM = EnvironmentVariable("OPENCL_PLATFORM", None,
                                       meaning="the OpenCL platform to use, by (part of) its "
                                               "name (runtime/opencl.py)")
 POCL_SIGFPE_HANDLER = EnvironmentVariable("POCL_SIGFPE_HANDLER", "0",
-                                          meaning="pocl's: 0, no SIGFPE handler of its own; set "
-                                                  "when unset (runtime/opencl.py)")
+                                          meaning="pocl's: 0, no process-wide SIGFPE handler "
+                                                  "(C code still traps); set when unset "
+                                                  "(runtime/opencl.py)")
 XDG_RUNTIME_DIR = EnvironmentVariable("XDG_RUNTIME_DIR", None, shown_default="a fresh temp folder",
                                       meaning="the Vulkan driver's runtime folder, made when "
                                               "unset or empty (runtime/webgpu.py)")
 CUDA_PATH = EnvironmentVariable("CUDA_PATH", None,
-                                meaning="the CUDA toolkit, whose include/ has cuda_fp16.h for "
-                                        "NVRTC; else CUDA_HOME, else /usr/local/cuda")
+                                meaning="the CUDA toolkit, for NVRTC's cuda_fp16.h; before "
+                                        "CUDA_HOME and /usr/local/cuda (runtime/cuda.py)")
 CUDA_HOME = EnvironmentVariable("CUDA_HOME", None, meaning="the CUDA toolkit, when CUDA_PATH "
                                                            "is unset (runtime/cuda.py)")
 CUDA_ARCH = EnvironmentVariable("CUDA_ARCH", None,

@@ -83,7 +83,7 @@ from tinyteach.device import (
     DeviceUnavailable,
     HostAllocator,
 )
-from tinyteach.helpers import machine_identity
+from tinyteach.helpers import machine_identity, memo
 from tinyteach.render.c import HEAVY_MARK, CRenderer
 from tinyteach.settings import (
     BEAM,
@@ -155,6 +155,7 @@ def march_flags(arch: str) -> list[str]:
     return [f"-march={arch}" if flag == f"-march={NATIVE}" else flag for flag in C_FLAGS]
 
 
+@memo("cpu.predefined_macros")
 @functools.cache
 def _predefine(compiler: str, arch: str) -> subprocess.CompletedProcess[str]:
     """One preprocessor run that prints the macros for -march=arch (~10 ms; once a process)."""
@@ -252,6 +253,7 @@ def cpu_target(compiler: str, arch: str | None = None) -> CPUTarget:
     return _checked_target(compiler, cpu_arch() if arch is None else arch)
 
 
+@memo("cpu.checked_targets")
 @functools.cache
 def _checked_target(compiler: str, arch: str) -> CPUTarget:
     if arch == NATIVE:  # as always: a compiler without -march=native builds without vectors
