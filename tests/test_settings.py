@@ -198,6 +198,12 @@ def test_the_snapshot_follows_every_limit(monkeypatch, limit):
     assert snapshot() != before
 
 
+def test_the_snapshot_reads_the_limits_listed():
+    assert snapshot()[1:] == tuple(limit.value() for limit in settings.LIMITS)
+    assert snapshot()[0] == tuple(var.value for var in ContextVar.registry.values()
+                                  if var.compiles)
+
+
 def test_the_fused_row_limit_is_in_the_snapshot():
     # the plan cache's old key listed five limits by hand and missed this one
     assert "MAX_FUSED_ROW_BYTES" in {limit.name for limit in settings.LIMITS}

@@ -242,8 +242,8 @@ def chosen_device(names: Iterable[str]) -> str | None:
 @dataclass(frozen=True)
 class Limit:
     """A constant of another module (`module.name`) that changes how a graph is scheduled or
-    packed. It stays in its module, where the code reads it and a test may change it; this
-    list is what `snapshot()` reads, so the plan cache is keyed on it too."""
+    packed. It stays in its module, where the code reads it and a test may change it;
+    `snapshot()` reads each one, so the plan cache is keyed on it too."""
 
     module: str
     name: str
@@ -277,5 +277,12 @@ def snapshot() -> tuple[Any, ...]:
     the same graph, hashable: the plan cache's key holds it. DEBUG and PLAN_CACHE (which take
     another path), TRAINING and DEFAULT_FLOAT (read while the graph is built) are not in it;
     nor are the environment variables, read when a device is opened (its name is in the key,
-    and a device, once open, keeps what it read)."""
-    return (ContextVar.compiled, tuple(limit.value() for limit in LIMITS))
+    and a device, once open, keeps what it read). The limits are read by name, as LIMITS lists
+    them (a test holds the two together): an eager realize asks for this each time, and a loop
+    over LIMITS would cost it a tenth of its time."""
+    schedule, pack = sys.modules.get("tinyteach.schedule"), sys.modules.get("tinyteach.pack")
+    if schedule is None or pack is None:
+        return (ContextVar.compiled,)  # nothing can be scheduled yet
+    return (ContextVar.compiled, schedule.MAX_KERNEL_DEPTH, schedule.MAX_VIEWS_PER_NODE,
+            schedule.BROADCAST_RECOMPUTE_LIMIT, schedule.MAX_FUSED_ROW_BYTES,
+            pack.PACK_MIN_ELEMENTS, pack.PACK_MIN_ROW_BYTES)
