@@ -20,13 +20,22 @@ BOOK_VECTOR_WIDTH := 16
 # check. JupyterLab reads overrides.json from <sys.prefix>/share/jupyter/lab/settings
 LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
 
-# the course: JupyterLab on chapters/, on this machine only (127.0.0.1), opening on the tour; it
-# prints the URL. The chapters are trusted first (`jupyter trust`: they are the course's own), so
-# their stored outputs show as they were written
+# the course: JupyterLab on course/, on this machine only (127.0.0.1), opening on the tour; it
+# prints the URL. course/ holds the chapters with the exercise's student copy in place of the
+# solved notebook (which stays in chapters/, for nbval and instructors). A notebook already in
+# course/ is kept, with the student's work (delete it to get the current one). The chapters are
+# trusted first (`jupyter trust`: they are the course's own; a signature is of the content, so
+# their copies are trusted too), so their stored outputs show as they were written
+COURSE := course
+
 course: $(VENV)/.installed-course $(LAB_SETTINGS) course-deps
+	@mkdir -p $(COURSE)
+	@test -e $(COURSE)/$(notdir $(EXERCISE)) || cp $(STUDENT_COPY) $(COURSE)/$(notdir $(EXERCISE))
+	@for notebook in $(filter-out $(EXERCISE),$(wildcard chapters/*.ipynb)); do \
+	  test -e $(COURSE)/$${notebook#chapters/} || cp $$notebook $(COURSE)/; done
 	@$(VENV)/bin/jupyter trust chapters/*.ipynb >/dev/null
-	@echo "==> starting JupyterLab on chapters/: open the .../lab/tree/00_tour.ipynb?token=... URL below"
-	$(VENV)/bin/jupyter lab --notebook-dir=chapters --ServerApp.ip=127.0.0.1 --no-browser \
+	@echo "==> starting JupyterLab on $(COURSE)/: open the .../lab/tree/00_tour.ipynb?token=... URL below"
+	$(VENV)/bin/jupyter lab --notebook-dir=$(COURSE) --ServerApp.ip=127.0.0.1 --no-browser \
 	  --LabApp.default_url=/lab/tree/00_tour.ipynb $(if $(filter 0,$(shell id -u)),--allow-root)
 
 $(LAB_SETTINGS): binder/overrides.json | $(PY)

@@ -7,6 +7,7 @@ import inspect
 import json
 import math
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,39 @@ def test_the_cpu_device_compiles_with_fwrapv():
     """12 ex-a-rules: -fwrapv is what makes signed overflow wrap in the C backend."""
     assert "-fwrapv" in cpu.C_FLAGS
     assert "-fwrapv" in cell_source("12_exercise_backend.ipynb", "ex-a-rules")
+
+
+def course_commands(course: Path) -> tuple[str, str]:
+    """`make course`'s recipe for the folder `course`, as make would run it (`make -n`): the
+    shell lines that fill the folder, and the whole recipe."""
+    recipe = subprocess.run(["make", "-n", "course", f"COURSE={course}"], cwd=CHAPTERS.parent,
+                            capture_output=True, text=True, check=True).stdout
+    lines = recipe.splitlines()
+    start = lines.index(f"mkdir -p {course}")
+    end = next(k for k in range(start, len(lines)) if lines[k].endswith("done"))
+    return "\n".join(lines[start:end + 1]), recipe
+
+
+def test_make_course_serves_the_student_copy_of_the_exercise(tmp_path):
+    """`make course` serves course/: every chapter, with the exercise's student copy in place of
+    the solved notebook, so no notebook it serves holds a solution (issue 27); and a notebook
+    already there (the student's work) is kept."""
+    from tinyteach.exercises.student_version import has_solution
+    fill, recipe = course_commands(tmp_path)
+    assert f"--notebook-dir={tmp_path} " in recipe
+    subprocess.run(["bash", "-c", fill], cwd=CHAPTERS.parent, check=True)
+    served = sorted(path.name for path in tmp_path.glob("*.ipynb"))
+    assert served == sorted(path.name for path in CHAPTERS.glob("*.ipynb"))
+    for path in tmp_path.glob("*.ipynb"):
+        cells = json.loads(path.read_text())["cells"]
+        assert not any(has_solution(cell) for cell in cells), path.name
+    exercise = (tmp_path / "12_exercise_backend.ipynb").read_text()
+    assert "raise NotImplementedError()" in exercise
+    assert any(has_solution(cell) for cell in
+               json.loads((CHAPTERS / "12_exercise_backend.ipynb").read_text())["cells"])
+    (tmp_path / "12_exercise_backend.ipynb").write_text("the student's work")
+    subprocess.run(["bash", "-c", fill], cwd=CHAPTERS.parent, check=True)
+    assert (tmp_path / "12_exercise_backend.ipynb").read_text() == "the student's work"
 
 
 @pytest.mark.parametrize("notebook", sorted(path.name for path in CHAPTERS.glob("*.ipynb")))
