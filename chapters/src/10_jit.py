@@ -348,8 +348,9 @@ print(f"whole path {whole} calls, lean path {lean}, JIT replay {replay}")
 assert lean < 60 and whole > 5 * lean and replay < 20
 
 # %% [markdown] id="jit-44"
-# (The counts are not stored: they change with the Python version.) The lean path makes a few
-# dozen calls where the whole path makes hundreds; what is left is the graph, the output
+# (The counts printed here are stored, but nbval does not compare them: they change with the
+# Python version.) The lean path makes a few dozen calls where the whole path makes hundreds;
+# what is left is the graph, the output
 # buffer and the result node, which a JIT replay does not build: it writes into the buffer of
 # its capture and only makes the Tensor it returns. Time follows the count only roughly
 # (a call into C, ctypes' launch among them, costs more than a Python call), which is why
