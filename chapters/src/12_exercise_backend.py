@@ -673,7 +673,10 @@ x = UPat.var("x")
 
 
 def times_two() -> PatternAndBuild:
-    """x*2 -> x+x: an addition is cheaper than a multiplication (strength reduction)."""
+    """x*2 -> x+x: the same value for every input (doubling is exact, or overflows the same
+    way). For integers an addition is cheaper than a multiplication (strength reduction: 1
+    cycle against 3 on x86); for float32 both take the same time on current x86 CPUs, and
+    the rule only saves the constant 2."""
     ### BEGIN SOLUTION
     return UPat(Ops.MUL, src=(x, UPat.const(2))), lambda x: x + x
     ### END SOLUTION
