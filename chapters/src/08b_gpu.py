@@ -414,7 +414,13 @@ print("the inner loop on 63 columns:", " ".join(inner_loop(odd_program)))
 # candidates by a **cost model** from the emulator's record instead: the 32-byte sectors each
 # warp's global loads and stores touch, the shared-memory wavefronts (more than one per warp
 # when threads hit the same bank at different words), and each warp's barriers. With
-# `DEBUG=2` it prints what it tried:
+# `DEBUG=2` it prints what it tried.
+#
+# The cost model counts traffic, not parallelism: it does not know how many work-groups a GPU
+# runs at once, so fewer, larger groups always look better to it. For this 64×64 product it
+# picks one work-group of 256 threads for the whole output. A real GPU runs a work-group on one
+# of its streaming multiprocessors (an H100 has 132): one group keeps one of them busy and the
+# others idle, and timed on the hardware, more and smaller groups would win.
 
 # %% id="gpu-57"
 import math
@@ -440,8 +446,12 @@ for options, cost in sorted(result.tried.items(), key=lambda item: item[1]):
 print("chosen:", label(result.best))
 program = lower(square.ast, result.best)
 output = np.zeros(64 * 64, np.float32)
-emulate(program, [output, a64.reshape(-1).copy(), b64.reshape(-1).copy()])
+chosen_trace = emulate(program, [output, a64.reshape(-1).copy(), b64.reshape(-1).copy()],
+                       record=True)
 np.testing.assert_allclose(output.reshape(64, 64), a64 @ b64, rtol=1e-4, atol=1e-4)
+launch = launch_summary(chosen_trace).text.splitlines()[1]
+print(launch)
+assert launch.startswith("work-groups: 1 x 1 x 1 = 1,") and launch.endswith("= 256")
 
 # %% [markdown] id="gpu-58"
 # On OPENCL (pocl, on this machine's CPU) the same search times each candidate. Its choice is
@@ -450,12 +460,26 @@ np.testing.assert_allclose(output.reshape(64, 64), a64 @ b64, rtol=1e-4, atol=1e
 
 # %% id="gpu-59"
 # NBVAL_IGNORE_OUTPUT
+# (timings decide the search's winner, so the output differs from run to run)
+import os
+import tempfile
+
 from tinyteach.helpers import Context
 
 if Device.is_available("OPENCL"):
     search.clear_memory_cache()
-    with Context(BEAM=1, DEBUG=2):
-        searched = (Tensor(a64, device="OPENCL") @ Tensor(b64, device="OPENCL")).numpy()
+    previous_cache = os.environ.get("TINYTEACH_CACHE")
+    with tempfile.TemporaryDirectory() as empty_cache:
+        os.environ["TINYTEACH_CACHE"] = empty_cache   # no cached choice: the search runs
+        try:
+            with Context(BEAM=1, DEBUG=2):
+                on_opencl = (Tensor(a64, device="OPENCL") @ Tensor(b64, device="OPENCL"))
+                searched = on_opencl.numpy()
+        finally:
+            if previous_cache is None:
+                del os.environ["TINYTEACH_CACHE"]
+            else:
+                os.environ["TINYTEACH_CACHE"] = previous_cache
     np.testing.assert_allclose(searched, a64 @ b64, rtol=1e-4, atol=1e-4)
 
 # %% [markdown] id="gpu-36"
@@ -471,8 +495,11 @@ if Device.is_available("OPENCL"):
 # work-group of one warp. Per step of 16 along the reduction, every thread loads its 8 + 4
 # fragment elements from global memory (past an edge they load as 0, so any size works), the
 # warp runs one `WMMA`, and each thread adds its 4 results to 4 float32 accumulators. The
-# emulator runs the instruction as a GPU defines it: it gathers every lane's elements into A
-# and B by the instruction's layout, multiplies them, and hands each lane its elements of D.
+# emulator runs the instruction by its layout: it gathers every lane's elements into A and B
+# as the instruction defines, multiplies them with float32 sums, and hands each lane its
+# elements of D. What it cannot copy is the hardware's arithmetic: NVIDIA does not specify in
+# which order a tensor core adds the products or how it rounds the partial sums, so the
+# emulator, a GPU and numpy agree within a tolerance, not bit for bit.
 # A 20×40 times 40×12 half matmul: 2×2 tiles of 16×8, 3 steps of 16 along k:
 
 # %% id="gpu-37"
@@ -484,7 +511,7 @@ on_tensor_cores = lower(half_matmul.ast, KernelOptions(tensor_core=True))
 half_out = np.zeros(20 * 12, np.float16)
 tc_trace = emulate(on_tensor_cores, [half_out, half_a.reshape(-1), half_b.reshape(-1)],
                    half_matmul.name, record=True)
-expected = half_a.astype(np.float32) @ half_b.astype(np.float32)  # what the hardware computes
+expected = half_a.astype(np.float32) @ half_b.astype(np.float32)  # float32 sums, in numpy's order
 np.testing.assert_allclose(half_out.reshape(20, 12), expected, rtol=2e-3, atol=2e-3)
 print(on_tensor_cores.applied_opts)
 print(launch_summary(tc_trace).text)
@@ -712,6 +739,26 @@ assert kernels == {1: 1, 0: 3} and MAX_GROUP_ROW == 2048
 row_program = lower(row_kernel.ast, options_for_renderer(row_kernel.ast, OpenCLRenderer()))
 assert row_program.options.group == 64 and len(row_program.locals) == 2
 print(OpenCLRenderer().render(row_kernel.name, row_program))
+
+# %% [markdown] id="gpu-80"
+# Each load's index ends in `% 1600`. The input has 8 × 200 = 1,600 floats, and the simplifier
+# drops a position's `%` by the buffer's size only when it can prove the position is already
+# below it. Here it cannot: a thread's columns run to 255 (4 steps of 64 for a row of 200), so
+# as far as the bounds go `gidx0*200 + column` reaches 7·200 + 255 = 1,655. That the load sits
+# under the guard `column < 200` is not used. The `%` changes no loaded value (under the guard
+# the position is below 1,600); rows of 256, which need no guard, have none:
+
+# %% id="gpu-81"
+wide = create_schedule([Tensor(np.zeros((8, 256), np.float32), device="PYTHON").softmax(1).uop],
+                       "PYTHON")[0][-1]
+wide_program = lower(wide.ast, options_for_renderer(wide.ast, OpenCLRenderer()))
+row_loads = [line.strip() for line in OpenCLRenderer().render(row_kernel.name, row_program)
+             .splitlines() if "data1[" in line]
+wide_loads = [line.strip() for line in OpenCLRenderer().render(wide.name, wide_program)
+              .splitlines() if "data1[" in line]
+print("rows of 200:", row_loads[0])
+print("rows of 256:", wide_loads[0])
+assert all("%1600" in line for line in row_loads) and not any("%" in line for line in wide_loads)
 
 # %% [markdown] id="gpu-46"
 # The kernel reads from the top: `local0` and `local1` are the two reductions' shared arrays;
