@@ -242,9 +242,9 @@ np.testing.assert_allclose(y.numpy(), np.maximum(np.sqrt(x.numpy() * 2 + 1), x.n
 # %% [markdown] id="codegen-39"
 # ## A convolution is a matmul, once its operands are in order
 #
-# The optimizer of chapter 7 gives a matmul a *vector tile*: 8 rows times 16 columns of the
-# output per loop iteration, each step loading 16 consecutive numbers of `b` as one vector and one
-# number of `a` for all of them. A convolution is the same sum of products:
+# The optimizer of chapter 7 gives a matmul a *vector tile*: 8 rows times 32 columns of the
+# output per loop iteration (two vectors of 16 per row), each step loading 16 consecutive numbers
+# of `b` as one vector and one number of `a` for all of them. A convolution is the same sum of products:
 #
 # `out[n, co, y, x] = sum over (ci, ky, kx) of image[n, ci, y+ky, x+kx] * w[co, ci, ky, kx]`
 #
@@ -528,13 +528,12 @@ expected /= expected.sum(-1, keepdims=True)
 np.testing.assert_allclose(rows.softmax(-1).numpy(), expected, rtol=2e-6, atol=1e-9)
 
 # %% [markdown] id="codegen-61"
-# ## Softmax at PyTorch's speed: one row at a time, in lanes
+# ## Softmax in lanes, one row at a time: 7-8 ms where PyTorch takes 6
 #
-# Softmax over rows of 1024 is one kernel (row fusion, chapter 11b): per row a max, a sum of
-# exps, and a loop over the columns that writes exp / sum. The optimizer used to give it the
-# usual 4x4 tile: 4 rows per iteration, and the column loop wrote 16 outputs from 4 rows. gcc
-# vectorized only the sum loop, which its `#pragma omp simd` allowed to. Three things stood in
-# the way of the others:
+# Softmax over rows of 1024 is one kernel (row fusion, chapter 6): per row a max, a sum of
+# exps, and a loop over the columns that writes exp / sum. Given the usual 4x4 tile (4 rows per
+# iteration, the column loop writing 16 outputs from 4 rows), gcc vectorizes only the sum loop,
+# which its `#pragma omp simd` allows it to. Three things stand in the way of the others:
 #
 # - **the tile**: the column loop's 16 stores per iteration are 4 short runs in 4 rows;
 # - **`-fwrapv`**: every kernel is compiled with it, so that an int32 that overflows wraps as in
@@ -544,11 +543,12 @@ np.testing.assert_allclose(rows.softmax(-1).numpy(), expected, rtol=2e-6, atol=1
 #   chain of dependent steps; a compiler will not split it, and OpenMP's `max` reduction would
 #   drop a NaN.
 #
-# Now a row kernel takes one row per iteration (`opt._one_row_at_a_time`); a kernel whose
-# integers are only positions is compiled without `-fwrapv` (`render.c.integers_are_positions`:
-# no integer is loaded, stored, summed or converted, so nothing can wrap); and the max and the
-# sums are split into lanes by the renderer itself. `vectorized_loops` asks gcc which loops it
-# vectorized, before and after.
+# So the optimizer gives a row kernel one row per iteration (`opt._one_row_at_a_time`); a kernel
+# whose integers are only positions is compiled without `-fwrapv`
+# (`render.c.integers_are_positions`: no integer is loaded, stored, summed or converted, so
+# nothing can wrap); and the renderer splits the max and the sums into lanes itself.
+# `vectorized_loops` asks gcc which loops it vectorizes: `before` is the kernel with the 4x4 tile,
+# `-fwrapv` and the compiler's own reductions, `after` the kernel as the device builds it.
 #
 # Which loops gcc vectorizes is its decision *for a target CPU*, and the device builds for
 # this machine's own (`-march=native`, or the `CPU_ARCH` setting): the answer on an AVX-512
@@ -599,7 +599,7 @@ def show(source):
 norm_rows = Tensor(rng.standard_normal((4096, 1024)).astype(np.float32))
 row_kernel = kernel_of(norm_rows.softmax(-1))
 cpu = Device["CPU"].renderer  # its vector width: 16 lanes in the book (CPU_VECTOR_WIDTH)
-tiled = KernelOptions(upcasts=((0, 4), (1, 4)), parallel=True)  # the old heuristic's choice
+tiled = KernelOptions(upcasts=((0, 4), (1, 4)), parallel=True)  # the usual 4x4 tile
 with Context(FIXED_LANES=0, ROW_CACHE=0):  # sums under `omp simd`, exp computed twice
     before = cpu.render(row_kernel.name, lower(row_kernel.ast, tiled))
 before = before.replace(', "no-wrapv"', "")  # built as every kernel was: with -fwrapv
@@ -641,7 +641,7 @@ assert vectorized_loops(wrapping, "x86-64-v4")[columns]
 # operation, for the max as for the sum. And the order is written in the source: gcc -O2,
 # gcc -O0 and tcc (the fast tier of chapter 9) compute the same operations in the same order and
 # get the same bits, where `#pragma omp simd reduction(+:...)` let the compiler choose
-# (`FIXED_LANES=0` is that old path).
+# (`FIXED_LANES=0` gives that path).
 #
 # **exp once.** The sum loop computes exp(x - max) for every element, and the column loop needed
 # it again. The values are the same UOps (with the loop counter renamed), so the renderer lets
@@ -660,7 +660,7 @@ expected /= expected.sum(-1, keepdims=True)
 np.testing.assert_allclose(norm_rows.softmax(-1).numpy(), expected, rtol=2e-6, atol=1e-9)
 
 # %% [markdown] id="codegen-67"
-# What it bought, measured on a 2-core AVX2 machine shared with other jobs (so the figures are
+# What each step buys, measured on a 2-core AVX2 machine shared with other jobs (so the figures are
 # rough: the lowest CPU time of 30 runs, one thread, 4096 x 1024): the tiled kernel 26-37 ms;
 # one row at a time in lanes 9-11 ms; with the exp kept in the row's array 7-8 ms; PyTorch's
 # softmax 6.0-6.2 ms.
