@@ -267,8 +267,9 @@ r0 = UOp(Ops.RANGE, dtypes.int32, (), ("r", 0, 2))
 _, raw, _ = index_into_buffer(base.reshape(2, 6).permute(1, 0).uop, (g0, r0))  # out's load
 print("raw index:                ", expression(raw))
 print("symbolic:                 ", expression(graph_rewrite(raw, symbolic)))
-print("recombine, then symbolic: ", expression(graph_rewrite(graph_rewrite(raw, recombine), symbolic)))
-assert graph_rewrite(graph_rewrite(raw, recombine), symbolic) is r0 * 6 + g0
+recombined_raw = graph_rewrite(graph_rewrite(raw, recombine), symbolic)
+print("recombine, then symbolic: ", expression(recombined_raw))
+assert recombined_raw is r0 * 6 + g0
 
 # %% [markdown] id="rewrite-44"
 # But an order of passes is chosen for the expressions one has seen. tinygrad meets the same
