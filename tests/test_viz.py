@@ -393,6 +393,11 @@ def test_rewrite_explorer_steps_through_rules() -> None:
     assert "before:" in explorer.view.value and "after:" in explorer.view.value
     bundle = explorer._repr_mimebundle_()
     assert bundle["text/plain"].startswith("rewrite explorer: step")
+    # where no widget runs (untrusted, or a static viewer): the step shown, drawn, as HTML
+    step = html.escape(steps[len(steps) - 2].rule)
+    assert step in bundle["text/html"] and "application/vnd.jupyter.widget-view+json" in bundle
+    if shutil.which("dot"):
+        assert len(drawn_svgs(bundle["text/html"])) == 2  # before and after
 
 
 def test_rewrite_formulas_of_deep_expressions_are_cut_without_recursion() -> None:

@@ -2,7 +2,8 @@
 
 What a student sees: a slider (and previous/next buttons) over the recorded `RewriteStep`s of
 chapter 5; for each step the pass and the rule's name (`(a*c+b)//c -> a+b//c`), the expression
-before and after written the usual way, and the two small graphs side by side.
+before and after written the usual way, and the two small graphs side by side. Where no widget
+can run (a notebook not trusted yet, a static viewer), the step it showed is there as HTML.
 
 Accepts what `record_rewrites()` gave you (a RewriteLog or a list of RewriteSteps), or a Tensor,
 UOp or ScheduleItem, whose kernels are then lowered under `record_rewrites()` to collect the
@@ -182,8 +183,12 @@ class RewriteExplorer:
         return f"rewrite explorer: {step_title(self.steps, self.step)}"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        """The widget, and for where it cannot run the step it shows now as HTML: a notebook
+        not trusted yet shows no widget (JupyterLab renders its HTML instead), nor does a static
+        viewer without the widget's saved state."""
         bundle: dict[str, Any] = self.widget._repr_mimebundle_(**kwargs) or {}
         bundle["text/plain"] = self._summary()  # deterministic: nbval compares it
+        bundle["text/html"] = self.view.value
         return bundle
 
     def __repr__(self) -> str:
