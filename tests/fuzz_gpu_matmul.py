@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tinyteach import Tensor, clear_caches  # noqa: E402
 from tinyteach import search as search_module  # noqa: E402
-from tinyteach.device import Device  # noqa: E402
+from tinyteach.device import Device, capabilities_of  # noqa: E402
 from tinyteach.dtype import dtypes, from_bfloat16_bits, to_bfloat16_bits  # noqa: E402
 from tinyteach.lower import lower  # noqa: E402
 from tinyteach.opt import KernelOptions, can_group_reduce, tile_plan  # noqa: E402
@@ -145,12 +145,12 @@ def tolerance(case: Case) -> tuple[float, float]:
 def valid_options(ast: UOp, renderer: object) -> list[KernelOptions]:
     """No option, and every GPU option this kernel can take on this renderer."""
     options = [KernelOptions()]
-    if getattr(renderer, "supports_group_reduce", False) and can_group_reduce(ast):
+    if capabilities_of(renderer).group_reduce and can_group_reduce(ast):
         options += [KernelOptions(group=size, group_combine=combine)
                     for size in (4, 16) for combine in ("tree", "serial")]
-    if getattr(renderer, "supports_local_tile", False) and tile_plan(ast) is not None:
+    if capabilities_of(renderer).local_tile and tile_plan(ast) is not None:
         options += [KernelOptions(local_tile=size) for size in (4, 8, 16)]
-    if getattr(renderer, "supports_tensor_core", False) and why_no_tensor_core(ast) is None:
+    if bool(capabilities_of(renderer).tensor_cores) and why_no_tensor_core(ast) is None:
         options += [KernelOptions(tensor_core=True)] * 2  # drawn as often as the other kinds
         options += [KernelOptions(tensor_core=True, tensor_core_block=block)
                     for block in TENSOR_CORE_BLOCKS]
@@ -169,7 +169,7 @@ def drawn_options(rng: np.random.Generator) -> Iterator[None]:
     heuristic = search_module.heuristic_options
 
     def options(backend, ast: UOp) -> KernelOptions:
-        if getattr(backend.renderer, "supports_group_reduce", False):
+        if backend.capabilities.group_reduce:
             return draw(rng, ast, backend.renderer)
         return heuristic(backend, ast)
     clear_caches()

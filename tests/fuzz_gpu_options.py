@@ -48,6 +48,7 @@ from fuzz_gpu_matmul import (  # noqa: E402
 
 from tinyteach import clear_caches  # noqa: E402
 from tinyteach import search as search_module  # noqa: E402
+from tinyteach.device import capabilities_of
 from tinyteach.lower import lower  # noqa: E402
 from tinyteach.opt import (  # noqa: E402
     KernelOptions,
@@ -75,16 +76,16 @@ def valid_options(ast: UOp, renderer: object) -> list[KernelOptions]:
     if row_kernel_axis(ast) is None:  # (a row kernel keeps one work-group per row)
         kinds.append([KernelOptions(((axis, factor),)) for axis, size in enumerate(shape)
                       for factor in UPCASTS if size % factor == 0 and size >= 2 * factor])
-    if getattr(renderer, "supports_group_reduce", False) and can_group_reduce(ast):
+    if capabilities_of(renderer).group_reduce and can_group_reduce(ast):
         kinds.append([KernelOptions(group=size, group_combine=combine)
                       for size in (4, 16) for combine in ("tree", "serial")])
     plan = tile_plan(ast)
-    if getattr(renderer, "supports_local_tile", False) and plan is not None:
+    if capabilities_of(renderer).local_tile and plan is not None:
         tiles = [KernelOptions(local_tile=size, tile_upcast=block) for size in TILES
                  for block in TILE_UPCASTS]
         kinds.append([o for o in tiles if local_tile_fits(o, plan.x.dtype.itemsize)])
         kinds.append([o for o in kinds[-1] if o.tile_upcast > 1])  # blocks twice as often
-    if getattr(renderer, "supports_tensor_core", False) and why_no_tensor_core(ast) is None:
+    if bool(capabilities_of(renderer).tensor_cores) and why_no_tensor_core(ast) is None:
         kinds.append([KernelOptions(tensor_core=True)])
     return [option for kind in kinds if kind for option in kind]
 
@@ -119,7 +120,7 @@ def drawn_options(rng: np.random.Generator) -> Iterator[None]:
     heuristic = search_module.heuristic_options
 
     def options(backend, ast: UOp) -> KernelOptions:
-        if getattr(backend.renderer, "supports_group_reduce", False):
+        if backend.capabilities.group_reduce:
             return draw(rng, ast, backend.renderer)
         return heuristic(backend, ast)
     clear_caches()

@@ -59,7 +59,7 @@ def forced_options(monkeypatch):
         clear_caches()
 
         def options(backend, ast):
-            if getattr(backend.renderer, "supports_group_reduce", False):
+            if backend.capabilities.group_reduce:
                 return choose(ast)
             return heuristic(backend, ast)
         monkeypatch.setattr(search_module, "heuristic_options", options)

@@ -23,7 +23,7 @@ PACKAGE = Path(tinyteach.__file__).parent
 # ordered within it
 CORE = ["settings", "helpers", "dtype", "uop", "view", "rewrite", "device", "schedule", "lower",
         "render", "runtime", "realize", "gradient", "tensor", "indexing"]
-SAME_LAYER = {"opt": "lower", "wmma": "lower", "transcendental": "lower",
+SAME_LAYER = {"opt": "lower", "plan": "lower", "wmma": "lower", "transcendental": "lower",
               "search": "realize", "pack": "realize",
               "tensor_core": "tensor",
               "tensor_create": "tensor", "tensor_movement": "tensor", "tensor_math": "tensor",

@@ -2,6 +2,8 @@
 No test asserts on wall-clock times: a fake timer decides which candidate "wins" where needed."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -128,13 +130,17 @@ def test_the_disk_cache_round_trips():
     backend = Device["CPU"]
     _, ast = matmul_ast()
     key = search.cache_key(backend, ast, 2)
-    heuristic = search.heuristic_options(backend, ast)
     chosen = KernelOptions(upcasts=((0, 2), (1, 4)), parallel=True)
-    search.write_cached(key, search.SearchResult(chosen, 1e-3, 2e-3, candidates=5))
-    assert search.read_cached(key, heuristic) == chosen
-    assert search.read_cached("no-such-key", heuristic) is None
+    search.write_cached(key, ast, search.SearchResult(chosen, 1e-3, 2e-3, candidates=5))
+    stored = json.loads((search.beam_cache_dir() / f"{key}.json").read_text())["actions"]
+    assert stored == [["UPCAST", 0, 2], ["UPCAST", 1, 4], ["THREAD", 0, 0]]  # as actions
+    assert search.read_cached(key, ast, backend) == chosen
+    assert search.read_cached("no-such-key", ast, backend) is None
     (search.beam_cache_dir() / f"{key}.json").write_text("{not json")
-    assert search.read_cached(key, heuristic) is None  # a damaged entry: search again
+    assert search.read_cached(key, ast, backend) is None  # a damaged entry: search again
+    entry = {"actions": [["UPCAST", 0, 7]]}  # an action that no longer fits: search again
+    (search.beam_cache_dir() / f"{key}.json").write_text(json.dumps(entry))
+    assert search.read_cached(key, ast, backend) is None
 
 
 def test_the_cache_key_names_the_kernel_and_the_device():

@@ -10,7 +10,7 @@ import pytest
 
 from tinyteach import Context, Tensor, clear_caches
 from tinyteach import search as search_module
-from tinyteach.device import DeviceUnavailable
+from tinyteach.device import DeviceUnavailable, capabilities_of
 from tinyteach.dtype import dtypes, from_bfloat16_bits, to_bfloat16_bits
 from tinyteach.lower import lower
 from tinyteach.opt import KernelOptions, choose_options, options_for_renderer
@@ -108,7 +108,7 @@ def forced_tensor_cores(monkeypatch):
     clear_caches()
 
     def options(backend, ast):
-        if getattr(backend.renderer, "supports_tensor_core", False) and \
+        if bool(backend.capabilities.tensor_cores) and \
                 why_no_tensor_core(ast) is None:
             return KernelOptions(tensor_core=True)
         return options_for_renderer(ast, backend.renderer)
@@ -190,7 +190,7 @@ def test_heuristic_offers_tensor_cores_only_where_they_exist():
     for renderer in (CUDARenderer(), PythonRenderer()):
         assert options_for_renderer(half_matmul.ast, renderer) == KernelOptions(tensor_core=True)
     for renderer in (OpenCLRenderer(), WGSLRenderer()):  # no tensor cores: the flag is off
-        assert not getattr(renderer, "supports_tensor_core", False)
+        assert not bool(capabilities_of(renderer).tensor_cores)
         assert not options_for_renderer(half_matmul.ast, renderer).tensor_core
     floats = last_kernel(Tensor(np.ones((64, 64), np.float32)) @
                          Tensor(np.ones((64, 32), np.float32)))
@@ -340,10 +340,10 @@ def forced_block(monkeypatch, block):
     clear_caches()
 
     def options(backend, ast):
-        if getattr(backend.renderer, "supports_tensor_core", False) and \
+        if bool(backend.capabilities.tensor_cores) and \
                 why_no_tensor_core(ast) is not None:
             return options_for_renderer(ast, backend.renderer)
-        if getattr(backend.renderer, "supports_tensor_core", False):
+        if bool(backend.capabilities.tensor_cores):
             return KernelOptions(tensor_core=True, tensor_core_block=block)
         return options_for_renderer(ast, backend.renderer)
     monkeypatch.setattr(search_module, "heuristic_options", options)

@@ -16,8 +16,8 @@ module (or small package) that opens with what it teaches, and one notebook in c
 | 4  | Shapes without copies: views                         | view.py                           |
 | 5  | Rewriting graphs: the pattern matcher                | rewrite.py                        |
 | 6  | Scheduling: kernel fusion                            | schedule.py                       |
-| 7  | Lowering: loops, indices, optimizations              | lower.py, opt.py, pack.py,        |
-|    |                                                      | search.py                         |
+| 7  | Lowering: loops, indices, optimizations              | lower.py, plan.py, opt.py,        |
+|    |                                                      | pack.py, search.py                |
 | 8  | Code generation: C, OpenCL, CUDA, WGSL               | render/                           |
 | 8b | GPU kernels: work-groups, shared memory, emulator    | lower.py, opt.py,                 |
 |    |                                                      | runtime/python.py, viz/threads.py |
@@ -34,7 +34,8 @@ and runs it. Set DEBUG=1..5 (or `with Context(DEBUG=4):`) to watch every stage.
 Layering: a module imports only from modules *below* it in this order (a test checks it):
 settings, helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime,
 realize, gradient, the tensor layer, then jit, nn and exercises on top (settings.py lists every
-setting; opt sits with lower; pack and search, which compile and run kernels, with realize).
+setting; plan and opt sit with lower: plan.py holds what lower reads, opt.py the actions that
+build it, above lower; pack and search, which compile and run kernels, with realize).
 The tensor layer is tensor_core (the core: graph, realize, primitive ops, autograd), the parts
 on it in order (tensor_create, tensor_movement, tensor_math, tensor_nn) and indexing, with
 tensor.py on top assembling them into Tensor.

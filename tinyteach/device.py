@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -121,6 +122,40 @@ class CompileError(RuntimeError):
     """A kernel's source did not compile; the message shows the compiler's output and the line."""
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a device's renderer can do, declared once as a value (`renderer.capabilities`):
+    the scheduler and the optimizer read this, never the renderer's attributes.
+    `vector_width`: float32 lanes per vector register (0: no vector types). `threads`: the outer
+    loop may be split across CPU cores (OpenMP). `gpu`: each output element is a GPU thread (its
+    output loops are the launch). `local_memory`: bytes of shared memory a work-group may use (0:
+    none). `group_reduce`: a work-group may share a reduction (shared memory and barriers).
+    `local_tile`: matmul tiles may be staged in shared memory. `tensor_cores`: the (m, n, k)
+    shapes of its matrix instructions (half/bf16 in, float32 sums). `max_group_threads`: the most
+    threads in one work-group."""
+
+    vector_width: int = 0
+    threads: bool = False
+    gpu: bool = False
+    local_memory: int = 0
+    group_reduce: bool = False
+    local_tile: bool = False
+    tensor_cores: tuple[tuple[int, int, int], ...] = ()
+    max_group_threads: int = 0
+
+
+NO_CAPABILITIES = Capabilities()  # an interpreter (no renderer): it takes no optimizations
+# what every GPU API here guarantees a work-group: 256 threads, 16 KiB of shared memory (WebGPU's
+# default maxComputeWorkgroupStorageSize is the smallest)
+GPU_CAPABILITIES = Capabilities(gpu=True, local_memory=16384, group_reduce=True, local_tile=True,
+                                max_group_threads=256)
+
+
+def capabilities_of(renderer: Any) -> Capabilities:
+    """A renderer's Capabilities; NO_CAPABILITIES for None (an interpreter)."""
+    return NO_CAPABILITIES if renderer is None else renderer.capabilities
+
+
 class Backend:
     """A device: its name and its Allocator, Renderer (None for an interpreter), Compiler and
     Program class. The engine in realize.py needs nothing more."""
@@ -130,6 +165,11 @@ class Backend:
         self.name, self.allocator, self.renderer = name, allocator, renderer
         self.compiler, self.program = compiler, program
         self.graph: Any = None  # optional: a class that replays a JIT's launches in one go
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What its renderer can do (NO_CAPABILITIES for an interpreter)."""
+        return capabilities_of(self.renderer)
 
     def synchronize(self) -> None:
         """Wait for the device to finish its work (host devices are always finished)."""

@@ -61,18 +61,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tinyteach.dtype import DType, dtypes
-from tinyteach.helpers import NOOPT, ContextVar, LRUCache, remember
-from tinyteach.opt import (
+from tinyteach.helpers import NOOPT, LRUCache, register_memo, remember
+from tinyteach.plan import (
     NO_OPTIONS,
     KernelOptions,
     TilePlan,
     can_group_reduce,
-    choose_options,
     index_value,
     row_kernel_axis,
     tile_plan,
 )
 from tinyteach.rewrite import graph_rewrite, recording, sum_terms, symbolic
+from tinyteach.settings import FIXED_LANES
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, sint, sym_max, variables_of
 from tinyteach.view import (
     Index,
@@ -108,6 +108,8 @@ class _Lowerer:
 
     group: int = 0
     group_combine: str = "tree"
+    group_top: bool = False  # each thread of the group sums a contiguous slice (GROUPTOP)
+    unrolls: dict[int, int] = field(default_factory=dict)  # reduced axis -> elements per step
     rows: bool = False  # a kernel over whole rows: one work-group per row (row_output_index)
     tile: TilePlan | None = None  # a local tile: how the kernel splits (opt.local_tile_plan)
     tile_size: int = 0
@@ -182,16 +184,26 @@ class _Lowerer:
             return self._plan_tensor_core_reduce(node)
         reduce_op, axes = node.arg
         source_shape = node.src[0].shape
+        unrolled = [self.unrolls.get(k, 1) for k in range(len(axes))]
         if node not in self.reduce_ranges:
-            self.reduce_ranges[node] = [make_range("r", self.reduce_count + k, source_shape[axis])
-                                        for k, axis in enumerate(axes)]
+            self.reduce_ranges[node] = [make_range("r", self.reduce_count + k,
+                                                   source_shape[axis] // unroll)
+                                        for k, (axis, unroll) in enumerate(zip(axes, unrolled))]
             self.reduce_count += len(axes)
         ranges = self.reduce_ranges[node]
-        inner_index = list(index)
-        for axis, loop in zip(axes, ranges):
-            inner_index[axis] = loop
-        return [(node.src[0], tuple(inner_index), valid)], \
-            lambda values: UOp(Ops.REDUCE, node.dtype, (values[0], *ranges), reduce_op)
+        tasks = []  # UNROLL: each step reads `unroll` consecutive elements, combined in order
+        for offsets in itertools.product(*(range(unroll) for unroll in unrolled)):
+            inner_index = list(index)
+            for axis, loop, unroll, offset in zip(axes, ranges, unrolled, offsets):
+                inner_index[axis] = loop if unroll == 1 else loop * unroll + offset
+            tasks.append((node.src[0], tuple(inner_index), valid))
+
+        def combine(values: list[UOp]) -> UOp:
+            step = values[0]
+            for value in values[1:]:
+                step = UOp(reduce_op, node.dtype, (step, value))
+            return UOp(Ops.REDUCE, node.dtype, (step, *ranges), reduce_op)
+        return tasks, combine
 
 
     def _plan_tensor_core_reduce(self, node: UOp) -> tuple[list[Task], Combine]:
@@ -226,7 +238,8 @@ class _Lowerer:
         inner_index = list(index)
         for axis, loop in zip(axes[:-1], ranges):
             inner_index[axis] = loop
-        element = ranges[-1] * threads + local_thread_id(threads)
+        element = local_thread_id(threads) * steps + ranges[-1] if self.group_top \
+            else ranges[-1] * threads + local_thread_id(threads)
         inner_index[split_axis] = element
         inside = None if source_shape[split_axis] % threads == 0 \
             else element.lt(source_shape[split_axis])
@@ -406,12 +419,13 @@ def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index
     if options.tensor_core:
         raise ValueError("with tensor cores the outputs are the warp's fragments: "
                          "wmma.TensorCoreLowering.output_indices")
-    factors = dict(options.upcasts)
+    factors, padded = dict(options.upcasts), dict(options.padded)
     vector_axis = options.upcasts[-1][0] if options.vector_width else None
     output_kind = "w" if options.group else "g"  # with a group reduction: one group per output
     per_axis: list[list[UOp]] = []
     for axis, size in enumerate(shape):
         factor = factors.get(axis, 1)
+        size = padded.get(axis, size)  # PADTO: the loop runs past the end, guarded (_lower_ast)
         if size == 1:
             per_axis.append([index_const(0)])
         elif factor == 1:
@@ -495,7 +509,8 @@ def _lower_ast(ast: UOp, options: KernelOptions) -> UOp:
         raise ValueError("a local tile needs a matmul-like kernel: one sum over one axis of a "
                          "product X * Y, X constant along the output's last axis, Y along "
                          "the one before")
-    lowerer = _Lowerer(options.group, options.group_combine, tile=tile,
+    lowerer = _Lowerer(options.group, options.group_combine, options.group_top,
+                       dict(options.unrolls), tile=tile,
                        tile_size=options.local_tile, tile_upcast=options.tile_upcast)
     row_axis = row_kernel_axis(ast) if options.group else None
     if row_axis is not None:
@@ -511,7 +526,7 @@ def _lower_ast(ast: UOp, options: KernelOptions) -> UOp:
     places = list(lowerer.tile_indices) or [(0, 0)] * len(indices)
     stores = []
     for index, place in zip(indices, places):
-        gated = tile is not None or lowerer.tensor_core is not None
+        gated = tile is not None or lowerer.tensor_core is not None or bool(options.padded)
         inside = _inside_output(index, value.shape) if gated else None
         lowerer.output_index, lowerer.tile_position = index, place
         lowered = lowerer.lower(value, index, inside)
@@ -570,7 +585,7 @@ def _group_store_sources(lowerer: _Lowerer) -> tuple[UOp, ...]:
     return gate, UOp(Ops.BARRIER, dtypes.bool, tuple(lowerer.group_results))
 
 
-_symbolic_memo: dict[UOp, UOp] = {}  # shared by every kernel's index simplification
+_symbolic_memo: dict[UOp, UOp] = register_memo("lower.symbolic", {})  # every kernel's index math
 
 
 # ---- vectorize: the lane loop becomes vector values ----
@@ -789,10 +804,9 @@ class _Linearizer:
 
 
 SIMD_MIN_LOOP = 16  # shorter loops are not split into vector lanes (see below)
-# 1: a renderer that can (C) writes a lane loop's accumulators as W lanes combined in a fixed
-# order (render/c.py), so float maxima are split into lanes too; 0: sums only, under
-# `#pragma omp simd`, in the order the compiler picks
-FIXED_LANES = ContextVar("FIXED_LANES", 1)
+# FIXED_LANES (settings.py) 1: a renderer that can (C) writes a lane loop's accumulators as W
+# lanes combined in a fixed order (render/c.py), so float maxima are split into lanes too; 0:
+# sums only, under `#pragma omp simd`, in the order the compiler picks
 
 
 def _sums_over_contiguous_memory(group: list[UOp], loop: UOp) -> bool:
@@ -902,27 +916,22 @@ def _place_loop_by_loop(linearizer: _Linearizer, lowered: UOp, global_loops: lis
         opened.add(loop)
 
 
-def _scalar_options(ast: UOp, vectored: KernelOptions) -> KernelOptions:
-    """The heuristic's vector tile (8 x 32) is too big in scalars: take its scalar choice then;
-    options chosen by hand or by a search keep their tile."""
-    if vectored == choose_options(ast, vectored.vector_width):
-        return choose_options(ast)
-    return replace(vectored, vector_width=0)
-
-
 def lower(ast: UOp, options: KernelOptions | None = None,
           vector_width: int = 0) -> LinearProgram:
-    """The whole chapter: choose optimizations (opt.py, unless given), lower the AST,
-    simplify its index math, and linearize it. `vector_width`: the device's vector lanes
-    (renderer.vector_width), used when the options are chosen here."""
-    if options is None:  # (a kernel over symbolic sizes: no optimizations, see realize.py)
-        options = NO_OPTIONS if ast.has_symbols else choose_options(ast, vector_width)
+    """The whole chapter: lower the AST as its plan says (opt.Kernel builds a plan from the
+    optimizer's actions), simplify its index math, and linearize it. Without a plan, the
+    heuristic's for a CPU with `vector_width` lanes (a shortcut for the chapters and tests;
+    realize goes through opt.Kernel). A vector plan this kernel cannot vectorize is lowered
+    in scalars (the same tile)."""
+    if options is None:
+        from tinyteach.opt import heuristic_plan  # (the shortcut's one import of the optimizer)
+        options = heuristic_plan(ast, vector_width)
     chosen = options
     lowered = lower_ast(ast, chosen)
     if chosen.vector_width:
         vectored = vectorize(lowered)
         if vectored is None:  # this kernel cannot use vectors: the same kernel in scalars
-            chosen = _scalar_options(ast, chosen)
+            chosen = replace(chosen, vector_width=0)
             lowered = lower_ast(ast, chosen)
         else:
             lowered = vectored

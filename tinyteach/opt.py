@@ -60,13 +60,31 @@ Builds on: uop.py. Used by: lower.py (applies the options), render/ (the paralle
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import Enum, auto
 from typing import Any
 
-from tinyteach.dtype import dtypes
+from tinyteach.device import NO_CAPABILITIES, Capabilities, Device, capabilities_of
 from tinyteach.helpers import NOOPT, prod, remember
-from tinyteach.rewrite import PYTHON_ALU
-from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
-from tinyteach.view import linear_index, view_index
+from tinyteach.lower import LinearProgram, lower, lower_ast, vectorize
+from tinyteach.plan import (  # (the plan and the facts about a kernel: plan.py)
+    MAX_GROUP_ROW,  # noqa: F401
+    NO_OPTIONS,
+    ROW_GROUP_THREADS,  # noqa: F401
+    TENSOR_CORE_TILE,
+    KernelOptions,
+    TilePlan,  # noqa: F401
+    buffer_reads,  # noqa: F401
+    can_group_reduce,
+    index_value,  # noqa: F401
+    kernel_value,
+    local_tile_plan,  # noqa: F401
+    reads_contiguously_along_reduction,
+    row_group_threads,
+    row_kernel_axis,
+    step_along,  # noqa: F401
+    tile_plan,
+)
+from tinyteach.uop import Ops, UOp
 
 UPCAST = 4                 # tile size per upcast axis
 WIDE_UPCAST = 8            # for the innermost axis: one AVX register of float32
@@ -80,13 +98,6 @@ PARALLEL_MIN_WORK = 1 << 20  # operations below which waking threads costs more 
 GROUP_THREADS = 16         # threads of a work-group that share one reduction (a power of two)
 GROUP_MIN_REDUCE = 32      # shorter reductions stay one thread per output
 GROUP_MAX_OUTPUTS = 4096   # more outputs than this already fill a GPU with one thread each
-GROUP_COMBINES = ("tree", "serial")
-# a kernel over whole rows (a fused softmax or layernorm, schedule.fuses_along_rows) takes one
-# work-group per row: ROW_GROUP_THREADS threads split the row, each at most ROW_STEPS columns
-ROW_GROUP_THREADS = 64
-ROW_STEPS = 32
-MAX_GROUP_ROW = ROW_GROUP_THREADS * ROW_STEPS  # 2,048 elements: longer rows are not fused
-TENSOR_CORE_TILE = (16, 8, 16)  # m, n, k of the tensor-core instruction (wmma.M16N8K16)
 TENSOR_CORE_BLOCK = (2, 2, 2, 4)  # 2x2 warps, each 2x4 tiles: 64x64 outputs, 128 threads
 LOCAL_TILE = 16            # a local tile: LOCAL_TILE x LOCAL_TILE threads (256, every GPU allows)
 TILE_UPCAST = 4            # ... each thread a TILE_UPCAST x TILE_UPCAST block of outputs
@@ -97,90 +108,408 @@ GPU_RESIDENT_THREADS = 1 << 18  # about the threads a big GPU runs at once (H200
                                 # a kernel with 4x as many outputs still fills it at 4 per thread
 
 
+# ---- actions: what a person, the heuristic and BEAM say to a kernel ----
+
+class OptOps(Enum):
+    """The optimizer's actions, with tinygrad's names (and two of tinyteach's own). Each is an
+    `Opt(op, axis, arg)`; `axis` counts the output's axes (UPCAST, PADTO, LOCAL, THREAD, SWAP,
+    VECTORIZE) or the kernel's reduced axes (UNROLL, GROUP, GROUPTOP)."""
+
+    UPCAST = auto()     # compute `arg` consecutive outputs along `axis` per loop iteration
+    VECTORIZE = auto()  # (tinyteach) the upcast `axis` in vectors of `arg` lanes
+    UNROLL = auto()     # the reduced `axis`'s loop does `arg` elements per iteration
+    PADTO = auto()      # the loop over `axis` runs to a multiple of `arg`, guarded past the end
+    THREAD = auto()     # split the outer loop (`axis`) across CPU cores (`arg` 0: every core)
+    SWAP = auto()       # exchange the loops over `axis` and `arg`
+    LOCAL = auto()      # a local tile: `arg` threads of a work-group along output `axis`
+    GROUP = auto()      # `arg` threads share the reduction; thread t sums every arg-th element
+    GROUPTOP = auto()   # ... thread t sums one contiguous slice of the reduced axis
+    SERIAL_COMBINE = auto()  # (tinyteach) a group's partial sums combined by thread 0 alone
+    TC = auto()         # tensor cores: a warp per 16x8 tile (`arg` 0) or a block (warps, tiles)
+
+
 @dataclass(frozen=True)
-class KernelOptions:
-    """What to do to one kernel. `upcasts`: (output axis, factor) pairs. `vector_width` > 0:
-    the last upcast axis's tile is computed in vectors of that many lanes (lower.py)."""
+class Opt:
+    """One action: `Opt(OptOps.UPCAST, 1, 8)` upcasts output axis 1 by 8."""
 
-    upcasts: tuple[tuple[int, int], ...] = ()
-    parallel: bool = False
-    vector_width: int = 0
-    loop_order: tuple[int, ...] = ()  # output axes, outermost loop first (empty: axis order)
-    group: int = 0  # > 0: threads per work-group that share the (one) reduction (GPU only)
-    group_combine: str = "tree"  # how the partial sums are combined: "tree" or "serial"
-    local_tile: int = 0  # > 0: a matmul-like kernel in tiles of local_tile^2 threads (GPU only)
-    # with tensor_core: (warps along m, along n, 16x8 tiles per warp along m, along n) of a
-    # work-group fed from shared memory (wmma.TensorCoreBlock); empty: one warp per tile
-    tensor_core_block: tuple[int, ...] = ()
-    tensor_core: bool = False  # a half/bf16 matmul on tensor cores: a warp per 16x8 tile (wmma.py)
-    tile_upcast: int = 1  # > 1: each thread of a local tile computes a block of r x r outputs
+    op: OptOps
+    axis: int = 0
+    arg: int | tuple[int, ...] = 0
 
-    def __post_init__(self) -> None:
-        if self.group and (self.group & (self.group - 1) or self.group < 2):
-            raise ValueError(f"a group reduction needs a power of two >= 2 threads, "
-                             f"got {self.group}")
-        if self.group_combine not in GROUP_COMBINES:
-            raise ValueError(f"group_combine is one of {GROUP_COMBINES}, "
-                             f"got {self.group_combine!r}")
-        if self.group and (self.upcasts or self.vector_width or self.parallel):
-            raise ValueError("a group reduction does not combine with upcasts, vectors or "
-                             "threads over the outer loop")
-        if self.local_tile and (self.local_tile & (self.local_tile - 1) or self.local_tile < 2):
-            raise ValueError(f"a local tile is a power of two >= 2 threads on a side, "
-                             f"got {self.local_tile}")
-        if self.local_tile and (self.group or self.upcasts or self.vector_width or self.parallel):
-            raise ValueError("a local tile does not combine with a group reduction, upcasts, "
-                             "vectors or threads over the outer loop")
-        if self.tile_upcast < 1 or (self.tile_upcast > 1 and not self.local_tile):
-            raise ValueError(f"a tile upcast is a block of r x r outputs per thread of a local "
-                             f"tile (r >= 1, and r > 1 needs local_tile), got {self.tile_upcast}")
-        if self.tensor_core and (self.local_tile or self.group or self.upcasts or
-                                 self.vector_width or self.parallel):
-            raise ValueError("tensor cores do not combine with a local tile, a group reduction, "
-                             "upcasts, vectors or threads over the outer loop")
-        if self.tensor_core_block:
-            _check_tensor_core_block(self.tensor_core_block, self.tensor_core)
-
-    def describe(self) -> list[str]:
-        if self.tensor_core and self.tensor_core_block:
-            return [_describe_tensor_core_block(self.tensor_core_block)]
-        if self.tensor_core:
-            return ["tensor cores: a warp of 32 threads per 16x8 tile of outputs, one "
-                    "mma m16n8k16 (half/bf16 in, float32 sums) per 16 steps of the reduction"]
-        if self.local_tile:
-            size, block = self.local_tile, self.tile_upcast
-            if block == 1:
-                return [f"local tile: {size}x{size} threads per work-group, one output each; "
-                        f"{size}x{size} tiles of both operands staged in shared memory per "
-                        f"{size} steps of the reduction"]
-            return [f"local tile: {size}x{size} threads per work-group, a {block}x{block} "
-                    f"block of outputs each ({size * block}x{size * block} per group); "
-                    f"{size * block}x{size} tiles of both operands staged in shared memory "
-                    f"per {size} steps of the reduction; each value a thread reads from "
-                    f"shared memory serves {block} of its outputs"]
-        if self.group:
-            how = "a tree (halving)" if self.group_combine == "tree" else "thread 0 (serial)"
-            return [f"group reduce: {self.group} threads of a work-group share each reduction, "
-                    f"partials in shared memory, combined by {how}"]
-        steps = [f"upcast axis {axis} by {factor}" for axis, factor in self.upcasts]
-        if self.vector_width:
-            axis, factor = self.upcasts[-1]
-            steps.append(f"vectors: axis {axis}'s {factor} values as {factor // self.vector_width}"
-                         f" vector(s) of {self.vector_width} lanes")
-        if self.loop_order:
-            steps.append(f"loop order: axes {', '.join(map(str, self.loop_order))} from the "
-                         "outside in")
-        if self.parallel:
-            steps.append("threads: split the outer loop across cores")
-        return steps
+    def __repr__(self) -> str:
+        return f"Opt(OptOps.{self.op.name}, {self.axis}, {self.arg!r})"
 
 
-NO_OPTIONS = KernelOptions()
+class KernelOptError(ValueError):
+    """An action that does not fit the kernel or the device; the message says why."""
 
 
-def kernel_value(ast: UOp) -> UOp:
-    """The value a kernel stores (the AST is SINK(STORE(output, value)))."""
-    return ast.src[0].src[1]
+@dataclass(frozen=True)
+class ProgramSpec:
+    """What `Kernel.to_program` gives: the kernel's name, its actions, the linear program they
+    lowered to, and the source the device's renderer wrote for it (what realize compiles)."""
+
+    name: str
+    applied_opts: tuple[Opt, ...]
+    linear: LinearProgram
+    source: str
+
+
+class Kernel:
+    """One kernel AST on one device, and the actions applied to it so far (tinygrad's classic
+    API): `k = Kernel(ast, "CPU"); k.apply_opt(Opt(OptOps.UPCAST, 0, 4)); k.to_program()`.
+    Each action is checked when it is applied and raises KernelOptError naming what does not
+    fit; `plan` is what the actions add up to, the form lower.py reads."""
+
+    def __init__(self, ast: UOp, device: str | None = None,
+                 capabilities: Capabilities | None = None) -> None:
+        self.ast = ast
+        self.device = Device.canonicalize(device)
+        self.capabilities = capabilities if capabilities is not None else \
+            Device[self.device].capabilities
+        self.shape: tuple[int, ...] = tuple(int(s) for s in kernel_value(ast).shape) \
+            if not ast.has_symbols else ()
+        self.reduces = [n for n in kernel_value(ast).toposort if n.op is Ops.REDUCE_AXIS]
+        self.applied_opts: list[Opt] = []
+        self.plan: KernelOptions = NO_OPTIONS
+
+    def copy(self) -> Kernel:
+        twin = Kernel(self.ast, self.device, self.capabilities)
+        twin.applied_opts, twin.plan = list(self.applied_opts), self.plan
+        return twin
+
+    def apply_opt(self, opt: Opt) -> Kernel:
+        """Check `opt` against this kernel, its plan so far and the device, then apply it."""
+        if not isinstance(opt, Opt):
+            raise TypeError(f"apply_opt takes an Opt, e.g. Opt(OptOps.UPCAST, 0, 4), got {opt!r}")
+        if self.ast.has_symbols:
+            raise KernelOptError(f"{opt}: a kernel over a symbolic size takes no actions (they "
+                                 "split loops of a known size)")
+        self.plan = ACTIONS[opt.op](self, opt)
+        self.applied_opts.append(opt)
+        return self
+
+    def apply_opts(self, opts: list[Opt] | tuple[Opt, ...]) -> Kernel:
+        for opt in opts:
+            self.apply_opt(opt)
+        return self
+
+    def finished_plan(self) -> KernelOptions:
+        """The plan, after the checks that need every action (a local tile on both axes)."""
+        _check_complete(self, self.plan)
+        return self.plan
+
+    def linearize(self) -> LinearProgram:
+        return lower(self.ast, self.finished_plan())
+
+    def to_program(self, name: str = "kernel") -> ProgramSpec:
+        """Lower the kernel as its actions say and render it for its device."""
+        renderer = Device[self.device].renderer
+        if renderer is None:
+            raise KernelOptError(f"{self.device} interprets kernels: it renders no program")
+        linear = self.linearize()
+        return ProgramSpec(name, tuple(self.applied_opts), linear, renderer.render(name, linear))
+
+    # -- what the checks ask --
+
+    def fail(self, opt: Opt, why: str) -> KernelOptError:
+        return KernelOptError(f"{opt} does not fit kernel of shape {self.shape}: {why}")
+
+    def output_axis(self, opt: Opt) -> int:
+        if not 0 <= opt.axis < len(self.shape):
+            raise self.fail(opt, f"the output has axes 0..{len(self.shape) - 1}")
+        if self.shape[opt.axis] == 1:
+            raise self.fail(opt, f"axis {opt.axis} has size 1: it has no loop")
+        return opt.axis
+
+    def amount(self, opt: Opt, low: int = 2) -> int:
+        if not isinstance(opt.arg, int) or opt.arg < low:
+            raise self.fail(opt, f"the amount must be an int >= {low}, got {opt.arg!r}")
+        return opt.arg
+
+    def reduced_axes(self, opt: Opt) -> tuple[int, ...]:
+        if not self.reduces:
+            raise self.fail(opt, "the kernel has no reduction")
+        axes = self.reduces[0].arg[1]
+        if not 0 <= opt.axis < len(axes):
+            raise self.fail(opt, f"the reduction has axes 0..{len(axes) - 1}")
+        return axes
+
+    def needs(self, opt: Opt, capability: bool, what: str) -> None:
+        if not capability:
+            raise self.fail(opt, f"{self.device} has no {what}")
+
+    def padded_size(self, axis: int) -> int:
+        return dict(self.plan.padded).get(axis, self.shape[axis])
+
+
+def _gpu_mode(plan: KernelOptions) -> str:
+    """Which kind of GPU kernel the plan is: it decides which actions may follow."""
+    if plan.tensor_core:
+        return "tensor cores"
+    if plan.local_tile:
+        return "a local tile"
+    if plan.group:
+        return "a group reduction"
+    return ""
+
+
+def _upcast(k: Kernel, opt: Opt) -> KernelOptions:
+    axis, amount = k.output_axis(opt), k.amount(opt)
+    plan = k.plan
+    if plan.tensor_core or plan.group:
+        raise k.fail(opt, f"upcasts do not combine with {_gpu_mode(plan)}")
+    if plan.local_tile:  # a thread of the tile computes an r x r block of outputs
+        if axis not in _tile_axes(k):
+            raise k.fail(opt, f"in a local tile, UPCAST goes on the tile's axes {_tile_axes(k)}")
+        if plan.tile_upcast > 1 and amount != plan.tile_upcast:
+            raise k.fail(opt, f"a local tile's block is r x r: the other axis is upcast by "
+                              f"{plan.tile_upcast}")
+        return replace(plan, tile_upcast=amount)
+    if axis in dict(plan.upcasts):
+        raise k.fail(opt, f"axis {axis} is already upcast by {dict(plan.upcasts)[axis]}")
+    size = k.padded_size(axis)
+    if size % amount:
+        raise k.fail(opt, f"axis {axis} of size {size} does not split into blocks of "
+                          f"{amount} (PADTO first pads it to a multiple)")
+    if plan.vector_width:
+        raise k.fail(opt, "VECTORIZE is the last upcast: upcast every axis before it")
+    return replace(plan, upcasts=tuple(sorted((*plan.upcasts, (axis, amount)))))
+
+
+def _vectorize(k: Kernel, opt: Opt) -> KernelOptions:
+    axis, lanes = k.output_axis(opt), k.amount(opt)
+    width = k.capabilities.vector_width
+    k.needs(opt, width > 0, "vector types")
+    if lanes != width:
+        raise k.fail(opt, f"{k.device}'s vectors have {width} lanes, not {lanes}")
+    upcasts = dict(k.plan.upcasts)
+    if axis not in upcasts or upcasts[axis] % lanes:
+        raise k.fail(opt, f"VECTORIZE needs axis {axis} upcast by a multiple of {lanes} first")
+    if max(upcasts) != axis or k.plan.vector_width:
+        raise k.fail(opt, "vectors go on the innermost upcast axis, once")
+    if axis in dict(k.plan.padded):
+        raise k.fail(opt, f"axis {axis} is padded: its guards are per element, not per vector")
+    plan = replace(k.plan, vector_width=lanes)
+    if vectorize(lower_ast(k.ast, plan)) is None:
+        raise k.fail(opt, "this kernel's loads along the axis are not consecutive, or it has an "
+                          "op without a vector form (lower.vectorize found no vector program)")
+    return plan
+
+
+def _unroll(k: Kernel, opt: Opt) -> KernelOptions:
+    axes, amount = k.reduced_axes(opt), k.amount(opt)
+    if _gpu_mode(k.plan):
+        raise k.fail(opt, f"UNROLL does not combine with {_gpu_mode(k.plan)}")
+    size = k.reduces[0].src[0].shape[axes[opt.axis]]
+    if size % amount:
+        raise k.fail(opt, f"the reduced axis {opt.axis} of size {size} does not split into "
+                          f"steps of {amount}")
+    if any(r.arg[1] != axes or r.src[0].shape != k.reduces[0].src[0].shape for r in k.reduces):
+        raise k.fail(opt, "the kernel's reductions reduce different axes")
+    if opt.axis in dict(k.plan.unrolls):
+        raise k.fail(opt, f"the reduced axis {opt.axis} is already unrolled")
+    return replace(k.plan, unrolls=tuple(sorted((*k.plan.unrolls, (opt.axis, amount)))))
+
+
+def _padto(k: Kernel, opt: Opt) -> KernelOptions:
+    axis, amount = k.output_axis(opt), k.amount(opt)
+    if _gpu_mode(k.plan):
+        raise k.fail(opt, f"PADTO does not combine with {_gpu_mode(k.plan)} (a local tile "
+                          "needs none: its guards sit in the copies into shared memory)")
+    if axis in dict(k.plan.upcasts) or axis in dict(k.plan.padded):
+        raise k.fail(opt, f"pad axis {axis} before upcasting it, and once")
+    size = k.shape[axis]
+    if size % amount == 0:
+        raise k.fail(opt, f"axis {axis} of size {size} is already a multiple of {amount}")
+    padded = -(-size // amount) * amount
+    return replace(k.plan, padded=tuple(sorted((*k.plan.padded, (axis, padded)))))
+
+
+def _thread(k: Kernel, opt: Opt) -> KernelOptions:
+    axis = k.output_axis(opt)
+    k.needs(opt, k.capabilities.threads, "threads over CPU cores")
+    if opt.arg != 0:
+        raise k.fail(opt, "THREAD's arg is 0: OpenMP splits the loop over every core")
+    outer = _loop_order(k)[0] if _loop_order(k) else None
+    if axis != outer:
+        raise k.fail(opt, f"threads split the outermost loop, over axis {outer}")
+    if outer_loop_size(k.shape, k.plan) < 2:
+        raise k.fail(opt, "the outer loop has fewer than 2 iterations to split")
+    return replace(k.plan, parallel=True)
+
+
+def _swap(k: Kernel, opt: Opt) -> KernelOptions:
+    axis = k.output_axis(opt)
+    other = k.output_axis(Opt(opt.op, opt.arg, 0)) if isinstance(opt.arg, int) else -1
+    if other == axis or other < 0:
+        raise k.fail(opt, "SWAP exchanges two different output axes: Opt(OptOps.SWAP, a, b)")
+    if k.plan.parallel:
+        raise k.fail(opt, "swap loops before THREAD: threads split the outer loop")
+    order = list(_loop_order(k))
+    i, j = order.index(axis), order.index(other)
+    order[i], order[j] = order[j], order[i]
+    return replace(k.plan, loop_order=tuple(order))
+
+
+def _loop_order(k: Kernel) -> tuple[int, ...]:
+    """The output axes that have loops, outermost first."""
+    return k.plan.loop_order or tuple(a for a, size in enumerate(k.shape) if size > 1)
+
+
+def _tile_axes(k: Kernel) -> tuple[int, int]:
+    kept = [axis for axis, size in enumerate(k.shape) if size > 1]
+    return (kept[-2], kept[-1]) if len(kept) >= 2 else (-1, -1)
+
+
+def _local(k: Kernel, opt: Opt) -> KernelOptions:
+    axis, size = k.output_axis(opt), k.amount(opt)
+    k.needs(opt, k.capabilities.local_tile, "local tiles (shared memory)")
+    if size & (size - 1):
+        raise k.fail(opt, f"a local tile is a power of two threads on a side, got {size}")
+    if k.plan.upcasts or k.plan.parallel or k.plan.padded or \
+            _gpu_mode(k.plan) not in ("", "a local tile"):
+        raise k.fail(opt, "LOCAL comes first: a local tile takes no other action before it")
+    if tile_plan(k.ast) is None:
+        raise k.fail(opt, "a local tile needs a matmul-like kernel: one sum over one axis of a "
+                          "product X * Y, X constant along the output's last axis, Y along "
+                          "the one before")
+    if axis not in _tile_axes(k):
+        raise k.fail(opt, f"a local tile's threads go along the output's last two axes "
+                          f"{_tile_axes(k)}")
+    if k.plan.local_tile and (size != k.plan.local_tile or
+                              Opt(OptOps.LOCAL, axis, size) in k.applied_opts):
+        raise k.fail(opt, f"a local tile is square: the other axis has {k.plan.local_tile}")
+    if size * size > k.capabilities.max_group_threads and not k.plan.local_tile:
+        raise k.fail(opt, f"{size}x{size} threads is more than the "
+                          f"{k.capabilities.max_group_threads} a work-group may have")
+    return replace(k.plan, local_tile=size)
+
+
+def _group(k: Kernel, opt: Opt) -> KernelOptions:
+    axes, threads = k.reduced_axes(opt), k.amount(opt)
+    k.needs(opt, k.capabilities.group_reduce, "group reductions (shared memory)")
+    if threads & (threads - 1):
+        raise k.fail(opt, f"a group reduction needs a power of two threads, got {threads}")
+    if threads > k.capabilities.max_group_threads:
+        raise k.fail(opt, f"{threads} threads is more than the "
+                          f"{k.capabilities.max_group_threads} a work-group may have")
+    if opt.axis != len(axes) - 1:
+        raise k.fail(opt, f"the group splits the last reduced axis: axis {len(axes) - 1}")
+    if k.plan != NO_OPTIONS:
+        raise k.fail(opt, "a group reduction takes no other action before it")
+    if not can_group_reduce(k.ast):
+        raise k.fail(opt, "a group reduction needs (non-bool) reductions that all reduce the "
+                          "same axes of the same shape")
+    return replace(k.plan, group=threads, group_top=opt.op is OptOps.GROUPTOP)
+
+
+def _serial_combine(k: Kernel, opt: Opt) -> KernelOptions:
+    if not k.plan.group:
+        raise k.fail(opt, "SERIAL_COMBINE changes how a group reduction combines: GROUP first")
+    return replace(k.plan, group_combine="serial")
+
+
+def _tensor_core(k: Kernel, opt: Opt) -> KernelOptions:
+    from tinyteach.wmma import why_no_tensor_core
+    k.needs(opt, TENSOR_CORE_TILE in k.capabilities.tensor_cores, "tensor cores (m16n8k16)")
+    if k.plan != NO_OPTIONS:
+        raise k.fail(opt, "tensor cores take no other action before them")
+    why = why_no_tensor_core(k.ast)
+    if why is not None:
+        raise k.fail(opt, why)
+    block = () if opt.arg == 0 else opt.arg
+    if not isinstance(block, tuple):
+        raise k.fail(opt, "TC's arg is 0 (a warp per tile) or (warps along m, along n, tiles "
+                          "per warp along m, along n)")
+    try:
+        return replace(k.plan, tensor_core=True, tensor_core_block=block)
+    except ValueError as error:
+        raise k.fail(opt, str(error)) from None
+
+
+ACTIONS = {OptOps.UPCAST: _upcast, OptOps.VECTORIZE: _vectorize, OptOps.UNROLL: _unroll,
+           OptOps.PADTO: _padto, OptOps.THREAD: _thread, OptOps.SWAP: _swap,
+           OptOps.LOCAL: _local, OptOps.GROUP: _group, OptOps.GROUPTOP: _group,
+           OptOps.SERIAL_COMBINE: _serial_combine, OptOps.TC: _tensor_core}
+
+
+def _check_complete(k: Kernel, plan: KernelOptions) -> None:
+    """The checks that need the whole list: a local tile names both axes, r x r, and fits."""
+    if not plan.local_tile:
+        return
+    locals_ = {o.axis for o in k.applied_opts if o.op is OptOps.LOCAL}
+    if locals_ != set(_tile_axes(k)):
+        raise KernelOptError(f"a local tile needs LOCAL on both axes {_tile_axes(k)}, got "
+                             f"{sorted(locals_)}")
+    upcast = {o.axis for o in k.applied_opts if o.op is OptOps.UPCAST}
+    if upcast and upcast != set(_tile_axes(k)):
+        raise KernelOptError(f"a local tile's block of outputs is r x r: UPCAST both axes "
+                             f"{_tile_axes(k)} by the same r")
+    itemsize = tile_plan(k.ast).x.dtype.itemsize  # type: ignore[union-attr]
+    if local_tile_shared_bytes(plan, itemsize) > k.capabilities.local_memory:
+        raise KernelOptError(f"the local tile's shared memory "
+                             f"({local_tile_shared_bytes(plan, itemsize)} bytes) is more than "
+                             f"the {k.capabilities.local_memory} a work-group may use")
+
+
+def actions_of(ast: UOp, plan: KernelOptions) -> list[Opt]:
+    """The actions that build `plan` for `ast` (the heuristic's and BEAM's plans, as actions)."""
+    if plan.tensor_core:
+        return [Opt(OptOps.TC, 0, plan.tensor_core_block or 0)]
+    value = kernel_value(ast)
+    shape = value.shape
+    if plan.local_tile:
+        kept = [axis for axis, size in enumerate(shape) if size > 1]
+        tile = [Opt(OptOps.LOCAL, axis, plan.local_tile) for axis in kept[-2:]]
+        block = [Opt(OptOps.UPCAST, axis, plan.tile_upcast) for axis in kept[-2:]]
+        return tile + (block if plan.tile_upcast > 1 else [])
+    if plan.group:
+        reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
+        last = len(reduces[0].arg[1]) - 1
+        group = [Opt(OptOps.GROUPTOP if plan.group_top else OptOps.GROUP, last, plan.group)]
+        return group + ([Opt(OptOps.SERIAL_COMBINE)] if plan.group_combine == "serial" else [])
+    opts = [Opt(OptOps.PADTO, axis, size) for axis, size in plan.padded]  # (pads to `size`)
+    opts += [Opt(OptOps.UPCAST, axis, factor) for axis, factor in plan.upcasts]
+    if plan.vector_width:
+        opts.append(Opt(OptOps.VECTORIZE, plan.upcasts[-1][0], plan.vector_width))
+    opts += [Opt(OptOps.UNROLL, axis, amount) for axis, amount in plan.unrolls]
+    opts += _swaps(tuple(a for a, size in enumerate(shape) if size > 1), plan.loop_order)
+    if plan.parallel:
+        order = plan.loop_order or [a for a, size in enumerate(shape) if size > 1]
+        opts.append(Opt(OptOps.THREAD, order[0], 0))
+    return opts
+
+
+def _swaps(start: tuple[int, ...], goal: tuple[int, ...]) -> list[Opt]:
+    """SWAP actions that turn loop order `start` into `goal` (a selection sort)."""
+    if not goal or goal == start:
+        return []
+    order, swaps = list(start), []
+    for position, axis in enumerate(goal):
+        if order[position] != axis:
+            swaps.append(Opt(OptOps.SWAP, order[position], axis))
+            other = order.index(axis)
+            order[position], order[other] = order[other], order[position]
+    return swaps
+
+
+def plan_of(ast: UOp, opts: list[Opt] | tuple[Opt, ...], capabilities: Capabilities,
+            device: str = "CPU") -> KernelOptions:
+    """The plan a list of actions builds (each checked): what realize lowers."""
+    if not opts:
+        return NO_OPTIONS
+    return Kernel(ast, device, capabilities).apply_opts(opts).finished_plan()
+
+
+def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
+    """The hand-written heuristic's actions for a kernel on its device (tinygrad's name)."""
+    return heuristic_actions(kernel.ast, kernel.capabilities)
+
+
+def heuristic_actions(ast: UOp, capabilities: Capabilities) -> list[Opt]:
+    """The heuristic's choice for a kernel on a device with these capabilities, as actions."""
+    return actions_of(ast, options_for(ast, capabilities))
 
 
 def choose_options(ast: UOp, vector_width: int = 0, group_reduce: bool = False,
@@ -198,16 +527,27 @@ def choose_options(ast: UOp, vector_width: int = 0, group_reduce: bool = False,
                     lambda: _choose(ast, vector_width, group_reduce, local_tile, tensor_core))
 
 
-def options_for_renderer(ast: UOp, renderer: Any) -> KernelOptions:
-    """The heuristic's choice for a device, read off its renderer: its `vector_width` and
-    whether it `supports_group_reduce`, `supports_local_tile` and `supports_tensor_core`
-    (None: an interpreter, which takes no options)."""
-    if renderer is None:
+def options_for(ast: UOp, capabilities: Capabilities) -> KernelOptions:
+    """The heuristic's plan for a device with these capabilities (NO_CAPABILITIES: an
+    interpreter, which takes none). A vector tile this kernel cannot vectorize (8 x 32 is too
+    big in scalars) gives way to the heuristic's scalar choice."""
+    if capabilities == NO_CAPABILITIES:
         return NO_OPTIONS
-    return choose_options(ast, renderer.vector_width,
-                          getattr(renderer, "supports_group_reduce", False),
-                          getattr(renderer, "supports_local_tile", False),
-                          getattr(renderer, "supports_tensor_core", False))
+    chosen = choose_options(ast, capabilities.vector_width, capabilities.group_reduce,
+                            capabilities.local_tile, TENSOR_CORE_TILE in capabilities.tensor_cores)
+    if chosen.vector_width and vectorize(lower_ast(ast, chosen)) is None:
+        return choose_options(ast)
+    return chosen
+
+
+def heuristic_plan(ast: UOp, vector_width: int = 0) -> KernelOptions:
+    """The heuristic's plan for a CPU with `vector_width` lanes (lower.lower's default)."""
+    return options_for(ast, Capabilities(vector_width=vector_width, threads=True))
+
+
+def options_for_renderer(ast: UOp, renderer: Any) -> KernelOptions:
+    """`options_for` the renderer's Capabilities (None: an interpreter)."""
+    return options_for(ast, capabilities_of(renderer))
 
 
 _chosen: dict[tuple[UOp, int, bool, bool, bool], KernelOptions] = {}
@@ -284,27 +624,6 @@ def tensor_core_block_for(ast: UOp) -> tuple[int, ...]:
     return TENSOR_CORE_BLOCK if fills else ()
 
 
-def _check_tensor_core_block(block: tuple[int, ...], tensor_core: bool) -> None:
-    if not tensor_core:
-        raise ValueError("a tensor-core block needs tensor_core=True")
-    if len(block) != 4 or any(not isinstance(n, int) or n < 1 for n in block):
-        raise ValueError(f"a tensor-core block is (warps along m, warps along n, tiles per "
-                         f"warp along m, along n), four ints >= 1, got {block}")
-    if 32 * block[0] * block[1] > 1024:
-        raise ValueError(f"a tensor-core block of {block[0]}x{block[1]} warps is more than "
-                         f"the 1024 threads every GPU allows per work-group")
-
-
-def _describe_tensor_core_block(block: tuple[int, ...]) -> str:
-    warps_m, warps_n, tiles_m, tiles_n = block
-    rows, columns = warps_m * tiles_m * TENSOR_CORE_TILE[0], warps_n * tiles_n * TENSOR_CORE_TILE[1]
-    k = TENSOR_CORE_TILE[2]
-    return (f"tensor cores: a work-group of {warps_m}x{warps_n} warps per {rows}x{columns} "
-            f"block of outputs, each warp {tiles_m}x{tiles_n} tiles of 16x8; per {k} steps of "
-            f"the reduction both operands' k-slices ({rows}x{k}, {k}x{columns}) staged in "
-            f"shared memory, one mma m16n8k16 per tile (half/bf16 in, float32 sums)")
-
-
 def _output_block(shape: tuple[int, ...], reduces: list[UOp]) -> KernelOptions | None:
     """A kernel with a short sum and a big output (a convolution's window gradient: for every
     pixel of every window, a sum over the output channels) spends its time writing the output.
@@ -323,100 +642,6 @@ def _output_block(shape: tuple[int, ...], reduces: list[UOp]) -> KernelOptions |
     if len(block) < 2 or prod(shape) < PARALLEL_MIN_WORK // SHORT_REDUCE:
         return None
     return KernelOptions(tuple(sorted(block)))
-
-
-def can_group_reduce(ast: UOp) -> bool:
-    """A group reduction needs a kernel whose reductions, of floats or ints, all reduce the
-    same axes of the same shape: one, or a chain over the same rows (softmax's max, then its
-    sum), each its own round of shared memory."""
-    reduces = [n for n in kernel_value(ast).toposort if n.op is Ops.REDUCE_AXIS]
-    return bool(reduces) and all(r.dtype != dtypes.bool and r.arg[1] == reduces[0].arg[1] and
-                                 r.src[0].shape == reduces[0].src[0].shape for r in reduces)
-
-
-def row_kernel_axis(ast: UOp) -> int | None:
-    """The row axis of a kernel that computes whole rows from reductions over them (a fused
-    softmax or layernorm: the output has the reductions' source shape), or None. Such a kernel
-    takes one work-group per row (lower.row_output_index): the row is the last reduced axis,
-    the only one longer than 1 and the innermost, at most MAX_GROUP_ROW long."""
-    value = kernel_value(ast)
-    reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
-    if not reduces or not can_group_reduce(ast) or value.shape != reduces[0].src[0].shape:
-        return None
-    shape, axes = value.shape, reduces[0].arg[1]
-    long_axes = [axis for axis in axes if shape[axis] > 1]
-    if long_axes not in ([], [axes[-1]]) or shape[axes[-1]] > MAX_GROUP_ROW or \
-            any(size > 1 for size in shape[axes[-1] + 1:]):
-        return None
-    return axes[-1]
-
-
-def row_group_threads(ast: UOp) -> int:
-    """Threads of a row's work-group: ROW_GROUP_THREADS, or the power of two at or above a
-    shorter row (a row of 10 takes 16 threads)."""
-    axis = row_kernel_axis(ast)
-    length = 1 if axis is None else kernel_value(ast).shape[axis]
-    threads = 2
-    while threads < min(length, ROW_GROUP_THREADS):
-        threads *= 2
-    return threads
-
-
-@dataclass(frozen=True)
-class TilePlan:
-    """How a matmul-like kernel splits: the reduction's source is `reduce.src[0]` = X * Y, with
-    X the same along source axis `n_axis` and Y the same along `m_axis`; `k_axis` is reduced."""
-
-    reduce: UOp
-    x: UOp
-    y: UOp
-    m_axis: int
-    n_axis: int
-    k_axis: int
-
-
-def local_tile_plan(ast: UOp) -> TilePlan | None:
-    """The TilePlan of a kernel that a local tile can compute, or None. It needs one sum over
-    one axis of a product X * Y (not bools), with X constant along the output's last axis and
-    Y along the one before (or the other way round), and only elementwise ops and reshapes
-    (that add or drop size-1 axes) between the sum and the store."""
-    value = kernel_value(ast)
-    reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
-    if len(reduces) != 1 or reduces[0].arg[0] is not Ops.ADD or len(reduces[0].arg[1]) != 1:
-        return None
-    reduce = reduces[0]
-    source = reduce.src[0]
-    if source.op is not Ops.MUL or reduce.dtype == dtypes.bool or \
-            not _only_elementwise_above(value, reduce):
-        return None
-    k_axis = reduce.arg[1][0]
-    kept = [axis for axis, size in enumerate(source.shape) if size > 1 and axis != k_axis]
-    if len(kept) < 2 or [source.shape[a] for a in kept] != [s for s in value.shape if s > 1]:
-        return None
-    m_axis, n_axis = kept[-2], kept[-1]
-    x, y = source.src
-    if not (_constant_along(x, n_axis) and _constant_along(y, m_axis)):
-        x, y = y, x
-    if not (_constant_along(x, n_axis) and _constant_along(y, m_axis)):
-        return None
-    return TilePlan(reduce, x, y, m_axis, n_axis, k_axis)
-
-
-def tile_plan(ast: UOp) -> TilePlan | None:
-    """`local_tile_plan`, also where a widening cast sits between the sum and the product (a
-    half matmul sums in float32: REDUCE_AXIS(CAST(MUL))). The plan is then made on the kernel
-    with the cast left out: its X, Y and axes are the kernel's own; the local tile stages X
-    and Y in their dtype and casts each product (lower.py), as the kernel does."""
-    plan = local_tile_plan(ast)
-    if plan is not None:
-        return plan
-    reduces = [n for n in kernel_value(ast).toposort if n.op is Ops.REDUCE_AXIS]
-    if len(reduces) != 1:
-        return None
-    source = reduces[0].src[0]
-    widening = source.op is Ops.CAST and source.src[0].op is Ops.MUL and \
-        dtypes.is_float(source.dtype) and source.dtype.itemsize > source.src[0].dtype.itemsize
-    return local_tile_plan(ast.substitute({source: source.src[0]})) if widening else None
 
 
 def worth_a_local_tile(ast: UOp) -> bool:
@@ -472,32 +697,6 @@ def local_tile_fits(options: KernelOptions, itemsize: int) -> bool:
     return local_tile_shared_bytes(options, itemsize) <= MAX_SHARED_BYTES
 
 
-def _only_elementwise_above(value: UOp, reduce: UOp) -> bool:
-    """Between the stored value and the reduction: ALU ops and reshapes of size-1 axes only
-    (then the output's index is the reduction's, and each thread's output is its own sum)."""
-    stack, seen = [value], set()
-    while stack:
-        node = stack.pop()
-        if node in seen or node is reduce or reduce not in node.toposort:
-            continue
-        seen.add(node)
-        squeezed = [s for s in node.shape if s > 1]
-        if node.op is Ops.RESHAPE and squeezed == [s for s in node.src[0].shape if s > 1]:
-            stack.append(node.src[0])
-        elif node.op in ALU:
-            stack.extend(node.src)
-        else:
-            return False
-    return True
-
-
-def _constant_along(node: UOp, axis: int) -> bool:
-    """Does every buffer `node` reads stay put as `axis` moves (a broadcast along it)?"""
-    loops = tuple(UOp(Ops.RANGE, dtypes.int32, (), ("r", k, size))
-                  for k, size in enumerate(node.shape))
-    return all(step_along(chain, loops, loops[axis]) == 0 for chain in buffer_reads(node))
-
-
 def _with_threads(options: KernelOptions, shape: tuple[int, ...],
                   reduces: list[UOp]) -> KernelOptions:
     """Split the outer loop across cores when the kernel does enough work to pay for it."""
@@ -529,61 +728,6 @@ def _vector_tile(shape: tuple[int, ...], width: int) -> KernelOptions | None:
             upcasts.insert(0, (axes[-2], rows))
         order = (*axes[:-2], inner, axes[-2])
     return KernelOptions(tuple(upcasts), vector_width=width, loop_order=order)
-
-
-def reads_contiguously_along_reduction(reduce: UOp) -> bool:
-    """Does every buffer the reduction reads move by 0 or 1 element along its last reduced
-    axis? (Worked out from the views alone: each movement chain's index formula, simplified.)"""
-    source = reduce.src[0]
-    axis = reduce.arg[1][-1]
-    loops = tuple(UOp(Ops.RANGE, dtypes.int32, (), ("r", k, size))
-                  for k, size in enumerate(source.shape))
-    steps = [step_along(chain, loops, loops[axis]) for chain in buffer_reads(source)]
-    return bool(steps) and all(step in (0, 1) for step in steps) and 1 in steps
-
-
-def buffer_reads(node: UOp) -> list[UOp]:
-    """The movement chains that end in a kernel input, above elementwise ops only."""
-    chains, stack, seen = [], [node], set()
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        chain_end = current
-        while chain_end.op in MOVEMENT:
-            chain_end = chain_end.src[0]
-        if chain_end.op is Ops.DEFINE_GLOBAL:
-            chains.append(current)
-        elif current.op in ALU:
-            stack.extend(current.src)
-    return chains
-
-
-def step_along(chain: UOp, loops: tuple[UOp, ...], loop: UOp) -> int | None:
-    """How far the buffer position moves when `loop` goes from 0 to 1 (other loops at 0)."""
-    index: tuple[UOp, ...] = loops
-    node = chain
-    while node.op in MOVEMENT:  # (no pad conditions needed: only the position matters here)
-        index, _ = view_index(node, index)
-        node = node.src[0]
-    position = linear_index(index, node.shape)
-    start, step = index_value(position, {}), index_value(position, {loop: 1})
-    return None if start is None or step is None else step - start
-
-
-def index_value(root: UOp, loops: dict[UOp, int]) -> int | None:
-    """The value of an index expression with the given loops set (the others at 0), computed
-    in Python; None when it reads memory (a gather's index)."""
-    values: dict[UOp, int] = {}
-    for node in root.toposort:
-        if node.op is Ops.RANGE:
-            values[node] = loops.get(node, 0)
-        elif node.op is Ops.CONST:
-            values[node] = int(node.arg)
-        elif node.op in PYTHON_ALU and all(s in values for s in node.src):
-            values[node] = int(PYTHON_ALU[node.op](*(values[s] for s in node.src)))
-    return values.get(root)
 
 
 def outer_loop_size(shape: tuple[int, ...], options: KernelOptions) -> int:

@@ -39,11 +39,12 @@ from dataclasses import dataclass, replace
 
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes
-from tinyteach.helpers import NOOPT, ContextVar, LRUCache, prod, remember
+from tinyteach.helpers import NOOPT, LRUCache, prod, remember
 from tinyteach.lower import lower_ast, vectorize
 from tinyteach.opt import SHORT_REDUCE, buffer_reads, choose_options, kernel_value, step_along
 from tinyteach.rewrite import graph_rewrite, symbolic
 from tinyteach.schedule import ScheduleItem
+from tinyteach.settings import CHANNEL_TILES
 from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
 from tinyteach.view import view_index
 
@@ -106,7 +107,6 @@ def _packed_pair(item: ScheduleItem, plan: PackPlan) -> tuple[ScheduleItem, Sche
 # ---- channel tiles: a convolution as a matmul over a packed operand ----
 
 CHANNEL_MIN_WORK = 1 << 16    # multiply-adds below which three kernels cost more than one
-CHANNEL_TILES = ContextVar("CHANNEL_TILES", 1)  # 0: no channel tiles (the rest of packing stays)
 
 
 @dataclass(frozen=True)

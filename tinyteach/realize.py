@@ -36,14 +36,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinyteach import pack, schedule, search
+from tinyteach import schedule, search
 from tinyteach.device import Backend, Buffer, Device
 from tinyteach.dtype import DType
-from tinyteach.helpers import DEBUG, ContextVar, GlobalCounters, LRUCache, format_bytes
+from tinyteach.helpers import DEBUG, GlobalCounters, LRUCache, format_bytes, register_memo
 from tinyteach.lower import LinearProgram, lower
-from tinyteach.opt import NO_OPTIONS
+from tinyteach.opt import NO_OPTIONS, KernelOptions, plan_of
 from tinyteach.pack import pack_operands
 from tinyteach.schedule import Schedule, ScheduleItem, estimate_ops, schedule_graph
+from tinyteach.settings import PLAN_CACHE, snapshot
 from tinyteach.uop import (
     ALU,
     Ops,
@@ -121,8 +122,7 @@ def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
     if backend.renderer is None:
         return Runner(name, backend.name, backend.program(ast), ast, ops_estimate=estimate_ops(ast),
                       variables=variables)
-    options = NO_OPTIONS if variables else search.options_for(backend, name, ast)
-    linear = lower(ast, options)  # heuristic, or BEAM's choice
+    linear = lower(ast, _plan(backend, name, ast))  # the heuristic's actions, or BEAM's
     if DEBUG >= 3:
         applied = linear.applied_opts or ["none"]
         print(f"    optimizations of {name}: {'; '.join(applied)}")
@@ -133,6 +133,16 @@ def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
     binary = backend.compiler.compile(source)
     return Runner(name, backend.name, backend.program(name, binary), ast, linear, source,
                   estimate_ops(ast), variables)
+
+
+def _plan(backend: Backend, name: str, ast: UOp) -> KernelOptions:
+    """The plan a kernel is lowered with: the actions the heuristic (or BEAM) chose for it,
+    applied to it one by one (opt.Kernel), as a person would type them. A kernel over a
+    symbolic size takes none (they split loops of known sizes)."""
+    if ast.has_symbols:
+        return NO_OPTIONS
+    actions = search.actions_for(backend, name, ast)
+    return plan_of(ast, actions, backend.capabilities, backend.name)
 
 
 def get_runner(item: ScheduleItem) -> Runner:
@@ -239,7 +249,7 @@ def precompile(items: list[ScheduleItem]) -> None:
 
 def _compile_together(backend: Backend, group: list[ScheduleItem]) -> None:
     names = _unique_names([item.name for item in group])  # one library: no two alike
-    linears = [lower(item.ast, search.options_for(backend, item.name, item.ast)) for item in group]
+    linears = [lower(item.ast, _plan(backend, item.name, item.ast)) for item in group]
     sources = [backend.renderer.render(name, linear) for name, linear in zip(names, linears)]
     binaries = backend.compiler.compile_many(sources)  # type: ignore[union-attr]
     for item, name, linear, source, binary in zip(group, names, linears, sources, binaries):
@@ -279,7 +289,6 @@ def build_schedule(roots: list[UOp], default_device: str,
 
 # ---- the plan cache (eager dispatch) ----
 
-PLAN_CACHE = ContextVar("PLAN_CACHE", 1)  # 0: schedule every graph afresh
 PLAN_CACHE_SIZE = 1024
 
 
@@ -321,10 +330,9 @@ plan_cache: LRUCache[tuple[Any, ...], Plan] = LRUCache("realize.plans", PLAN_CAC
 
 
 def _rules() -> tuple[Any, ...]:
-    """Everything besides the graph a schedule depends on: every setting, the scheduler's and
-    the packer's limits (a test may change them) and the programs' cache size."""
-    return (ContextVar.values, schedule.MAX_KERNEL_DEPTH, schedule.MAX_VIEWS_PER_NODE,
-            schedule.BROADCAST_RECOMPUTE_LIMIT, pack.PACK_MIN_ELEMENTS, pack.PACK_MIN_ROW_BYTES)
+    """Everything besides the graph a schedule depends on: the snapshot of every setting and
+    limit that changes what is scheduled or compiled (settings.snapshot)."""
+    return snapshot()
 
 
 def plan_key(roots: list[UOp], default_device: str) -> tuple[tuple[Any, ...], list[Buffer]]:
@@ -525,7 +533,8 @@ def plan_for(roots: list[UOp], default_device: str) -> tuple[Plan, list[Buffer]]
 
 ELEMENTWISE = frozenset(ALU)
 LEAF_OPS = frozenset((Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP))
-_leaf_numbers: dict[tuple[Any, ...], int] = {}  # a leaf's structure -> its number
+# a leaf's structure -> its number
+_leaf_numbers: dict[tuple[Any, ...], int] = register_memo("realize.leaf_numbers", {})
 _next_leaf_number = itertools.count()  # never reused: a number names one structure for good
 NOT_A_LEAF = (-1, None)
 # the lean path's keys -> the plans plan_cache holds for the same graphs (its own LRU: a plan

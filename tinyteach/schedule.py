@@ -36,7 +36,7 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from tinyteach.device import Buffer, Device
+from tinyteach.device import NO_CAPABILITIES, Buffer, Capabilities, Device
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import prod
 from tinyteach.settings import FUSE_ROWS, NOOPT
@@ -347,14 +347,17 @@ def rows_are_innermost(shape: tuple[int, ...], axes: tuple[int, ...]) -> bool:
 def output_loops_are_threads(device: str) -> bool:
     """Does the device run every output element as its own thread (a GPU renderer)? Then a
     reduction placed before a row's outputs would be computed again by each of their threads.
-    A renderer may say so (`output_loops_are_threads`); else a GPU renderer is known by its
-    thread ids (render/gpu.py) or its work-groups (`supports_group_reduce`: the emulator)."""
+    Its renderer says so in its Capabilities (`gpu`)."""
+    return capabilities(device).gpu
+
+
+def capabilities(device: str) -> Capabilities:
+    """What the device's renderer can do (device.Capabilities); NO_CAPABILITIES for a device
+    that cannot run here (its own error comes when it runs)."""
     try:
-        renderer = Device[device].renderer
-    except Exception:  # (an unknown or missing device: its own error comes when it runs)
-        return False
-    gpu = hasattr(renderer, "thread_id") or getattr(renderer, "supports_group_reduce", False)
-    return bool(getattr(renderer, "output_loops_are_threads", gpu))
+        return Device[device].capabilities
+    except Exception:
+        return NO_CAPABILITIES
 
 
 def fuses_along_rows(reduce: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str],
@@ -380,13 +383,13 @@ def fuses_along_rows(reduce: UOp, users: dict[UOp, list[UOp]], realized: dict[UO
 def fuses_rows_on(device: str, reduce: UOp | None = None) -> bool:
     """Can the device compute a row's reductions once per row in the kernel of its outputs?
     A device whose output loops are loops can. A GPU whose renderer has work-groups with
-    shared memory (`supports_group_reduce`) can when the row fits one work-group: one long
+    shared memory (Capabilities.group_reduce) can when the row fits one work-group: one long
     reduced axis (the last), at most opt.MAX_GROUP_ROW elements (64 threads x 32 columns
     each); the kernel then takes one work-group per row (lower.row_output_index). Not under
     NOOPT (no work-groups: every thread would redo its row's reductions)."""
     if not output_loops_are_threads(device):
         return True
-    if NOOPT or not getattr(Device[device].renderer, "supports_group_reduce", False):
+    if NOOPT or not capabilities(device).group_reduce:
         return False
     if reduce is None:
         return True

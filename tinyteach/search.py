@@ -70,7 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyteach.device import Backend, Buffer, CompileError
+from tinyteach.device import Backend, Buffer, CompileError, capabilities_of
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import BEAM, DEBUG, NOOPT, LRUCache, cache_dir, dedup, machine_identity, prod
 from tinyteach.lower import lower
@@ -79,12 +79,16 @@ from tinyteach.opt import (
     LOCAL_TILE,
     MAX_UPCAST_AXES,
     KernelOptions,
+    Opt,
+    OptOps,
+    actions_of,
     can_group_reduce,
     heuristic_tile_upcast,
     kernel_value,
     local_tile_fits,
     options_for_renderer,
     outer_loop_size,
+    plan_of,
     row_kernel_axis,
     tensor_core_block_for,
     tile_plan,
@@ -99,7 +103,7 @@ MAX_TILE = 256             # outputs per loop iteration (16x16): more spill out 
 MAX_UNROLLED_NODES = 4096  # a tile copies the kernel's body: keep the copies compilable
 MAX_ROUNDS = 3
 REPEATS = 3                # timed runs per candidate; the minimum counts
-SEARCH_VERSION = "2"       # bump when a cached choice should no longer be trusted
+SEARCH_VERSION = "3"       # bump when a cached choice should no longer be trusted
 
 
 # ---- the candidates ----
@@ -127,13 +131,14 @@ class GPUSpace:
 
 def gpu_space(ast: UOp, renderer: Any) -> GPUSpace | None:
     """What `ast` can take on `renderer`, or None where the renderer has no work-groups."""
-    if not getattr(renderer, "supports_group_reduce", False):
+    capabilities = capabilities_of(renderer)
+    if not capabilities.group_reduce:
         return None
     from tinyteach.wmma import why_no_tensor_core  # (wmma.py builds on opt.py, as this does)
     plan = tile_plan(ast)
     return GPUSpace(can_group_reduce(ast),
-                    plan is not None and getattr(renderer, "supports_local_tile", False),
-                    getattr(renderer, "supports_tensor_core", False) and
+                    plan is not None and capabilities.local_tile,
+                    bool(capabilities.tensor_cores) and
                     why_no_tensor_core(ast) is None,
                     plan.x.dtype.itemsize if plan is not None else 4,
                     row_kernel_axis(ast) is not None, heuristic_tile_upcast(ast),
@@ -562,14 +567,19 @@ def options_for(backend: Backend, name: str, ast: UOp) -> KernelOptions:
         return heuristic  # nothing else to try: no need to time anything
     key = cache_key(backend, ast, BEAM.value)
     if key not in _memory_cache:
-        cached = read_cached(key, heuristic)
+        cached = read_cached(key, ast, backend)
         if cached is None:
             result = beam_search(backend, ast, name, BEAM.value)
             _report(name, result)
-            write_cached(key, result)
+            write_cached(key, ast, result)
             cached = result.best
         _memory_cache[key] = cached
     return _memory_cache[key]
+
+
+def actions_for(backend: Backend, name: str, ast: UOp) -> list[Opt]:
+    """`options_for` as the actions that build it: what realize applies to the kernel."""
+    return actions_of(ast, options_for(backend, name, ast))
 
 
 def _report(name: str, result: SearchResult) -> None:
@@ -605,8 +615,8 @@ def ast_text(ast: UOp) -> str:
 
 def cache_key(backend: Backend, ast: UOp, width: int) -> str:
     compiler = backend.compiler.cache_key if backend.compiler else "none"
-    parts = [SEARCH_VERSION, backend.name, compiler, machine_identity(), f"beam {width}",
-             ast_text(ast)]
+    parts = [SEARCH_VERSION, backend.name, repr(backend.capabilities), compiler,
+             machine_identity(), f"beam {width}", ast_text(ast)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
@@ -615,31 +625,30 @@ def beam_cache_dir() -> Path:
     return cache_dir("beam")
 
 
-def read_cached(key: str, heuristic: KernelOptions) -> KernelOptions | None:
-    """The cached choice, or None when there is none (or it no longer fits KernelOptions)."""
+def read_cached(key: str, ast: UOp, backend: Backend) -> KernelOptions | None:
+    """The cached choice, or None when there is none (or its actions no longer fit)."""
     path = beam_cache_dir() / f"{key}.json"
     try:
-        stored = json.loads(path.read_text())["options"]
-        return dataclasses.replace(heuristic, **{k: _as_tuples(v) for k, v in stored.items()})
+        stored = json.loads(path.read_text())["actions"]
+        actions = [Opt(OptOps[op], axis, tuple(arg) if isinstance(arg, list) else arg)
+                   for op, axis, arg in stored]
+        return plan_of(ast, actions, backend.capabilities, backend.name)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def write_cached(key: str, result: SearchResult) -> None:
-    """Written under a temporary name and renamed: a reader never sees half a file."""
+def write_cached(key: str, ast: UOp, result: SearchResult) -> None:
+    """The choice as its list of actions. Written under a temporary name and renamed: a
+    reader never sees half a file."""
     directory = beam_cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    entry = {"options": dataclasses.asdict(result.best), "seconds": result.seconds,
+    actions = [[opt.op.name, opt.axis, opt.arg] for opt in actions_of(ast, result.best)]
+    entry = {"actions": actions, "seconds": result.seconds,
              "heuristic_seconds": result.heuristic_seconds, "candidates": result.candidates}
     handle, temporary = tempfile.mkstemp(dir=directory, suffix=".json.tmp")
     with os.fdopen(handle, "w") as file:
         json.dump(entry, file)
     os.replace(temporary, directory / f"{key}.json")
-
-
-def _as_tuples(value: Any) -> Any:
-    """JSON has lists only: [[1, 8]] -> ((1, 8),), as KernelOptions holds them."""
-    return tuple(_as_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def clear_memory_cache() -> None:

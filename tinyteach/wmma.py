@@ -35,7 +35,7 @@ tinygrad: its WMMA UOp takes vector fragments and returns a vector (with GEP to 
 apart) and the TC optimization upcasts and permutes axes to build them; here the fragment
 elements are plain scalar loads, and the instruction is fixed (16 x 8 x 16).
 
-Builds on: uop.py, view.py, opt.py (the matmul plan). Used by: lower.py (the `tensor_core`
+Builds on: uop.py, view.py, plan.py (the matmul plan). Used by: lower.py (the `tensor_core`
 option), render/cuda.py (mma.sync), runtime/python.py (the semantics), viz/threads.py.
 
 >>> M16N8K16.c_cell(5, 2)  # lane 5 holds D[row 9, column 2] as its element 2
@@ -50,7 +50,7 @@ from functools import cached_property
 import numpy as np
 
 from tinyteach.dtype import DType, dtypes, from_bfloat16_bits
-from tinyteach.opt import TilePlan, buffer_reads, kernel_value, step_along, tile_plan
+from tinyteach.plan import TilePlan, buffer_reads, kernel_value, step_along, tile_plan
 from tinyteach.uop import MOVEMENT, Ops, UOp
 from tinyteach.view import Index, Valid, and_valid, below, index_const
 

@@ -58,6 +58,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tinyteach.device import Capabilities
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
 from tinyteach.uop import ALU, Ops, UOp, is_bitcast, load_parts, store_parts
@@ -246,6 +247,12 @@ class CStyleRenderer:
     # vectors (DType.vec; made by lower.vectorize when `vector_width` > 0). OpenCL's words are
     # the defaults: float16 is a built-in type there; C (c.py) declares its own.
     vector_width = 0  # lanes of float32 per vector register; 0: no vector types
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this renderer's device can do (device.Capabilities): vector types of
+        `vector_width` lanes; a GPU renderer declares its own (render/gpu.py)."""
+        return Capabilities(vector_width=self.vector_width)
 
     def vector_type_name(self, dtype: DType) -> str:
         return f"{self.type_names[dtype.scalar]}{dtype.count}"

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from tinyteach.device import Capabilities
 from tinyteach.dtype import ALL_DTYPES, DType, dtypes, to_bfloat16_bits
 from tinyteach.helpers import memo
-from tinyteach.lower import FIXED_LANES, LinearProgram, identity_element
+from tinyteach.lower import LinearProgram, identity_element
 from tinyteach.render import (
     ALU,
     MATH_FUNCTIONS,
@@ -39,7 +40,7 @@ from tinyteach.render import (
     cast,
     typed_math_function,
 )
-from tinyteach.settings import ROW_CACHE, TRANSCENDENTAL
+from tinyteach.settings import FIXED_LANES, ROW_CACHE, TRANSCENDENTAL
 from tinyteach.transcendental import decompose_program, row_column_loops
 from tinyteach.uop import Ops, UOp, is_bitcast, store_parts
 
@@ -497,6 +498,11 @@ class CRenderer(CStyleRenderer):
         if dtype == dtypes.float16:
             return f"((_Float16){value!r}f)"
         return super().float_literal(value, dtype)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Vectors of `vector_width` lanes, and threads over the outer loop (OpenMP)."""
+        return Capabilities(vector_width=self.vector_width, threads=True)
 
     def __init__(self, vector_width: int = 0, fused_multiply_add: bool = False) -> None:
         super().__init__()

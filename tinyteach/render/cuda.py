@@ -33,8 +33,9 @@ Builds on: render/gpu.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
+from tinyteach.device import GPU_CAPABILITIES
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
 from tinyteach.render import (
@@ -145,9 +146,9 @@ def cuda_remainder(renderer: CStyleRenderer, operands: list[str], operand_dtypes
 
 class CUDARenderer(GPURenderer):
     device = "CUDA"
-    supports_group_reduce = True  # shared memory and barriers (render/gpu.py)
-    supports_local_tile = True  # matmul tiles staged in shared memory (lower.py)
-    supports_tensor_core = True  # mma.sync m16n8k16 for half and bfloat16, sm_80+ (wmma.py)
+    # shared memory and barriers (render/gpu.py), matmul tiles staged in shared memory
+    # (lower.py), mma.sync m16n8k16 for half and bfloat16, sm_80+ (wmma.py)
+    capabilities = replace(GPU_CAPABILITIES, tensor_cores=((16, 8, 16),))
     code_for_op = {**GPURenderer.code_for_op, Ops.CAST: cuda_cast, Ops.MOD: cuda_remainder,
                    **{op: typed_math_function(name, "__half2float({})", "__float2half({})")
                       for op, name in MATH_FUNCTIONS.items()}}

@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from tinyteach.device import GPU_CAPABILITIES
 from tinyteach.lower import LinearProgram
 from tinyteach.render import CStyleRenderer, KernelWriter
 from tinyteach.uop import Ops, UOp, sym_max
@@ -161,6 +162,8 @@ class GPURenderer(CStyleRenderer):
     (`thread_id`, `thread_count`) and writes the kernel (`render_kernel`), whose first line is
     the launch comment. The launch of the kernel being rendered is planned when the render
     starts and kept in its GPUKernelWriter (it is what `loop` and `render_kernel` consult)."""
+
+    capabilities = GPU_CAPABILITIES  # work-groups with shared memory; a subclass may add more
 
     def thread_id(self, dimension: int) -> str:
         raise NotImplementedError

@@ -56,6 +56,7 @@ import re
 
 import numpy as np
 
+from tinyteach.device import GPU_CAPABILITIES
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
 from tinyteach.render import CodeForOp, CStyleRenderer, KernelWriter, infix, integer_remainder
@@ -340,8 +341,8 @@ def helpers_used(body: list[str]) -> list[str]:
 
 class WGSLRenderer(GPURenderer):
     device = "WEBGPU"
-    supports_group_reduce = True  # shared memory and barriers (render/gpu.py)
-    supports_local_tile = True  # matmul tiles staged in shared memory (lower.py)
+    # shared memory and barriers (render/gpu.py), matmul tiles staged in shared memory (lower.py)
+    capabilities = GPU_CAPABILITIES
     type_names = VALUE_TYPES
     code_for_op = {**GPURenderer.code_for_op, Ops.NEG: wgsl_negate, Ops.CAST: wgsl_cast,
                    Ops.ADD: wgsl_add, Ops.MUL: wgsl_mul, Ops.FDIV: wgsl_divide,

@@ -43,12 +43,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from tinyteach.device import Backend, Buffer, Compiler, HostAllocator
+from tinyteach.device import GPU_CAPABILITIES, Backend, Buffer, Compiler, HostAllocator
 from tinyteach.dtype import DType, dtypes, from_bfloat16_bits, to_bfloat16_bits
 from tinyteach.lower import LinearProgram
 from tinyteach.render.gpu import output_loops, plan_launch, plan_local_launch
@@ -621,9 +621,7 @@ class PythonRenderer:
 
     device = "PYTHON"
     vector_width = 0
-    supports_group_reduce = True
-    supports_local_tile = True
-    supports_tensor_core = True
+    capabilities = replace(GPU_CAPABILITIES, tensor_cores=((16, 8, 16),))
 
     def __init__(self) -> None:
         self.programs: dict[str, LinearProgram] = {}
