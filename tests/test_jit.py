@@ -181,3 +181,23 @@ def test_a_graph_names_a_program_it_cannot_replay() -> None:
                                         "the TEST graph replays only those"):
         programs_of(launches, int, "TEST")
     assert programs_of([SimpleNamespace(runner=SimpleNamespace(program=3))], int, "TEST") == [3]
+
+
+def test_a_replay_counts_what_the_eager_run_counts():
+    """GlobalCounters counts a TinyJit replay's kernels, operations and bytes as the eager
+    run of the same function counts them (issue 24: 3,072 ops eager, 0 replayed before)."""
+    def step(x: Tensor) -> Tensor:
+        return (x * 2 + 1).sum()
+
+    inputs = [Tensor(np.full(1024, float(k), np.float32)).realize() for k in range(4)]
+    GlobalCounters.reset()
+    step(inputs[0]).realize()
+    eager = (GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem)
+    jitted = TinyJit(step)
+    for x in inputs[:3]:  # two captures, then replays
+        jitted(x).realize()
+    GlobalCounters.reset()
+    assert jitted(inputs[3]).item() == 1024 * 7
+    assert (GlobalCounters.kernel_count, GlobalCounters.global_ops,
+            GlobalCounters.global_mem) == eager
+    assert eager[1] > 0

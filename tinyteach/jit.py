@@ -189,6 +189,11 @@ class CapturedJit:
         seconds = time.perf_counter() - start
         GlobalCounters.kernel_count += len(self.launches)
         GlobalCounters.time_sum_s += seconds
+        # the same counts as the eager run of the same launches (realize._count)
+        GlobalCounters.global_ops += sum(launch.runner.ops_estimate
+                                         for launch in self.launches if launch.runner)
+        GlobalCounters.global_mem += sum(b.nbytes for launch in self.launches
+                                         for b in launch.buffers)
         if DEBUG.value >= 1:
             how = "one graph call" if self.graph is not None else "one by one"
             print(f"TinyJit: replayed {len(self.launches)} kernels ({how}) in "
