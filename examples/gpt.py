@@ -2,7 +2,11 @@
 
     python examples/gpt.py                      # ~0.8M parameters, 250 steps (a few minutes)
     python examples/gpt.py --steps 20 --sample-length 200
-    python examples/gpt.py --load gpt.safetensors --steps 0 --prompt "Return the"
+    python examples/gpt.py --load --steps 0 --prompt "Return the"   # the last checkpoint
+
+The checkpoint is written to tinyteach's cache folder, ~/.cache/tinyteach/checkpoints/
+gpt.safetensors (under $TINYTEACH_CACHE when set), never into the current folder: `--save PATH`
+writes it elsewhere, `--save ''` not at all; `--load` reads it back (`--load PATH`, another).
 
 The corpus is the docstrings of a fixed list of Python's own modules (read from their sources,
 so it is on every machine and needs no download); the last 10% is held out. Each training step
@@ -18,11 +22,13 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from tinyteach import Device, GlobalCounters, Tensor, TinyJit, nn
+from tinyteach.helpers import cache_dir
 from tinyteach.nn.state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save
 from tinyteach.nn.transformer import (
     GPT,
@@ -35,6 +41,11 @@ from tinyteach.nn.transformer import (
 )
 
 TrainStep = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+def default_checkpoint() -> Path:
+    """Where training saves and `--load` reads by default: tinyteach's cache folder."""
+    return cache_dir("checkpoints") / "gpt.safetensors"
 
 
 def load_corpus(tokenizer: CharTokenizer, held_out: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
@@ -115,6 +126,7 @@ def train(model: GPT, train_data: np.ndarray, valid_data: np.ndarray, steps: int
 
 def save(model: GPT, path: str) -> None:
     config = json.dumps(model.config.__dict__)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     safe_save(get_state_dict(model), path, metadata={"config": config})
 
 
@@ -139,9 +151,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=25)
-    parser.add_argument("--save", default="gpt.safetensors", help="checkpoint written after "
-                        "training ('' for none)")
-    parser.add_argument("--load", default=None, help="start from this checkpoint")
+    parser.add_argument("--save", default=str(default_checkpoint()), metavar="PATH",
+                        help="checkpoint written after training ('' for none; default: "
+                        "%(default)s)")
+    parser.add_argument("--load", nargs="?", const=str(default_checkpoint()), default=None,
+                        metavar="PATH", help="start from this checkpoint (no PATH: the default "
+                        "one, which training saves)")
     parser.add_argument("--log", default=None, help="write the loss curve here as JSON")
     parser.add_argument("--prompt", default="Return the ")
     parser.add_argument("--sample-length", type=int, default=300)
@@ -153,6 +168,9 @@ def main() -> None:
     Tensor.manual_seed(arguments.seed)
     tokenizer = CharTokenizer.printable()
     train_data, valid_data = load_corpus(tokenizer)
+    if arguments.load and not Path(arguments.load).is_file():
+        parser.error(f"no checkpoint at {arguments.load}: train one first (python "
+                     "examples/gpt.py saves it there), or give --load PATH")
     if arguments.load:
         model = load(arguments.load)
     else:

@@ -1,8 +1,10 @@
 # ruff: noqa: E402, E501, E701, I001, UP006, UP035, B007  (tinygrad's code, kept as written)
 # The code of tinygrad's docs/quickstart.md, block after block, with only the imports changed
 # (the lines marked "tinyteach:"): tinyteach for tinygrad, the offline digits in MNIST's
-# format for extra.datasets' MNIST, and tinyteach.helpers for tinygrad.helpers. The prose between the blocks is left out.
-# Run: python examples/quickstart.py   (it trains for 1000 steps and writes model.safetensors)
+# format for extra.datasets' MNIST, and tinyteach.helpers for tinygrad.helpers; and the saved
+# model's path. The prose between the blocks is left out.
+# Run: python examples/quickstart.py   (it trains for 1000 steps and writes model.safetensors
+# into tinyteach's cache folder, ~/.cache/tinyteach/quickstart, not the current one)
 import numpy as np
 from tinyteach.helpers import Timing  # tinyteach: was tinygrad.helpers
 
@@ -149,8 +151,11 @@ from tinyteach.nn.state import safe_save, safe_load, get_state_dict, load_state_
 state_dict = get_state_dict(net)
 
 # then we can just save it to a file
-safe_save(state_dict, "model.safetensors")
+from tinyteach.helpers import cache_dir  # tinyteach: the file goes to tinyteach's cache folder
+checkpoint = cache_dir("quickstart") / "model.safetensors"  # tinyteach: was "model.safetensors"
+checkpoint.parent.mkdir(parents=True, exist_ok=True)  # tinyteach: (not the current folder)
+safe_save(state_dict, str(checkpoint))  # tinyteach: was "model.safetensors"
 
 # and load it back in
-state_dict = safe_load("model.safetensors")
+state_dict = safe_load(str(checkpoint))  # tinyteach: was "model.safetensors"
 load_state_dict(net, state_dict)

@@ -129,3 +129,60 @@ def test_digits_without_scikit_learn(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
     with pytest.raises(ImportError, match="pip install scikit-learn"):
         datasets.digits()
+
+
+# ---- the stand-in for MNIST ----
+
+def nearest_neighbour_accuracy(X_train: np.ndarray, Y_train: np.ndarray, X_test: np.ndarray,
+                               Y_test: np.ndarray) -> float:
+    """The accuracy of 1-nearest-neighbour (Euclidean) on flattened images."""
+    train = X_train.reshape(len(X_train), -1).astype(np.float32)
+    test = X_test.reshape(len(X_test), -1).astype(np.float32)
+    distances = (test * test).sum(1)[:, None] - 2 * test @ train.T + (train * train).sum(1)
+    return float((Y_train[distances.argmin(1)] == Y_test).mean())
+
+
+def test_standin_mnist_has_mnists_format_and_holds_the_test_digits_out() -> None:
+    pytest.importorskip("sklearn.datasets")
+    X_train, Y_train, X_test, Y_test = datasets.standin_mnist()
+    assert X_train.shape == (datasets.STANDIN_TRAIN, 1, 28, 28)
+    assert X_test.shape == (datasets.STANDIN_TEST, 1, 28, 28)
+    assert X_train.dtype == Y_train.dtype == X_test.dtype == dtypes.uint8
+    assert not X_train.requires_grad
+    digits_train, digits_train_labels, digits_test, digits_test_labels = (
+        t.numpy() for t in datasets.digits(device="NUMPY"))
+    images, sources = datasets.distorted_digits(digits_test[:, 0], datasets.STANDIN_TEST,
+                                                datasets.STANDIN_SEED + 1)
+    np.testing.assert_array_equal(images, X_test.numpy())  # drawn from the 297 test digits only
+    np.testing.assert_array_equal(digits_test_labels[sources], Y_test.numpy())
+    assert sorted(set(sources.tolist())) == list(range(len(digits_test)))  # each one, many times
+    _, train_sources = datasets.distorted_digits(digits_train[:, 0], 20, datasets.STANDIN_SEED)
+    np.testing.assert_array_equal(digits_train_labels[train_sources], Y_train.numpy()[:20])
+    train = X_train.numpy()
+    # MNIST-like: white strokes on a black background that is mostly exactly 0, every digit
+    # inside the image with an empty border of at least one pixel in most images
+    assert 0.6 < (train == 0).mean() < 0.9 and 0.05 < train.mean() / 255 < 0.25
+    assert (train.max(axis=(1, 2, 3)) == 255).mean() > 0.99
+    assert (train[:, 0, 0, :].max(axis=1) == 0).mean() > 0.9
+
+
+def test_standin_mnist_is_deterministic_and_distorted() -> None:
+    sources = np.random.default_rng(5).uniform(0, 1, (7, 8, 8))
+    first, chosen = datasets.distorted_digits(sources, 21, seed=3)
+    again, _ = datasets.distorted_digits(sources, 21, seed=3)
+    other, _ = datasets.distorted_digits(sources, 21, seed=4)
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+    np.testing.assert_array_equal(chosen, np.arange(21) % 7)
+    assert not np.array_equal(first[0], first[7])  # the same source, drawn differently
+
+
+def test_standin_mnist_is_harder_than_the_undistorted_digits() -> None:
+    """A nearest-neighbour classifier, the simplest measure of how hard a set is: perfect or
+    nearly on the undistorted digits in MNIST's format, clearly not on the stand-in (on MNIST
+    itself it gets about 97%)."""
+    pytest.importorskip("sklearn.datasets")
+    plain = [t.numpy() for t in datasets.digits_mnist(device="NUMPY")]
+    standin = [t.numpy() for t in datasets.standin_mnist(device="NUMPY")]
+    easy, hard = nearest_neighbour_accuracy(*plain), nearest_neighbour_accuracy(*standin)
+    assert easy > 0.97 and 0.75 < hard < easy - 0.04, (easy, hard)

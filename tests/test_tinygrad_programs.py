@@ -167,6 +167,7 @@ def test_quickstart_runs_and_learns(tmp_path: Path, capsys: pytest.CaptureFixtur
     step 1 to step 101, the trained net classifies the test digits, and the saved and
     reloaded model gives the same outputs."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TINYTEACH_CACHE", str(tmp_path / "cache"))
     code = source("quickstart.py")
     np.random.seed(0)
     Tensor.manual_seed(0)
@@ -179,7 +180,8 @@ def test_quickstart_runs_and_learns(tmp_path: Path, capsys: pytest.CaptureFixtur
     net, X_test, Y_test = namespace["net"], namespace["X_test"], namespace["Y_test"]
     accuracy = (net(Tensor(X_test)).argmax(axis=-1).numpy() == Y_test).mean()
     assert accuracy > 0.6, accuracy
-    reloaded = nn.state.safe_load(tmp_path / "model.safetensors")
+    reloaded = nn.state.safe_load(tmp_path / "cache" / "quickstart" / "model.safetensors")
+    assert [path.name for path in tmp_path.iterdir()] == ["cache"]  # nothing in the current folder
     np.testing.assert_array_equal(reloaded["l1.weight"].numpy(), net.l1.weight.numpy())
 
 
