@@ -59,7 +59,7 @@ def test_scatter_reduce_integer_mean_rounds_down_and_gradients_flow() -> None:
 
 
 def test_scatter_errors() -> None:
-    with pytest.raises(IndexError, match="out of range"):
+    with pytest.raises(IndexError, match="out of (range|bounds)"):
         Tensor(X).scatter(1, Tensor(INDEX + 5), Tensor(SRC))
     with pytest.raises(ValueError, match="reduce"):
         Tensor(X).scatter(1, Tensor(INDEX), Tensor(SRC), reduce="max")  # type: ignore[arg-type]

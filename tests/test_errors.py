@@ -182,11 +182,11 @@ def test_mixing_devices(device):
 
 def test_index_out_of_range(device):
     a = Tensor(np.arange(6.0).reshape(2, 3), device=device)
-    with pytest.raises(IndexError, match="index 5 is out of range for axis 0 with size 2"):
+    with pytest.raises(IndexError, match="index 5 is out of bounds for axis 0 with size 2"):
         a[5]
-    with pytest.raises(IndexError, match="index -3 is out of range for axis 0 with size 2"):
+    with pytest.raises(IndexError, match="index -3 is out of bounds for axis 0 with size 2"):
         a[-3]
-    with pytest.raises(IndexError, match="index 3 is out of range for axis 1 with size 3"):
+    with pytest.raises(IndexError, match="index 3 is out of bounds for axis 1 with size 3"):
         a[0, 3]
     with pytest.raises(IndexError, match="too many indices: 3.*2 dimensions"):
         a[0, 0, 0]
@@ -196,15 +196,15 @@ def test_index_out_of_range(device):
 
 def test_tensor_index_out_of_range(device):
     a = Tensor(np.arange(6.0).reshape(2, 3), device=device)
-    with pytest.raises(IndexError, match="index 2 is out of range for axis 0 with size 2"):
+    with pytest.raises(IndexError, match="index 2 is out of bounds for axis 0 with size 2"):
         a[Tensor([0, 2], device=device)]
-    with pytest.raises(IndexError, match="index 3 is out of range for axis 1 with size 3"):
+    with pytest.raises(IndexError, match="index 3 is out of bounds for axis 1 with size 3"):
         a[:, Tensor([[3]], device=device)]
-    with pytest.raises(IndexError, match="index -4 is out of range for axis 1"):
+    with pytest.raises(IndexError, match="index -4 is out of bounds for axis 1"):
         a[1, Tensor([-4], device=device)]
     with pytest.raises(IndexError, match="must be integer"):
         a[Tensor([0.0], device=device)]
-    with pytest.raises(IndexError, match="index 5 is out of range for axis 1 with size 3"):
+    with pytest.raises(IndexError, match="index 5 is out of bounds for axis 1 with size 3"):
         a.gather(1, Tensor([[0, 5], [1, 1]], device=device))
     picked = a.gather(1, Tensor([[-1, 0], [2, -3]], device=device))  # negative: from the end
     np.testing.assert_array_equal(picked.numpy(), [[2.0, 0.0], [5.0, 3.0]])

@@ -170,13 +170,13 @@ def test_indexing_views_and_scalars(device):
 
 def test_index_errors(device):
     t = Tensor.zeros(3, 4, device=device)
-    with pytest.raises(IndexError, match="out of range"):
+    with pytest.raises(IndexError, match="out of (range|bounds)"):
         t[3]
-    with pytest.raises(IndexError, match="out of range"):
+    with pytest.raises(IndexError, match="out of (range|bounds)"):
         t[:, -5]
     with pytest.raises(IndexError, match="too many"):
         t[0, 0, 0]
-    with pytest.raises(IndexError, match="out of range"):
+    with pytest.raises(IndexError, match="out of (range|bounds)"):
         t[Tensor([0, 3], device=device)].realize()
     with pytest.raises(IndexError):
         t[Tensor([0.5], device=device)]

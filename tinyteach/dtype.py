@@ -136,6 +136,9 @@ class dtypes:
     float64: Final = DType(12, 8, "float64", "float")
     half, float, double = float16, float32, float64
     int, uint = int32, uint32
+    # C's names, as tinygrad spells them too
+    char, uchar, short, ushort = int8, uint8, int16, uint16
+    long, ulong = int64, uint64
     default_float: DType = float32
     default_int: DType = int32
 
@@ -150,6 +153,16 @@ class dtypes:
     @staticmethod
     def is_unsigned(dtype: DType) -> builtins.bool:
         return dtype.kind == "uint"
+
+    @staticmethod
+    def min(dtype: DType) -> builtins.float | builtins.int | builtins.bool:
+        """The smallest value of `dtype` (tinygrad's `dtypes.min(dtypes.int)`)."""
+        return dtype.min
+
+    @staticmethod
+    def max(dtype: DType) -> builtins.float | builtins.int | builtins.bool:
+        """The largest value of `dtype`."""
+        return dtype.max
 
     @staticmethod
     def from_py(value: object) -> DType:
@@ -181,9 +194,12 @@ class dtypes:
         if isinstance(value, DType):
             return value
         if isinstance(value, str):
-            if value not in ALL_DTYPES:
-                raise TypeError(f"unknown dtype {value!r}; use one of {sorted(ALL_DTYPES)}")
-            return ALL_DTYPES[value]
+            # a name of dtypes: "float32", or an alias tinygrad uses ("float", "half", "uchar")
+            found = ALL_DTYPES.get(value, getattr(dtypes, value, None) if value else None)
+            if not isinstance(found, DType):
+                raise UnknownDTypeError(f"unknown dtype {value!r}; use one of "
+                                        f"{sorted(ALL_DTYPES)}")
+            return found
         return dtypes.from_np(np.dtype(value))
 
     @staticmethod
@@ -196,6 +212,11 @@ class dtypes:
         if not isinstance(found, DType):
             raise ValueError(f"unknown dtype {name!r}; use one of {sorted(ALL_DTYPES)}")
         return found
+
+
+class UnknownDTypeError(TypeError, AttributeError):
+    """A dtype name that dtypes does not have: TypeError here, AttributeError in tinygrad
+    (which looks the name up as an attribute of dtypes)."""
 
 
 ALL_DTYPES: dict[str, DType] = {

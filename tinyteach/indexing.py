@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Literal, Self, TypeVar
 
 from tinyteach.dtype import dtypes
-from tinyteach.tensor_core import CoreTensor, broadcast_shape
+from tinyteach.tensor_core import ArgumentError, CoreTensor, DTypeError, ShapeError, broadcast_shape
 from tinyteach.tensor_movement import check_index_range
 from tinyteach.tensor_nn import TensorNN
 
@@ -64,7 +64,7 @@ class TensorIndexing(TensorNN):
         with the value already there when `include_self` (PyTorch's and tinygrad's). Places
         no source reaches keep their value. An integer mean rounds down, as PyTorch."""
         if reduce not in ("sum", "prod", "mean", "amax", "amin"):
-            raise ValueError(f"scatter_reduce: reduce must be one of sum, prod, mean, amax, "
+            raise ArgumentError(f"scatter_reduce: reduce must be one of sum, prod, mean, amax, "
                              f"amin, not {reduce!r}")
         scatter_ = _Scatter(self, dim, index, src)
         region, hit = scatter_.region, scatter_.hit
@@ -185,7 +185,7 @@ def getitem(tensor: T, index: Any) -> T:
             x = _take_slice(x, axis, item)
         elif isinstance(item, int):
             if not -size <= item < size:
-                raise IndexError(f"index {item} is out of range for axis {axis} with size {size}")
+                raise IndexError(f"index {item} is out of bounds for axis {axis} with size {size}")
             bounds: list[tuple[int, int] | None] = [None] * x.ndim
             bounds[axis] = (item % size, item % size + 1)
             x = x.shrink(bounds)
@@ -259,14 +259,17 @@ class _Scatter:
                  src: TensorIndexing | float | int):
         self.target, self.axis = target, target._axis(dim)
         if index.ndim != target.ndim or dtypes.is_float(index.dtype):
-            raise ValueError(f"scatter: index must be an integer tensor with {target.ndim} "
+            raise ArgumentError(f"scatter: index must be an integer tensor with {target.ndim} "
                              f"dims, not {index.dtype.name} with {index.ndim}")
         if not isinstance(src, CoreTensor):
             src = type(target).full(index.shape, src, dtype=target.dtype, device=target.device)
+        elif src.dtype != target.dtype:  # torch and tinygrad refuse too: no silent cast
+            raise DTypeError(f"scatter: src is {src.dtype.name}, the tensor {target.dtype.name}; "
+                             "cast one of them first")
         if src.ndim != index.ndim or any(i > s for i, s in zip(index.shape, src.shape)) or \
                 any(i > t for a, (i, t) in enumerate(zip(index.shape, target.shape))
                     if a != self.axis):
-            raise ValueError(f"scatter: index {index.shape} must fit in src {src.shape} and, "
+            raise ShapeError(f"scatter: index {index.shape} must fit in src {src.shape} and, "
                              f"outside dim {self.axis}, in the tensor {target.shape}")
         n = target.shape[self.axis]
         check_index_range(index, n, self.axis)

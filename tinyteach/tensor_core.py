@@ -80,6 +80,21 @@ Scalar = int | float | bool
 ShapeArg = int | Sequence[int]
 
 
+class ArgumentError(ValueError, RuntimeError):
+    """An argument an op refuses (a shape that does not fit, an unknown mode, a repeated
+    axis). tinyteach's class is ValueError; torch and tinygrad raise RuntimeError. This error
+    is both, so code written for either catches it."""
+
+
+class ShapeError(ArgumentError):
+    """Shapes that do not fit together (matmul, broadcasting, gather, scatter, conv)."""
+
+
+class DTypeError(TypeError, RuntimeError):
+    """An operand of a dtype the op does not take: TypeError here, RuntimeError in torch and
+    tinygrad (bitwise ops on floats, a scatter whose src has another dtype)."""
+
+
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     """numpy's broadcasting rule: align from the right; sizes must match or be 1."""
     ndim = max(len(s) for s in shapes)
@@ -88,7 +103,7 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     for sizes in zip(*padded):
         non_one = {s for s in sizes if s != 1}
         if len(non_one) > 1:
-            raise ValueError(f"cannot broadcast shapes {' and '.join(map(str, shapes))}: "
+            raise ShapeError(f"cannot broadcast shapes {' and '.join(map(str, shapes))}: "
                              f"sizes {sorted(non_one)} differ on one axis")
         result.append(non_one.pop() if non_one else 1)
     return tuple(result)
@@ -461,15 +476,19 @@ class CoreTensor:
         axes = (axis,) if isinstance(axis, int) else tuple(axis)
         normalized = tuple(self._axis(a) for a in axes)
         if len(set(normalized)) != len(normalized):
-            raise ValueError(f"repeated axis in {axes}")
+            raise ArgumentError(f"repeated axis in {axes}")
         return normalized
 
     # ---- movement: the six primitive movement ops (the rest are in tensor_movement.py) ----
 
     def reshape(self, *shape: Any) -> Self:
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        # None keeps that axis's size (tinygrad's reshape((None, None, 6, 6)))
+        shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(shape))
         new_shape = list(_shape_from_maybe_negative(shape))
         if new_shape.count(-1) > 1:
-            raise ValueError(f"reshape: only one -1 allowed, got {tuple(new_shape)}")
+            raise ArgumentError(f"reshape: only one -1 allowed, got {tuple(new_shape)}")
         if self.uop.has_symbols or any(isinstance(s, UOp) for s in new_shape):
             return self._symbolic_reshape(new_shape)
         if -1 in new_shape:
@@ -501,7 +520,7 @@ class CoreTensor:
         axes = _shape_from_maybe_negative(order)
         normalized = tuple(self._axis(a) for a in axes)
         if sorted(normalized) != list(range(self.ndim)):
-            raise ValueError(f"permute order {axes} is not a permutation of the {self.ndim} "
+            raise ArgumentError(f"permute order {axes} is not a permutation of the {self.ndim} "
                              f"axes of shape {self.shape}")
         return self._apply(self.uop.permute(normalized), self)
 
@@ -650,7 +669,7 @@ class CoreTensor:
         quotient toward zero ("trunc") or down ("floor"); integers then stay integers.
         (TensorMath adds the rounding modes.)"""
         if rounding_mode is not None:
-            raise ValueError(f"the core divides without rounding, not rounding_mode "
+            raise ArgumentError(f"the core divides without rounding, not rounding_mode "
                              f"{rounding_mode!r}")
         x, y = self._broadcasted(other, reverse, float_result=True)
         return x._apply(x.uop.alu(Ops.FDIV, y.uop), x, y)  # rounded once, as torch's `/`
@@ -688,28 +707,36 @@ class CoreTensor:
         return self.div(other, True)
 
     def __and__(self, other: Any) -> Self:
-        return self._binary(Ops.AND, other)
+        return self._bitwise(Ops.AND, other)
 
     def __rand__(self, other: Any) -> Self:
-        return self._binary(Ops.AND, other, True)
+        return self._bitwise(Ops.AND, other, True)
 
     def __or__(self, other: Any) -> Self:
-        return self._binary(Ops.OR, other)
+        return self._bitwise(Ops.OR, other)
 
     def __ror__(self, other: Any) -> Self:
-        return self._binary(Ops.OR, other, True)
+        return self._bitwise(Ops.OR, other, True)
 
     def __xor__(self, other: Any) -> Self:
-        return self._binary(Ops.XOR, other)
+        return self._bitwise(Ops.XOR, other)
 
     def __rxor__(self, other: Any) -> Self:
-        return self._binary(Ops.XOR, other, True)
+        return self._bitwise(Ops.XOR, other, True)
+
+    def _bitwise(self, op: Ops, other: Any, reverse: bool = False) -> Self:
+        """&, | and ^ on bools and integers; floats have no bits to combine (C refuses them)."""
+        result = self._binary(op, other, reverse)
+        if dtypes.is_float(result.dtype):
+            raise DTypeError(f"{op.name.lower()} needs integer or bool operands, not "
+                             f"{result.dtype.name}")
+        return result
 
     def __invert__(self) -> Self:
         if self.dtype == dtypes.bool:
             return self.logical_not()
         if dtypes.is_float(self.dtype):
-            raise TypeError(f"~ needs an integer or bool tensor, not {self.dtype}")
+            raise DTypeError(f"~ needs an integer or bool tensor, not {self.dtype}")
         return self ^ self._const(-1 if self.dtype.kind == "int" else self.dtype.max)
 
     # comparisons give bool tensors (and build graphs, so tensors hash by identity)

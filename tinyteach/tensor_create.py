@@ -41,7 +41,7 @@ import numpy as np
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import prod
-from tinyteach.tensor_core import CoreTensor, Scalar, ShapeArg, pool
+from tinyteach.tensor_core import ArgumentError, CoreTensor, Scalar, ShapeArg, pool
 from tinyteach.uop import Ops, UOp
 
 C = TypeVar("C", bound="TensorCreation")  # the helper functions return what they were given
@@ -51,6 +51,8 @@ def _shape_from(args: tuple[Any, ...]) -> tuple[int, ...]:
     """Accept both `f(2, 3)` and `f((2, 3))`."""
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
         args = tuple(args[0])
+    if any(isinstance(s, (tuple, list)) for s in args):
+        raise ValueError(f"a shape is ints or one tuple of ints, not {args}")
     shape = tuple(int(s) for s in args)
     if any(s < 0 for s in shape):
         raise ValueError(f"negative size in shape {shape}")
@@ -138,6 +140,8 @@ class TensorCreation(CoreTensor):
         if steps < 0:
             raise ValueError(f"linspace needs steps >= 0, got {steps}")
         dtype = dtypes.as_dtype(kwargs.pop("dtype", dtypes.default_float))
+        if dtype == dtypes.bool:
+            raise ArgumentError("linspace has no bool version (PyTorch refuses it too)")
         requires_grad = kwargs.pop("requires_grad", None)  # set on the result, not the arange
         if steps == 1:
             return cls.full((1,), start, dtype=dtype, requires_grad=requires_grad, **kwargs)
@@ -148,6 +152,8 @@ class TensorCreation(CoreTensor):
 
     @classmethod
     def eye(cls, n: int, m: int | None = None, **kwargs: Any) -> Self:
+        if n < 0 or (m is not None and m < 0):
+            raise ValueError(f"eye needs sizes >= 0, got n={n}, m={m}")
         dtype = dtypes.as_dtype(kwargs.pop("dtype", dtypes.default_float))
         requires_grad = kwargs.pop("requires_grad", None)  # set on the result, not the aranges
         rows = cls.arange(n, **kwargs).reshape(n, 1)

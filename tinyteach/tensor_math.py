@@ -36,9 +36,20 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Self, TypeVar
 
+import numpy as np
+
 from tinyteach.dtype import DType, dtypes, truncate_to
 from tinyteach.helpers import prod
-from tinyteach.tensor_core import Scalar, pool, scalar_dtype, sum_acc_dtype, sum_dtype
+from tinyteach.tensor_core import (
+    ArgumentError,
+    DTypeError,
+    Scalar,
+    ShapeError,
+    pool,
+    scalar_dtype,
+    sum_acc_dtype,
+    sum_dtype,
+)
 from tinyteach.tensor_movement import TensorMovement
 from tinyteach.uop import Ops, UOp, sym_prod
 
@@ -90,7 +101,13 @@ class TensorMath(TensorMovement):
         return self.sin() / self.cos()
 
     def sigmoid(self) -> Self:
-        return (1 + (-self._to_float()).exp()).reciprocal()
+        """1 / (1 + e^-x), from e = e^-|x| (never above 1): 1 / (1 + e) for x >= 0 and
+        e / (1 + e) below. e^-x itself overflows to inf for x < -88 and its gradient, inf
+        times 0, would be NaN; this way sigmoid and its gradient stay finite at +-1e4."""
+        x = self._to_float()
+        e = (-x.abs()).exp()
+        share = (1 + e).reciprocal()
+        return (x >= 0).where(share, e * share)
 
     def tanh(self) -> Self:
         return 2.0 * (2.0 * self._to_float()).sigmoid() - 1.0
@@ -151,9 +168,17 @@ class TensorMath(TensorMovement):
 
     def clip(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Self:
         if min_ is None and max_ is None:
-            raise ValueError("clip needs at least one of min_ and max_")
-        result = self if min_ is None else self.maximum(min_)
-        return result if max_ is None else result.minimum(max_)
+            raise ArgumentError("clip needs at least one of min_ and max_")
+        # where, not maximum/minimum: a value on a bound keeps its whole gradient, as
+        # PyTorch's clamp (maximum splits a tie in half); min_ > max_ gives max_ everywhere
+        result = self
+        if min_ is not None:
+            x, low = result._broadcasted(min_)
+            result = (x < low).where(low, x)
+        if max_ is not None:
+            x, high = result._broadcasted(max_)
+            result = (x > high).where(high, x)
+        return result
 
     def clamp(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Self:
         return self.clip(min_, max_)
@@ -212,10 +237,19 @@ class TensorMath(TensorMovement):
                 return _true_quotient(x, y).trunc()  # PyTorch's: trunc(x / y)
             return x._apply(x.uop.alu(Ops.IDIV, y.uop), x, y)  # IDIV rounds toward zero, as C
         if rounding_mode is not None:
-            raise ValueError(f"div rounding_mode must be None, 'trunc' or 'floor', "
-                             f"not {rounding_mode!r}")
+            raise ArgumentError(f"div rounding_mode must be None, 'trunc' or 'floor', "
+                                f"not {rounding_mode!r}")
         x, y = self._broadcasted(other, reverse, float_result=True)
         return _true_quotient(x, y)
+
+    def idiv(self, other: Any, reverse: bool = False) -> Self:
+        """Integer division rounding toward zero, as C does (tinygrad's idiv): -5 idiv 2 is -2,
+        where -5 // 2 is -3. Integer operands only."""
+        x, y = self._broadcasted(other, reverse)
+        if not dtypes.is_int(x.dtype):
+            raise DTypeError(f"idiv needs integer operands, not {x.dtype.name}; use "
+                             "div(..., rounding_mode='trunc') for floats")
+        return x.div(y, rounding_mode="trunc")
 
     def __floordiv__(self, other: Any) -> Self:
         return self.floordiv(other)
@@ -254,7 +288,7 @@ class TensorMath(TensorMovement):
         if isinstance(exponent, int) and not isinstance(exponent, bool):
             if not dtypes.is_float(self.dtype):
                 if exponent < 0:  # numpy's rule: the answer would be a fraction
-                    raise ValueError(f"integers to negative integer powers are not allowed "
+                    raise ArgumentError(f"integers to negative integer powers are not allowed "
                                      f"({self.dtype.name} ** {exponent}); cast to float first")
                 return self._integer_power(exponent)
             if abs(exponent) <= 64:
@@ -268,13 +302,16 @@ class TensorMath(TensorMovement):
             raise TypeError("pow of bool tensors is not supported; cast to int or float first")
         if not dtypes.is_float(base.dtype):
             return _integer_tensor_power(base, power)
-        magnitude = (base.abs().log2() * power).exp2()
-        odd = (power.abs() % 2) == 1
-        is_whole = power.trunc() == power
-        negative = base < 0
-        signed = (negative & odd).where(-magnitude, magnitude)
-        result = (negative & is_whole.logical_not()).where(math.nan, signed)
-        return (power == 0).where(1.0, result)
+        value = _float_power(base.detach(), power.detach())
+        if base.requires_grad is False and power.requires_grad is False:
+            return value
+        # PyTorch's gradients, not those of the graph above (which are NaN at 0 ** 0.3 and
+        # 0 where x ** 0.2 of a negative x is NaN): y x^(y-1), 0 where y = 0; and
+        # x^y log(x), 0 where x = 0 and y >= 0
+        x, y = base.detach(), power.detach()
+        d_base = (y == 0).where(0.0, y * _float_power(x, y - 1))
+        d_power = ((x == 0) & (y >= 0)).where(0.0, value * x.log())
+        return _with_gradient(value, (base, d_base), (power, d_power))
 
     def _integer_power(self, exponent: int) -> Self:
         """x ** n by repeated squaring: exact for integers and negative bases."""
@@ -339,7 +376,13 @@ class TensorMath(TensorMovement):
     def atanh(self) -> Self:
         """(log(1 + x) - log(1 - x)) / 2, with an accurate log1p: +-inf at +-1, NaN beyond."""
         x = self._to_float()
-        return (_log1p(x) - _log1p(-x)) * 0.5
+        # |x| > 1: NaN, but the gradient 1 / (1 - x^2) is a number there, as in PyTorch;
+        # log((1 + x) / (1 - x)) / 2 gives both (each branch sees only inputs of its own)
+        outside = x.abs() > 1
+        inside = outside.where(0.0, x)
+        beyond = outside.where(x, 2.0)
+        return outside.where(((1 + beyond) / (1 - beyond)).log() * 0.5,
+                             (_log1p(inside) - _log1p(-inside)) * 0.5)
 
     def asinh(self) -> Self:
         """log(x + sqrt(x^2 + 1)), odd in x. For a = |x|: log1p(a + a^2 / (1 + sqrt(1 + a^2)))
@@ -357,9 +400,15 @@ class TensorMath(TensorMovement):
         that x^2 cannot overflow."""
         x = self._to_float()
         huge = x > 4096
-        y = huge.where(1.0, x)
+        # below 1: NaN, but for x < -1 the gradient 1 / sqrt(x^2 - 1) is a number, as in
+        # PyTorch; log(x + sqrt(x^2 - 1)) gives both
+        below = x < 1
+        y = (huge | below).where(2.0, x)
         moderate = _log1p((y - 1) + (y - 1).sqrt() * (y + 1).sqrt())
-        return huge.where(huge.where(x, 1.0).log() + math.log(2), moderate)
+        z = below.where(x, -2.0)
+        negative = (z + (z * z - 1).sqrt()).log()
+        large = huge.where(huge.where(x, 1.0).log() + math.log(2), moderate)
+        return below.where(negative, large)
 
     def erf(self) -> Self:
         """The error function, odd in x. Below |x| = 1/2 its Taylor series; above,
@@ -546,9 +595,9 @@ class TensorMath(TensorMovement):
         for value in (self, *others):
             dtype = value.dtype if hasattr(value, "dtype") else dtypes.from_py(value)
             if dtypes.is_float(dtype):
-                raise TypeError(f"{name} needs integer or bool operands, not {dtype.name}")
+                raise DTypeError(f"{name} needs integer or bool operands, not {dtype.name}")
             if name in ("lshift", "rshift") and dtype == dtypes.bool:
-                raise TypeError(f"{name} needs integer operands, not bool")
+                raise DTypeError(f"{name} needs integer operands, not bool")
 
     # ---- bitcast: the same bits, read as another dtype ----
 
@@ -616,6 +665,8 @@ class TensorMath(TensorMovement):
         if dtype is not None:
             return self.cast(dtypes.as_dtype(dtype)).prod(axis, keepdim)
         axes = self._axes(axis)
+        if self.ndim == 0:  # the product of one number (axis 0 or -1 of a 0-d tensor)
+            return self.cast(sum_dtype(self.dtype))
         moved = self.permute([i for i in range(self.ndim) if i not in axes] + list(axes))
         kept = moved.shape[: self.ndim - len(axes)]
         x = moved.reshape(*kept, -1).cast(sum_dtype(self.dtype))
@@ -667,6 +718,7 @@ class TensorMath(TensorMovement):
 
     def _cumulative(self, axis: int, reduction: str) -> Self:
         if self.ndim == 0:
+            self._axis(axis)  # a 0-d tensor has axis 0 (and -1) only
             return self.reshape(1)._cumulative(0, reduction).reshape(())
         a = self._axis(axis)
         if self.shape[a] == 0:
@@ -688,6 +740,7 @@ class TensorMath(TensorMovement):
         """Running max and where it was reached, as PyTorch's (values, indices): the last
         index of a tie; once a NaN is seen the values are NaN and the index is the latest NaN's."""
         if self.ndim == 0:
+            self._axis(axis)
             values, indices = self.reshape(1).cummax(0)
             return values.reshape(()), indices.reshape(())
         a = self._axis(axis)
@@ -717,11 +770,11 @@ class TensorMath(TensorMovement):
         """Windows of `size` elements every `step` along dim (PyTorch's Tensor.unfold): dim
         becomes the number of windows and a last axis of length `size` is added."""
         if size < 0 or step < 1:
-            raise ValueError(f"unfold needs size >= 0 and step >= 1, got size={size}, "
+            raise ArgumentError(f"unfold needs size >= 0 and step >= 1, got size={size}, "
                              f"step={step}")
         a = self._axis(dim)
         if size > (self.shape[a] if self.ndim else 1):
-            raise ValueError(f"unfold: size {size} is larger than dim {a} of shape {self.shape}")
+            raise ShapeError(f"unfold: size {size} is larger than dim {a} of shape {self.shape}")
         if self.ndim == 0:
             return self.reshape(1).unfold(0, size, step).reshape(-1)
         windows = pool(self.transpose(a, -1), (size,), (step,))   # (..., out, size)
@@ -802,7 +855,7 @@ class TensorMath(TensorMovement):
         a = self._axis(dim)
         n = self.shape[a] if self.ndim else 1
         if not 0 <= k <= n:
-            raise ValueError(f"topk: k={k} is outside [0, {n}] for dim {a} of shape "
+            raise ArgumentError(f"topk: k={k} is outside [0, {n}] for dim {a} of shape "
                              f"{self.shape}")
         values, indices = self.sort(a, descending=largest)
         if self.ndim == 0:
@@ -914,6 +967,41 @@ def _step_gradient(value: TM, *sources: TM) -> TM:
     for source in wanting[1:]:
         zero = zero + _zero_with_gradient(source) * 0.0
     return value.detach() - (zero + 0.0)
+
+
+def _float_power(base: TM, power: TM) -> TM:
+    """x ** y for floats: 2^(y * log2|x|), with the sign of an odd whole power, NaN for a
+    negative base to a fractional power (but C's inf or 0 for -inf), and 1 for y = 0 (even
+    0 ** 0 and NaN ** 0)."""
+    magnitude = (base.abs().log2() * power).exp2()
+    odd = (power.abs() % 2) == 1
+    is_whole = power.trunc() == power
+    negative = base < 0
+    signed = (negative & odd).where(-magnitude, magnitude)
+    undefined = negative & is_whole.logical_not() & (base != -math.inf)
+    result = undefined.where(math.nan, signed)
+    return (power == 0).where(1.0, result)
+
+
+def _with_gradient(value: TM, *pairs: tuple[TM, TM]) -> TM:
+    """`value` in the forward pass; the gradient `slope` (a detached tensor) for each
+    (source, slope). Each slope multiplies a 0 that carries its source's gradient; an
+    infinite slope is split into two halves of the largest float (0 * inf would be NaN in
+    the forward pass), and a NaN slope where `value` is a number becomes 0. (A source that
+    is itself infinite gets no gradient: see _zero_with_gradient.)"""
+    result = value.detach()
+    shows_nan = value.isnan()  # there any slope may show: the forward pass is NaN already
+    largest = float(np.finfo(value.dtype.np).max)
+    for source, slope in pairs:
+        if source.requires_grad is False:
+            continue
+        slope = shows_nan.where(slope, slope.isnan().where(0.0, slope))
+        half = slope * 0.5
+        half = shows_nan.where(half, (half > largest).where(largest, half))
+        half = shows_nan.where(half, (half < -largest).where(-largest, half))
+        carrier = _zero_with_gradient(source)
+        result = result + carrier * half + carrier * half
+    return result
 
 
 def _zero_with_gradient(x: TM) -> TM:

@@ -31,11 +31,16 @@ from collections.abc import Sequence
 from typing import Any, Self, TypeVar
 
 from tinyteach.dtype import dtypes, least_upper_dtype
-from tinyteach.tensor_core import CoreTensor, Scalar, padding_pairs
+from tinyteach.tensor_core import ArgumentError, CoreTensor, Scalar, ShapeError, padding_pairs
 from tinyteach.tensor_create import TensorCreation, _shape_from
 from tinyteach.uop import sint, sym_add, sym_sub
 
 M = TypeVar("M", bound="TensorMovement")  # the helper functions return what they were given
+
+
+class PadModeError(ArgumentError, NotImplementedError):
+    """A pad mode that does not exist, or negative circular padding: tinygrad raises
+    NotImplementedError, torch RuntimeError; tinyteach's class was ValueError."""
 
 
 class TensorMovement(TensorCreation):
@@ -86,7 +91,10 @@ class TensorMovement(TensorCreation):
         """out[i][j] = self[i][index[i][j]] for dim=1 (PyTorch's gather)."""
         axis = self._axis(dim)
         if index.ndim != self.ndim:
-            raise ValueError(f"gather: index has {index.ndim} dims, tensor has {self.ndim}")
+            raise ShapeError(f"gather: index has {index.ndim} dims, tensor has {self.ndim}")
+        if any(i > s for a, (i, s) in enumerate(zip(index.shape, self.shape)) if a != axis):
+            raise ShapeError(f"gather: index {index.shape} is larger than the tensor "
+                             f"{self.shape} outside dim {axis}")
         check_index_range(index, self.shape[axis], axis)
         index = (index < 0).where(index + self.shape[axis], index)  # -1 is the last, as numpy
         bounds = [(0, i) if a != axis else None for a, i in enumerate(index.shape)]
@@ -190,13 +198,20 @@ class TensorMovement(TensorCreation):
         repeats the edge element, "circular" wraps around. Each side is a shrink (and a flip
         or an expand) joined with `cat`, so gradients need nothing new."""
         if mode not in _EDGE_PADS:
-            raise ValueError(f"pad mode must be 'constant', 'reflect', 'replicate' or "
-                             f"'circular', not {mode!r}")
+            raise PadModeError(f"pad mode must be 'constant', 'reflect', 'replicate' or "
+                               f"'circular', not {mode!r}")
+        if mode == "circular" and any(b < 0 or a < 0 for b, a in pairs):
+            raise PadModeError(f"pad mode 'circular' takes no negative padding, got {pairs}")
         x = self
         for axis, (before, after) in enumerate(pairs):
-            if before or after:
-                x = _EDGE_PADS[mode](x, axis, before, after)
-        return x
+            if before > 0 or after > 0:
+                x = _EDGE_PADS[mode](x, axis, max(before, 0), max(after, 0))
+        # a negative amount crops that side after padding (PyTorch's rule: the edges padded
+        # from are those of the whole input)
+        crops = [(max(-b, 0), x.shape[axis] - max(-a, 0)) for axis, (b, a) in enumerate(pairs)]
+        if any(start > end for start, end in crops):
+            raise ArgumentError(f"padding {pairs} crops more than the shape {x.shape} holds")
+        return x.shrink(crops) if any(b < 0 or a < 0 for b, a in pairs) else x
 
     def rearrange(self, formula: str, **sizes: int) -> Self:
         """einops' rearrange (tinygrad's): `x.rearrange("b c (h p) -> b (h c) p", p=2)`. Three
@@ -230,13 +245,14 @@ class TensorMovement(TensorCreation):
         """Shift elements along `dims`, wrapping around: the last `s` move to the front (a
         shrink of each part and a cat). Without dims, the flattened tensor is rolled."""
         if dims is None:
-            if not isinstance(shifts, int):
-                raise ValueError(f"roll without dims takes one int shift, got {shifts}")
-            return self.flatten().roll(shifts, 0).reshape(self.shape)
+            if not isinstance(shifts, int) and len(shifts) != 1:
+                raise ArgumentError(f"roll without dims takes one shift, got {shifts}")
+            shift = shifts if isinstance(shifts, int) else shifts[0]
+            return self.flatten().roll(shift, 0).reshape(self.shape)
         shift_list = [shifts] if isinstance(shifts, int) else list(shifts)
         dim_list = [dims] if isinstance(dims, int) else list(dims)
         if len(shift_list) != len(dim_list):
-            raise ValueError(f"roll: {len(shift_list)} shifts for {len(dim_list)} dims")
+            raise ArgumentError(f"roll: {len(shift_list)} shifts for {len(dim_list)} dims")
         result = self
         for shift, dim in zip(shift_list, dim_list):
             result = result._roll_one(shift, result._axis(dim))
@@ -306,7 +322,7 @@ class TensorMovement(TensorCreation):
         """Coordinate grids from 1-d tensors: the i-th result varies along axis i ("ij") and
         is broadcast along the others; "xy" swaps the first two axes (numpy's default)."""
         if indexing not in ("ij", "xy"):
-            raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', not {indexing!r}")
+            raise ArgumentError(f"meshgrid indexing must be 'ij' or 'xy', not {indexing!r}")
         tensors = [self, *others]
         for t in tensors:
             if t.ndim > 1:
@@ -392,6 +408,8 @@ def _tensor_list(first: Any, rest: tuple[Any, ...]) -> list[Any]:
     """The tensors of `f(a, b, c)` or of `f([a, b, c])` (then `first` is the list)."""
     if not rest and isinstance(first, (list, tuple)):
         return list(first)
+    if any(isinstance(item, (list, tuple)) for item in (first, *rest)):
+        raise ValueError("give the tensors one by one or as one list, not both")
     return [first, *rest]
 
 
@@ -456,4 +474,4 @@ def check_index_range(index: CoreTensor, size: int, axis: int) -> None:
     values = index.numpy()
     if values.size and (values.min() < -size or values.max() >= size):
         bad = values[(values < -size) | (values >= size)].reshape(-1)[0]
-        raise IndexError(f"index {bad} is out of range for axis {axis} with size {size}")
+        raise IndexError(f"index {bad} is out of bounds for axis {axis} with size {size}")

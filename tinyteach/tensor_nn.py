@@ -33,7 +33,7 @@ from typing import Any, Self, TypeVar
 
 from tinyteach.dtype import DType, dtypes, least_upper_dtype
 from tinyteach.settings import TRAINING
-from tinyteach.tensor_core import padding_pairs, pool
+from tinyteach.tensor_core import ArgumentError, ShapeError, padding_pairs, pool
 from tinyteach.tensor_math import TensorMath, in_float32_for_bfloat16
 
 N = TypeVar("N", bound="TensorNN")  # the helper functions return what they were given
@@ -59,12 +59,12 @@ class TensorNN(TensorMath):
         if not isinstance(other, type(self)):  # type(self) is Tensor
             raise TypeError(f"matmul needs a Tensor, got {type(other).__name__}")
         if self.ndim == 0 or other.ndim == 0:
-            raise ValueError(f"matmul needs at least 1-d tensors, got shapes {self.shape} and "
+            raise ShapeError(f"matmul needs at least 1-d tensors, got shapes {self.shape} and "
                              f"{other.shape}")
         x = self.unsqueeze(0) if self.ndim == 1 else self
         w = other.unsqueeze(-1) if other.ndim == 1 else other
         if x.shape[-1] != w.shape[-2]:
-            raise ValueError(f"matmul shape mismatch: {self.shape} @ {other.shape} "
+            raise ShapeError(f"matmul shape mismatch: {self.shape} @ {other.shape} "
                              f"(inner dimensions {x.shape[-1]} != {w.shape[-2]})")
         product = x.unsqueeze(-2) * w.transpose(-1, -2).unsqueeze(-3)
         result = product.sum(-1, dtype=dtype or least_upper_dtype(x.dtype, w.dtype))
@@ -487,7 +487,7 @@ class TensorNN(TensorMath):
         """Cross-entropy of logits `self` (N, C) against integer labels Y (N,). `weight` (C,)
         weighs each class, as PyTorch's: a mean then divides by the weights of the targets."""
         if Y.shape != self.shape[:-1]:
-            raise ValueError(f"labels of shape {Y.shape} do not match logits {self.shape}")
+            raise ShapeError(f"labels of shape {Y.shape} do not match logits {self.shape}")
         log_probs = self.log_softmax(-1)
         counted = Y != ignore_index
         picked = (Y.unsqueeze(-1) == type(self).arange(self.shape[-1], device=self.device))
@@ -514,20 +514,24 @@ class TensorNN(TensorMath):
 
     def cross_entropy(self, Y: Self, reduction: str = "mean", label_smoothing: float = 0.0,
                       ignore_index: int = -1, weight: Self | None = None) -> Self:
-        """Cross-entropy of logits (..., C) against class indices (...) or, as PyTorch, class
-        probabilities of the logits' own shape. `label_smoothing` mixes the target with the
-        uniform distribution: (1 - s) * target + s / C. Items whose index is `ignore_index`
-        count for nothing (tinygrad's default -1; PyTorch's is -100). `weight` (C,) weighs
-        each class (PyTorch's)."""
+        """Cross-entropy of logits against class indices or class probabilities, as PyTorch's:
+        the classes are axis 1 of (N, C, d1, ...) logits (axis 0 of unbatched (C,) ones), the
+        indices have the logits' shape without it, probabilities the logits' own shape.
+        `label_smoothing` mixes the target with the uniform distribution: (1 - s) * target +
+        s / C. Items whose index is `ignore_index` count for nothing (tinygrad's default -1;
+        PyTorch's is -100). `weight` (C,) weighs each class (PyTorch's)."""
         if not 0.0 <= label_smoothing <= 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+        classes = 0 if self.ndim == 1 else 1
         if Y.shape != self.shape or not dtypes.is_float(Y.dtype):
-            return self.sparse_categorical_crossentropy(Y, ignore_index, label_smoothing,
-                                                        reduction, weight)
-        target = Y * (1 - label_smoothing) + label_smoothing / self.shape[-1]
+            # classes last, where sparse_categorical_crossentropy looks for them
+            logits = self.permute(*(a for a in range(self.ndim) if a != classes), classes)
+            return logits.sparse_categorical_crossentropy(Y, ignore_index, label_smoothing,
+                                                          reduction, weight)
+        target = Y * (1 - label_smoothing) + label_smoothing / self.shape[classes]
         if weight is not None:
-            target = target * weight
-        loss = -(self.log_softmax(-1) * target).sum(-1)
+            target = target * weight.reshape(-1, *([1] * (self.ndim - classes - 1)))
+        loss = -(self.log_softmax(classes) * target).sum(classes)
         return _reduce_loss(loss, reduction)
 
     def binary_crossentropy(self, Y: Self, reduction: str = "mean") -> Self:
@@ -607,9 +611,10 @@ class TensorNN(TensorMath):
         attention weights only in training mode (tinygrad's rule; PyTorch's function drops
         them whenever dropout_p > 0)."""
         if is_causal and attn_mask is not None:
-            raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
+            raise ArgumentError("scaled_dot_product_attention: give attn_mask or is_causal, "
+                                "not both")
         if key.shape[-1] != self.shape[-1] or key.shape[-2] != value.shape[-2]:
-            raise ValueError(f"scaled_dot_product_attention: query {self.shape}, key "
+            raise ShapeError(f"scaled_dot_product_attention: query {self.shape}, key "
                              f"{key.shape} and value {value.shape} do not fit together")
         if enable_gqa and key.ndim >= 3 and key.shape[-3] != self.shape[-3]:
             repeats = self.shape[-3] // key.shape[-3]
@@ -693,14 +698,14 @@ def _spell_out_ellipsis(formula: str, ranks: list[int]) -> str:
     inputs = left.split(",")
     if any(part.count(".") not in (0, 3) or (part.count(".") and "..." not in part)
            for part in inputs + [right]):
-        raise ValueError(f"einsum: a '.' must be part of one '...' per operand (in {formula!r})")
+        raise ArgumentError(f"einsum: a '.' must be part of one '...' per operand (in {formula!r})")
     if len(inputs) != len(ranks):
         raise ValueError(f"einsum: {formula!r} names {len(inputs)} operands, {len(ranks)} given")
     named = [len(part.replace("...", "")) for part in inputs]
     hidden = [rank - count if "..." in part else 0
               for part, rank, count in zip(inputs, ranks, named)]
     if any(h < 0 for h in hidden):
-        raise ValueError(f"einsum: {formula!r} names more axes than an operand's shape has")
+        raise ShapeError(f"einsum: {formula!r} names more axes than an operand's shape has")
     fresh = [c for c in string.ascii_letters if c not in formula][:max(hidden)]
     spelled = [part.replace("...", "".join(fresh[len(fresh) - h:]) if h else "")
                for part, h in zip(inputs, hidden)]
@@ -717,7 +722,7 @@ def _einsum_sizes(operands: list[tuple[str, N]]) -> dict[str, int]:
         for letter, size in zip(letters, tensor.shape):
             known = sizes.setdefault(letter, size)
             if known != size and 1 not in (known, size):
-                raise ValueError(f"einsum: letter {letter!r} has sizes {known} and {size}")
+                raise ShapeError(f"einsum: letter {letter!r} has sizes {known} and {size}")
             sizes[letter] = max(known, size) if 1 in (known, size) else size
     return sizes
 
@@ -725,13 +730,13 @@ def _einsum_sizes(operands: list[tuple[str, N]]) -> dict[str, int]:
 def _einsum_diagonals(letters: str, tensor: N) -> tuple[str, N]:
     """A letter twice in one operand ("ii") keeps the diagonal of those two axes."""
     if len(letters) != tensor.ndim:
-        raise ValueError(f"einsum: operand {letters!r} has shape {tensor.shape}")
+        raise ShapeError(f"einsum: operand {letters!r} has shape {tensor.shape}")
     while len(set(letters)) != len(letters):
         letter = next(c for c in letters if letters.count(c) > 1)
         first = letters.index(letter)
         second = letters.index(letter, first + 1)
         if tensor.shape[first] != tensor.shape[second]:
-            raise ValueError(f"einsum: letter {letter!r} has sizes {tensor.shape[first]} and "
+            raise ShapeError(f"einsum: letter {letter!r} has sizes {tensor.shape[first]} and "
                              f"{tensor.shape[second]}")
         tensor = tensor.diagonal(0, first, second)  # the diagonal becomes the last axis
         letters = letters[:first] + letters[first + 1:second] + letters[second + 1:] + letter
@@ -820,15 +825,15 @@ def _ints(value: int | Sequence[int], dims: int, what: str,
 def _check_conv(x: N, weight: N, bias: N | None, groups: int) -> int:
     """The shapes conv2d needs; returns the number of spatial axes."""
     if x.ndim < 3 or weight.ndim != x.ndim:
-        raise ValueError(f"conv2d needs (N, C, H, W) input and (O, C/groups, kH, kW) weight, "
+        raise ShapeError(f"conv2d needs (N, C, H, W) input and (O, C/groups, kH, kW) weight, "
                          f"or as many axes in both for another number of spatial axes, got "
                          f"{x.shape} and {weight.shape}")
     channels, (out_channels, group_channels) = x.shape[1], weight.shape[:2]
     if groups < 1 or channels != group_channels * groups or out_channels % groups:
-        raise ValueError(f"conv2d: input has {channels} channels, weight {weight.shape} with "
+        raise ShapeError(f"conv2d: input has {channels} channels, weight {weight.shape} with "
                          f"groups={groups} expects {group_channels * groups}")
     if bias is not None and bias.shape != (out_channels,):
-        raise ValueError(f"conv2d: bias of shape {bias.shape} does not match the "
+        raise ShapeError(f"conv2d: bias of shape {bias.shape} does not match the "
                          f"{out_channels} output channels")
     return x.ndim - 2
 
@@ -854,7 +859,7 @@ def _check_window_fits(name: str, sizes: Sequence[int], kernel: Sequence[int],
                        dilations: Sequence[int]) -> None:
     for size, k, d in zip(sizes, kernel, dilations):
         if d * (k - 1) + 1 > size:
-            raise ValueError(f"{name}: kernel {tuple(kernel)} (dilation {tuple(dilations)}) is "
+            raise ShapeError(f"{name}: kernel {tuple(kernel)} (dilation {tuple(dilations)}) is "
                              f"larger than the padded input {tuple(sizes)}: a window of {k} "
                              f"(spanning {d * (k - 1) + 1}) does not fit in size {size}")
 
