@@ -16,10 +16,15 @@
 #   the order it is read) and an optional *search* (BEAM) that times variants. `NOOPT=1` turns
 #   them off, `DEBUG=3` lists them.
 #
+# The last part applies the optimizations **by hand**, as tinygrad's actions (`Opt(OptOps.UPCAST,
+# 0, 4)`), and searches over lists of them.
+#
 # Modules: [`tinyteach/lower.py`](../tinyteach/lower.py) (`lower_ast`, `vectorize`,
 # `linearize`, `lower`, `LinearProgram`), [`tinyteach/opt.py`](../tinyteach/opt.py)
-# (`choose_options`, `KernelOptions`), [`tinyteach/pack.py`](../tinyteach/pack.py) (packing)
-# and [`tinyteach/search.py`](../tinyteach/search.py) (BEAM).
+# (`Kernel`, `Opt`, `OptOps`, `hand_coded_optimizations`, the heuristic `choose_options`),
+# [`tinyteach/plan.py`](../tinyteach/plan.py) (`KernelOptions`: the plan the actions build),
+# [`tinyteach/pack.py`](../tinyteach/pack.py) (packing) and
+# [`tinyteach/search.py`](../tinyteach/search.py) (BEAM).
 
 # %% id="lower-02"
 # %load_ext tinyteach
@@ -369,6 +374,173 @@ np.testing.assert_allclose(searched, small1.numpy() @ small2.numpy(), rtol=1e-4,
 m3 = Tensor(rng.standard_normal((32, 256)).astype(np.float32)).realize()
 with Context(DEBUG=3):
     (m3 @ m2).realize()
+
+# %% [markdown] id="lower-53"
+# ## The optimization space: actions, by hand
+#
+# Everything above was chosen for you. tinygrad's way to say what to do to a kernel, which its
+# users know, is a list of **actions**: `Opt(OptOps.UPCAST, 1, 8)` upcasts output axis 1 by 8.
+# tinyteach has the same API (`tinyteach/opt.py`): a `Kernel(ast, device)`, `apply_opt(opt)`,
+# `applied_opts` and `to_program()`. Each action is checked when it is applied. The heuristic
+# (`hand_coded_optimizations`) and BEAM produce such lists, and the engine compiles every kernel
+# by applying its list to it, one action at a time. The actions:
+#
+# | action | `axis` counts | what it does |
+# |---|---|---|
+# | `UPCAST` | output axes | compute `arg` consecutive outputs along the axis per iteration |
+# | `VECTORIZE` | output axes | that upcast axis in vectors of `arg` lanes (tinyteach's own) |
+# | `UNROLL` | reduced axes | the reduction's loop reads `arg` elements per step |
+# | `PADTO` | output axes | the loop runs to a multiple of `arg`, guarded past the end |
+# | `THREAD` | output axes | split the outer loop across cores (OpenMP; `arg` 0) |
+# | `SWAP` | output axes | exchange two loops (`arg` is the other axis) |
+# | `LOCAL` | output axes | a local tile: `arg` threads of a work-group along the axis (GPU) |
+# | `GROUP`, `GROUPTOP` | reduced axes | `arg` threads share the reduction (GPU) |
+# | `TC` | — | tensor cores (CUDA and the emulator) |
+#
+# Start from the 256×256 matmul of above. Its kernel has two output axes and one reduced axis,
+# and the heuristic's choice is this list:
+
+# %% id="lower-54"
+from tinyteach.opt import Kernel, KernelOptError, Opt, OptOps, hand_coded_optimizations
+
+kernel = Kernel(matmul.ast, "CPU")
+print("output shape:", kernel.shape, "  reduced axes:", kernel.reduces[0].arg[1])
+heuristic = hand_coded_optimizations(kernel)
+for opt in heuristic:
+    print("  ", opt)
+assert heuristic[:2] == [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UPCAST, 1, 32)]
+
+# %% [markdown] id="lower-55"
+# Apply two upcasts by hand and watch the source change: the loops run 64 and 32 times, and 32
+# accumulators fill the body. `applied_opts` records what was done:
+
+# %% id="lower-56"
+by_hand = Kernel(matmul.ast, "CPU")
+by_hand.apply_opt(Opt(OptOps.UPCAST, 0, 4))
+by_hand.apply_opt(Opt(OptOps.UPCAST, 1, 8))
+program = by_hand.to_program(matmul.name)
+print(by_hand.applied_opts)
+print("\n".join(line for line in program.source.splitlines() if "for (" in line))
+assert program.linear.global_sizes == (64, 32) and "acc31" in program.source
+
+# %% [markdown] id="lower-57"
+# An action that does not fit raises an error that says why: 256 does not split into blocks of
+# 7, a CPU has no work-groups, and threads split the outermost loop only:
+
+# %% id="lower-58"
+for wrong in [Opt(OptOps.UPCAST, 0, 7), Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.THREAD, 1, 0)]:
+    try:
+        Kernel(matmul.ast, "CPU").apply_opt(wrong)
+    except KernelOptError as error:
+        print(error)
+
+# %% [markdown] id="lower-59"
+# Now apply the heuristic's actions one at a time, and time each step. As in the timing cell
+# above, the vector tile is built for *this* CPU's vector width, so each program is a kernel
+# with the actions the heuristic picks for this CPU (for 8 lanes: a tile of 8 × 16), compiled by
+# its compiler and checked against numpy:
+
+# %% id="lower-60"
+from tinyteach.device import Capabilities
+
+this_cpu = Capabilities(vector_width=native_vector_width(native_macros(find_c_compiler())),
+                        threads=True)
+native_renderer = CRenderer(vector_width=this_cpu.vector_width, fused_multiply_add=True)
+native_actions = hand_coded_optimizations(Kernel(matmul.ast, "CPU", this_cpu))
+for count in range(len(native_actions) + 1):
+    step = Kernel(matmul.ast, "CPU", this_cpu).apply_opts(native_actions[:count])
+    source = native_renderer.render(matmul.name, step.linearize())
+    program = backend.program(matmul.name, backend.compiler.compile(source))
+    np.testing.assert_allclose(run(program), expected, rtol=1e-4, atol=1e-4)
+    best, _ = timings(program)
+    added = native_actions[count - 1].op.name if count else "no actions"
+    print(f"{'+ ' if count else ''}{added:<12} {FLOPS / best / 1e9:7.1f} GFLOP/s")
+
+# %% [markdown] id="lower-61"
+# The engine goes through exactly this path: the heuristic's list, applied by hand, gives the
+# very source that `(a @ b).realize()` compiles (and `DEBUG=4` prints):
+
+# %% id="lower-62"
+from tinyteach.realize import record_launches
+
+m4 = Tensor(rng.standard_normal((256, 256)).astype(np.float32)).realize()
+fresh = kernel_of(m1 @ m4)   # a kernel the engine has not compiled yet
+typed = Kernel(fresh.ast, "CPU").apply_opts(hand_coded_optimizations(Kernel(fresh.ast, "CPU")))
+with record_launches() as launches:
+    (m1 @ m4).realize()
+compiled = [launch.runner.source for launch in launches if launch.runner.ast is fresh.ast]
+assert compiled == [typed.to_program(fresh.name).source]
+print("realize compiled the list's source:", compiled == [typed.to_program(fresh.name).source])
+
+# %% [markdown] id="lower-63"
+# Two actions the heuristic does not use show what the list can say. `UNROLL` makes the sum read
+# four elements per step (combined in order, then added to the accumulator); `PADTO` lets an axis
+# of 30 rows be upcast by 4: its loop runs to 32, and the two extra rows are guarded:
+
+# %% id="lower-64"
+sums = kernel_of(Tensor(rng.standard_normal((8, 64)).astype(np.float32)).sum(axis=1))
+unrolled = Kernel(sums.ast, "CPU").apply_opt(Opt(OptOps.UNROLL, 0, 4)).to_program(sums.name)
+print("\n".join(line for line in unrolled.source.splitlines() if "ridx0" in line))
+odd = kernel_of(Tensor(rng.standard_normal((30, 16)).astype(np.float32)) @ m2[:16, :8])
+padded = Kernel(odd.ast, "CPU").apply_opts([Opt(OptOps.PADTO, 0, 4), Opt(OptOps.UPCAST, 0, 4)])
+print(padded.applied_opts, "->", padded.to_program(odd.name).linear.global_sizes)
+
+# %% [markdown] id="lower-65"
+# On a GPU the list has more to say: `LOCAL` stages tiles of both operands in shared memory, one
+# thread per output, and `TC` gives each 16×8 tile of outputs a warp's tensor-core instruction.
+# The PYTHON device, the emulator of chapter 8b, takes both; its programs are linear programs, so
+# here is what each asks of the GPU:
+
+# %% id="lower-66"
+gpu_matmul = kernel_of(m1.to("PYTHON")[:64, :64] @ m2.to("PYTHON")[:64, :64])
+tiled_gpu = Kernel(gpu_matmul.ast, "PYTHON").apply_opts(
+    [Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.LOCAL, 1, 16)]).linearize()
+print("LOCAL 16x16: threads per group", tiled_gpu.local_size, "shared buffers",
+      [u.arg for u in tiled_gpu.locals])
+halves = kernel_of(m1.half().to("PYTHON")[:64, :64] @ m2.half().to("PYTHON")[:64, :64])
+cores = Kernel(halves.ast, "PYTHON").apply_opt(Opt(OptOps.TC, 0, 0)).linearize()
+print("TC: threads per group", cores.local_size, "WMMA nodes",
+      sum(u.op is Ops.WMMA for u in cores.uops))
+try:
+    Kernel(gpu_matmul.ast, "PYTHON").apply_opt(Opt(OptOps.TC, 0, 0))
+except KernelOptError as error:
+    print(error)
+
+# %% [markdown] id="lower-67"
+# ### BEAM searches over lists
+#
+# `BEAM=n` starts from the heuristic's list and tries its neighbours (one factor changed,
+# threads off, vectors off), keeps the `n` fastest, and repeats. Every candidate is a list of
+# actions; the search below prints each one with its time, and the disk cache holds the winner as
+# a list too (`~/.cache/tinyteach/beam/*.json`). Timings decide, so the output is not checked:
+
+# %% id="lower-68"
+# NBVAL_IGNORE_OUTPUT
+# (timings decide the search's winner)
+import json
+import tempfile
+
+from tinyteach import search
+from tinyteach.opt import actions_of
+
+with tempfile.TemporaryDirectory() as empty_cache:
+    os.environ["TINYTEACH_CACHE"] = empty_cache
+    try:
+        small = kernel_of(small1 @ small2)
+        result = search.beam_search(backend, small.ast, small.name, 2)
+        for plan, seconds in sorted(result.tried.items(), key=lambda item: item[1]):
+            actions = ", ".join(f"{o.op.name} {o.axis} {o.arg}"
+                                for o in actions_of(small.ast, plan))
+            print(f"{seconds * 1e6:9.1f} us  {actions or 'no actions'}")
+        key = search.cache_key(backend, small.ast, 2)
+        search.write_cached(key, small.ast, result)
+        entry = json.loads((search.beam_cache_dir() / f"{key}.json").read_text())
+        print("cached:", entry["actions"])
+    finally:
+        if previous_cache is None:
+            del os.environ["TINYTEACH_CACHE"]
+        else:
+            os.environ["TINYTEACH_CACHE"] = previous_cache
 
 # %% [markdown] id="lower-35"
 # ## Every stage at once
