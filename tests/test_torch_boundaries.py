@@ -106,9 +106,9 @@ def test_reshape_none_keeps_the_axis(device: str) -> None:
           device=device)
 
 
-def test_prod_of_a_0d_tensor(device: str) -> None:
-    for axis in (0, -1):
-        check(lambda x: x.prod(axis), lambda x: x.prod(axis), [()], device=device)
+@pytest.mark.parametrize("axis", [0, -1])
+def test_prod_of_a_0d_tensor(device: str, axis: int) -> None:
+    check(lambda x: x.prod(axis), lambda x: x.prod(axis), [()], device=device)
 
 
 def test_idiv_rounds_toward_zero(device: str) -> None:
@@ -199,3 +199,43 @@ def test_pow_of_zero_base_to_tensor(device: str) -> None:
 def test_pow_of_negative_infinity_is_c_s() -> None:
     got = (Tensor([-math.inf, -math.inf]) ** Tensor([0.3, -0.3])).numpy()
     np.testing.assert_equal(got, np.power(np.float32([-np.inf, -np.inf]), [0.3, -0.3]))
+
+
+# ---- indexing with tuples and lists (group 4) ----
+
+@pytest.mark.parametrize("index", [
+    ((0,),), (((0,),),), ((1, 0, -1), 2), (1, (2, 1, 0), None, 0, (2, 1, 0)),
+    ([[0]], 1, [[1]]), (0, ((2,), (1,), (0,)), 1, (2, 1, 0)), ([True, False, 2],),
+])
+def test_tuples_inside_an_index_are_advanced_indices(device: str, index: tuple) -> None:
+    x = np.arange(3 * 5 * 6 * 5, dtype=np.float32).reshape(3, 5, 6, 5)
+    torch_index = tuple(torch.tensor(i) if isinstance(i, (tuple, list)) else i for i in index)
+    check(lambda t: t[index], lambda t: t[torch_index], [x], device=device)
+
+
+def test_float_or_bool_list_index_is_refused() -> None:
+    a = Tensor.ones(10, 11)
+    for index in ([1.1], [True, False], Tensor(1.1), Tensor([True, False])):
+        with pytest.raises(IndexError):
+            a[index]
+
+
+# ---- state dicts and optimizers (group 5) ----
+
+def test_shape_mismatch_is_a_value_error_with_tinygrad_s_sentence() -> None:
+    from tinyteach.nn import Linear
+    from tinyteach.nn.state import load_state_dict
+    with pytest.raises(ValueError, match=r"Shape mismatch in layer `weight`: Expected shape "
+                                         r"\(2, 2\), but found \(4, 4\) in state dict."):
+        load_state_dict(Linear(2, 2, bias=False), {"weight": Tensor.ones(4, 4)})
+
+
+def test_step_outside_training_is_also_an_assertion_error() -> None:
+    from tinyteach.nn.optim import SGD
+    t = Tensor.ones(1, 1, requires_grad=True)
+    optimizer = SGD([t])
+    t.sum().backward()
+    with pytest.raises(AssertionError):
+        optimizer.step()
+    with pytest.raises(RuntimeError):
+        optimizer.step()

@@ -117,13 +117,36 @@ class TensorIndexing(TensorNN):
         return columns[0].stack(*columns[1:], dim=1)
 
     def _index_tensor(self, item: Any) -> Any:
-        if not isinstance(item, list):
+        """A list (or a tuple inside the index, as numpy reads `t[(1, 0), 2]`) of ints: an
+        index tensor. Floats are refused, and so is a list of bools only (numpy would read it
+        as a mask; tinygrad refuses it too); True and False among ints are 1 and 0."""
+        if not isinstance(item, (list, tuple)):
             return item
+        item = _as_lists(item)
         if any(isinstance(part, CoreTensor) for part in item):
             parts: list[Any] = [part if isinstance(part, CoreTensor) else
                                 type(self)(part, self.device) for part in item]
             return parts[0].stack(*parts[1:]).cast(dtypes.int32)
+        leaves = _leaves(item)
+        if any(isinstance(leaf, float) for leaf in leaves):
+            raise IndexError(f"list indices must be integers, not floats: {item}")
+        if leaves and all(isinstance(leaf, bool) for leaf in leaves):
+            raise IndexError(f"a list of only bools is not an index (use a bool tensor's "
+                             f"nonzero() or masked_select): {item}")
         return type(self)(item, self.device, dtype=dtypes.int32)
+
+
+def _as_lists(item: Any) -> Any:
+    """Nested tuples as nested lists (tensors and numbers as they are)."""
+    if isinstance(item, (list, tuple)):
+        return [_as_lists(part) for part in item]
+    return item
+
+
+def _leaves(item: Any) -> list[Any]:
+    if isinstance(item, list):
+        return [leaf for part in item for leaf in _leaves(part)]
+    return [item]
 
 
 def _normalize(tensor: TensorIndexing, index: Any) -> list[Any]:

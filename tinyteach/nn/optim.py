@@ -45,6 +45,11 @@ from tinyteach.settings import TRAINING
 from tinyteach.tensor import Tensor
 
 
+class TrainingModeError(RuntimeError, AssertionError):
+    """step() outside training mode: RuntimeError here, AssertionError in tinygrad (an
+    assert), so code written for either catches it."""
+
+
 class Optimizer:
     """Holds the parameters; `zero_grad()` forgets their gradients, `step()` updates them."""
 
@@ -72,8 +77,8 @@ class Optimizer:
     def schedule_step(self) -> list[Tensor]:
         """Assign the new values lazily; return every tensor that must be realized."""
         if not (Tensor.training or TRAINING):
-            raise RuntimeError("Optimizer.step() outside training mode: wrap the loop in "
-                               "`with Tensor.train():` (or set Tensor.training = True)")
+            raise TrainingModeError("Optimizer.step() outside training mode: wrap the loop "
+                                    "in `with Tensor.train():` (or set Tensor.training = True)")
         indices = [i for i, p in enumerate(self.params) if p.grad is not None]
         new_state = self._update(indices)
         return [self.params[i] for i in indices] + new_state + self.buffers

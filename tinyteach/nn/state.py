@@ -96,7 +96,7 @@ def load_state_dict(model: Any, state_dict: Mapping[str, Tensor],
     targets = get_state_dict(model)
     problems = _state_dict_problems(targets, state_dict, strict)
     if problems:
-        raise KeyError("load_state_dict: " + "; ".join(problems))
+        raise StateDictError("load_state_dict: " + "; ".join(problems))
     loaded = []
     for name, target in targets.items():
         if name in state_dict:
@@ -107,6 +107,11 @@ def load_state_dict(model: Any, state_dict: Mapping[str, Tensor],
     if loaded:
         Tensor.realize(*loaded)
     return loaded
+
+
+class StateDictError(KeyError, ValueError):
+    """Keys of a state dict that do not fit the model: a KeyError (missing and unexpected
+    names) that is also a ValueError (tinygrad's class for a shape mismatch)."""
 
 
 def _own_buffer(target: Tensor) -> Tensor:
@@ -127,7 +132,8 @@ def _state_dict_problems(targets: Mapping[str, Tensor], given: Mapping[str, Tens
                          strict: bool) -> list[str]:
     missing = [name for name in targets if name not in given]
     unexpected = [name for name in given if name not in targets]
-    mis_shaped = [f"{name} (model {targets[name].shape}, state dict {given[name].shape})"
+    mis_shaped = [f"Shape mismatch in layer `{name}`: Expected shape {targets[name].shape}, "
+                  f"but found {given[name].shape} in state dict."  # tinygrad's sentence
                   for name in targets
                   if name in given and not _same_shape(targets[name].shape, given[name].shape)]
     problems = []
@@ -136,7 +142,7 @@ def _state_dict_problems(targets: Mapping[str, Tensor], given: Mapping[str, Tens
     if strict and unexpected:
         problems.append(f"unexpected keys {unexpected}")
     if mis_shaped:
-        problems.append(f"mis-shaped keys {mis_shaped}")
+        problems.append("mis-shaped keys: " + " ".join(mis_shaped))
     return problems
 
 
