@@ -586,7 +586,7 @@ def test_interpolate_edges_and_errors(device: str) -> None:
     check(lambda t: t.interpolate((9,)), lambda t: F.interpolate(t, 9, mode="linear"),
           [x], device, grad=False)
     ints = Tensor([[[1, 2, 3]]], device=device).interpolate((6,), "nearest")
-    assert ints.dtype == dtypes.float32
+    assert ints.dtype == dtypes.int32  # integers stay integers, as in PyTorch
     compare(ints, [[[1, 1, 2, 2, 3, 3]]], 0, 0)
     with pytest.raises(ValueError, match="mode"):
         Tensor.ones(1, 1, 4).interpolate((2,), "cubic")

@@ -239,3 +239,18 @@ def test_step_outside_training_is_also_an_assertion_error() -> None:
         optimizer.step()
     with pytest.raises(RuntimeError):
         optimizer.step()
+
+
+# ---- integer dtypes kept (group 3) ----
+
+def test_max_pool_and_nearest_interpolate_keep_integer_dtypes(device: str) -> None:
+    x = np.random.default_rng(2).integers(-50, 50, (2, 2, 5, 7)).astype(np.int32)
+    pooled = Tensor(x, device=device).max_pool2d(2, padding=1)
+    expected = F.max_pool2d(torch.tensor(x), 2, padding=1)
+    assert pooled.dtype == dtypes.int32
+    np.testing.assert_equal(pooled.numpy(), expected.numpy())
+    u = x.astype(np.uint8)
+    resized = Tensor(u, device=device).interpolate((3, 4), mode="nearest")
+    assert resized.dtype == dtypes.uint8
+    np.testing.assert_equal(resized.numpy(),
+                            F.interpolate(torch.tensor(u), size=(3, 4), mode="nearest").numpy())

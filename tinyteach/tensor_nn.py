@@ -295,7 +295,10 @@ class TensorNN(TensorMath):
         pads, extra = _pool_padding(self, kernel, strides, dilations, padding, ceil_mode)
         full = [(0, 0)] * (self.ndim - len(kernel)) + [(b, a + e)
                                                        for (b, a), e in zip(pads, extra)]
-        x = self.pad(full, value=-math.inf)
+        # padding never wins a max: -inf, or the smallest value of an integer dtype (which
+        # then stays integer, as in PyTorch)
+        lowest = -math.inf if dtypes.is_float(self.dtype) else self.dtype.min
+        x = self.pad(full, value=lowest)
         axes = tuple(range(-len(kernel), 0))
         windows = pool(x, kernel, strides, dilations)
         values = windows.max(axes)
@@ -367,7 +370,10 @@ class TensorNN(TensorMath):
         x = self._to_float()
         for axis, out in zip(range(self.ndim - len(sizes), self.ndim), sizes):
             x = _resample_axis(x.transpose(axis, -1), out, mode, align_corners).transpose(axis, -1)
-        return x
+        if dtypes.is_float(self.dtype):
+            return x
+        # integers stay integers, as in PyTorch: nearest picks values exactly, linear rounds
+        return (x if mode != "linear" else x.round()).cast(self.dtype)
 
     # ---- softmax and its relatives: subtract the max first, so exp cannot overflow ----
 
