@@ -164,6 +164,7 @@ def _other_case_on_opencl(item: pytest.Item) -> bool:
 # marks, but its group suffix does not reach pytest 9's node ids.)
 
 
+@pytest.hookimpl(optionalhook=True)  # (a pytest without xdist, as scripts/gpu_check.py runs)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 

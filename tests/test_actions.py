@@ -168,6 +168,7 @@ KERNELS = {
     "softmax": (lambda a, b: (a + b).softmax(-1), [(32, 100), (32, 100)]),
     "elementwise": (lambda a, b: (a * b + 1).exp(), [(128, 64), (128, 64)]),
     "conv": (lambda a, b: a.conv2d(b), [(2, 3, 12, 12), (8, 3, 3, 3)]),
+    "big_matmul": (lambda a, b: a @ b, [(128, 784), (784, 128)]),  # threads, on a CPU
 }
 
 

@@ -112,17 +112,18 @@ def test_a_profiling_queue_on_the_backends_context_times_the_same_kernel():
 
 
 @needs_opencl
-def test_an_opencl_program_launches_with_the_sizes_its_source_records():
+def test_an_opencl_program_launches_with_the_sizes_its_spec_records():
     rng = np.random.default_rng(2)
     x_data = rng.standard_normal((16, 64)).astype(np.float32)
     w_data = rng.standard_normal(64).astype(np.float32)
     result = ((Tensor(x_data, device="OPENCL") * Tensor(w_data, device="OPENCL")).sum(1) + 1).relu()
     (item,), _ = create_schedule([result.uop], "OPENCL")
-    source = get_runner(item).source
-    assert source is not None
+    spec = get_runner(item).spec
+    assert spec is not None
+    source = spec.source
     built = Device["OPENCL"].compiler.compile(source)
     assert isinstance(built.program, cl.Program) and built.program.kernel_names == item.name
-    program = Device["OPENCL"].program(item.name, built)
+    program = Device["OPENCL"].load_program(spec, built)
     launch = re.match(r"// launch: global (\(.*?\)) local (\(.*?\))", source)
     assert launch is not None
     assert (str(program.global_size), str(program.local_size)) == launch.groups()

@@ -19,6 +19,7 @@ from tinyteach import Tensor, TinyJit
 from tinyteach.device import Buffer, Device, DeviceUnavailable
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import Context
+from tinyteach.lower import ProgramSpec
 from tinyteach.runtime import cuda
 
 driver = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
@@ -244,10 +245,21 @@ def test_out_of_memory_names_the_call(fake):
         fake.backend.allocator.alloc(2 << 20)
 
 
+def spec_named(name: str) -> ProgramSpec:
+    """The spec of ADD_ONE, written by hand: one block of 4 threads, two buffers."""
+    return ProgramSpec(name, ADD_ONE, global_size=(4, 1, 1), local_size=(4, 1, 1), buffers=2)
+
+
+def test_a_program_without_its_spec_is_refused(fake):
+    kernel = _compiler("compute_80").compile(ADD_ONE)
+    with pytest.raises(TypeError, match="needs its launch sizes"):
+        fake.backend.program("add_one", kernel)
+
+
 def test_a_program_loads_the_cubin_and_launches_on_the_buffers(fake):
     kernel = _compiler("sm_90").compile(ADD_ONE)
     assert kernel.cubin is not None and kernel.cubin.startswith(b"\x7fELF")
-    program = fake.backend.program("add_one", kernel)
+    program = fake.backend.load_program(spec_named("add_one"), kernel)
     assert fake.driver.images == [kernel.cubin]
     x = np.array([1, 2, 3, 4], np.float32)
     out, inp = Buffer("FAKECUDA", 4, dtypes.float32), Buffer("FAKECUDA", 4, dtypes.float32)
@@ -265,7 +277,7 @@ def test_a_program_loads_the_cubin_and_launches_on_the_buffers(fake):
 def test_ptx_is_loaded_nul_terminated_when_there_is_no_cubin(fake):
     kernel = _compiler("compute_80").compile(ADD_ONE)
     assert kernel.cubin is None
-    fake.backend.program("add_one", kernel)
+    fake.backend.load_program(spec_named("add_one"), kernel)
     image = fake.driver.images[-1]
     assert image.endswith(b"\0") and b".entry add_one(" in image
 
@@ -274,11 +286,12 @@ def test_missing_function_names_the_kernel(fake):
     kernel = _compiler("compute_80").compile(ADD_ONE.replace("add_one", "other"))
     with pytest.raises(cuda.CUDAError, match=r"cuModuleGetFunction \(other\) failed: "
                                              "CUDA_ERROR_NOT_FOUND"):
-        fake.backend.program("other", kernel)
+        fake.backend.load_program(spec_named("other"), kernel)
 
 
 def test_graph_launches_every_kernel_then_waits_once(fake):
-    program = fake.backend.program("add_one", _compiler("compute_80").compile(ADD_ONE))
+    kernel = _compiler("compute_80").compile(ADD_ONE)
+    program = fake.backend.load_program(spec_named("add_one"), kernel)
     a, b, c = (Buffer("FAKECUDA", 4, dtypes.float32) for _ in range(3))
     a.copyin(np.zeros(4, np.float32))
     launches = [SimpleNamespace(runner=SimpleNamespace(program=program), buffers=[b, a]),

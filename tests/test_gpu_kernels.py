@@ -274,7 +274,8 @@ def test_cuda_gpu_kernels_compile_to_ptx(options):
     kernel = compiler.compile(source)
     assert f".entry {item.name}(" in kernel.ptx
     assert ".shared" in kernel.ptx and "bar.sync" in kernel.ptx
-    assert kernel.launch.local_size == launch_of(source).local_size
+    spec = CUDARenderer().spec(item.name, lower(item.ast, options))
+    assert spec.source == source and spec.local_size == launch_of(source).local_size
 
 
 # ---- the fuzzer with every GPU option the heuristic has ----

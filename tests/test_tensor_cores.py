@@ -254,7 +254,8 @@ def test_cuda_tensor_core_kernels_compile_for_sm80_and_sm90(name):
         kernel = cuda_compiler(arch).compile(source)
         assert kernel.cubin is not None  # ptxas accepted the mma for this architecture
         assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in kernel.ptx
-        assert kernel.launch.local_size == (32, 1, 1)
+    spec = CUDARenderer().spec(item.name, lower(item.ast, KernelOptions(tensor_core=True)))
+    assert spec.source == source and spec.local_size == (32, 1, 1)
 
 
 def bfloat16_matmul(m: int, k: int, n: int, seed: int = 0):
@@ -520,7 +521,7 @@ def test_cuda_staged_blocks_compile_for_sm80_and_sm90(name, block):
         kernel = cuda_compiler(arch).compile(source)
         assert kernel.cubin is not None and "bar.sync" in kernel.ptx
         assert kernel.ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= 1
-        assert kernel.launch.local_size == (32, block[0] * block[1], 1)
+    assert CUDARenderer().spec(item.name, program).local_size == (32, block[0] * block[1], 1)
 
 
 def test_cuda_staged_bfloat16_block_compiles():

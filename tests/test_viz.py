@@ -484,3 +484,20 @@ def test_same_input_same_output_in_one_process() -> None:
     assert viz.graph(out).html == viz.graph(out).html
     assert viz.schedule(out).html == viz.schedule(softmax_example()).html
     assert "0x" not in viz.graph(out).html  # no memory addresses
+
+
+def test_the_source_shown_as_what_ran_is_the_source_that_ran():
+    """viz.kernel on a launch shows the source its device compiled, verbatim: a CPU matmul's
+    explicit fused multiply-adds (issue 24: a default CRenderer re-rendered it without them)."""
+    from tinyteach.realize import record_launches
+    from viz.kernel import KernelInfo, kernel_stages
+
+    a = Tensor(np.ones((64, 64), np.float32)).realize()
+    b = Tensor(np.ones((64, 64), np.float32) * 2).realize()
+    with record_launches() as launches:
+        (a @ b).realize()
+    launch = launches[-1]
+    stages = kernel_stages(KernelInfo(launch.item, None, launch.runner, launch.seconds),
+                           languages=["C"])
+    ran = [text for heading, _, text in stages.sections if heading.endswith("what ran")]
+    assert ran == [launch.runner.source]

@@ -166,6 +166,11 @@ class Backend:
         self.compiler, self.program = compiler, program
         self.graph: Any = None  # optional: a class that replays a JIT's launches in one go
 
+    def load_program(self, spec: Any, binary: Any) -> Callable[..., Any]:
+        """The runnable program of a compiled kernel, from its ProgramSpec (lower.py) and its
+        binary: `program(name, binary)`. A GPU backend also reads the spec's launch sizes."""
+        return self.program(spec.name, binary)
+
     @property
     def capabilities(self) -> Capabilities:
         """What its renderer can do (NO_CAPABILITIES for an interpreter)."""

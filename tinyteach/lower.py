@@ -714,6 +714,41 @@ class LinearProgram:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class ProgramSpec:
+    """What a renderer hands a runtime for one kernel: its `name` and `source`, how it is
+    launched (`global_size` threads in all, in groups of `local_size`; None on a device whose
+    output loops are loops), its `buffers` (parameters 0..n-1) and `variables` (int parameters
+    after them, by name), the `linear` program it was rendered from and the optimizer's actions
+    that shaped it (`applied_opts`). A runtime reads sizes and bindings here, never from the
+    source; DEBUG=4 and viz show this source, the one that runs."""
+
+    name: str
+    source: str
+    linear: LinearProgram | None = None
+    global_size: tuple[int, int, int] | None = None
+    local_size: tuple[int, int, int] | None = None
+    buffers: int = 0
+    variables: tuple[str, ...] = ()
+    applied_opts: tuple[object, ...] = ()
+
+    @property
+    def groups(self) -> tuple[int, int, int]:
+        """Work-groups along each dimension (CUDA's grid, WebGPU's dispatch)."""
+        if self.global_size is None or self.local_size is None:
+            raise ValueError(f"{self.name} has no launch sizes: it was rendered for a device "
+                             "whose output loops are loops")
+        g, l = self.global_size, self.local_size
+        return (g[0] // l[0], g[1] // l[1], g[2] // l[2])
+
+
+def spec_of(name: str, source: str, program: LinearProgram, **launch: object) -> ProgramSpec:
+    """The ProgramSpec of `source`, rendered from `program` (launch: global_size, local_size)."""
+    return ProgramSpec(name, source, program, buffers=len(program.globals),
+                       variables=tuple(v.arg[0] for v in program.variables),
+                       **launch)  # type: ignore[arg-type]
+
+
 def ranges_of(node: UOp, memo: dict[UOp, frozenset[UOp]] | None = None) -> frozenset[UOp]:
     """The loops a node's value depends on. A REDUCE closes its own loops: its result depends
     only on the loops outside it."""

@@ -65,7 +65,7 @@ from typing import Any
 
 from tinyteach.device import NO_CAPABILITIES, Capabilities, Device, capabilities_of
 from tinyteach.helpers import NOOPT, prod, remember
-from tinyteach.lower import LinearProgram, lower, lower_ast, vectorize
+from tinyteach.lower import LinearProgram, ProgramSpec, lower, lower_ast, vectorize
 from tinyteach.plan import (  # (the plan and the facts about a kernel: plan.py)
     MAX_GROUP_ROW,  # noqa: F401
     NO_OPTIONS,
@@ -144,17 +144,6 @@ class KernelOptError(ValueError):
     """An action that does not fit the kernel or the device; the message says why."""
 
 
-@dataclass(frozen=True)
-class ProgramSpec:
-    """What `Kernel.to_program` gives: the kernel's name, its actions, the linear program they
-    lowered to, and the source the device's renderer wrote for it (what realize compiles)."""
-
-    name: str
-    applied_opts: tuple[Opt, ...]
-    linear: LinearProgram
-    source: str
-
-
 class Kernel:
     """One kernel AST on one device, and the actions applied to it so far (tinygrad's classic
     API): `k = Kernel(ast, "CPU"); k.apply_opt(Opt(OptOps.UPCAST, 0, 4)); k.to_program()`.
@@ -203,12 +192,13 @@ class Kernel:
         return lower(self.ast, self.finished_plan())
 
     def to_program(self, name: str = "kernel") -> ProgramSpec:
-        """Lower the kernel as its actions say and render it for its device."""
+        """Lower the kernel as its actions say and render it for its device: the ProgramSpec
+        (lower.py) that realize compiles and the runtime loads."""
         renderer = Device[self.device].renderer
         if renderer is None:
             raise KernelOptError(f"{self.device} interprets kernels: it renders no program")
-        linear = self.linearize()
-        return ProgramSpec(name, tuple(self.applied_opts), linear, renderer.render(name, linear))
+        return replace(renderer.spec(name, self.linearize()),
+                       applied_opts=tuple(self.applied_opts))
 
     # -- what the checks ask --
 
@@ -536,7 +526,9 @@ def options_for(ast: UOp, capabilities: Capabilities) -> KernelOptions:
     chosen = choose_options(ast, capabilities.vector_width, capabilities.group_reduce,
                             capabilities.local_tile, TENSOR_CORE_TILE in capabilities.tensor_cores)
     if chosen.vector_width and vectorize(lower_ast(ast, chosen)) is None:
-        return choose_options(ast)
+        chosen = choose_options(ast)
+    if chosen.parallel and not capabilities.threads:  # (a GPU's threads are its launch)
+        chosen = replace(chosen, parallel=False)
     return chosen
 
 

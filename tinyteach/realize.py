@@ -40,7 +40,7 @@ from tinyteach import schedule, search
 from tinyteach.device import Backend, Buffer, Device
 from tinyteach.dtype import DType
 from tinyteach.helpers import DEBUG, GlobalCounters, LRUCache, format_bytes, register_memo
-from tinyteach.lower import LinearProgram, lower
+from tinyteach.lower import LinearProgram, ProgramSpec, lower
 from tinyteach.opt import NO_OPTIONS, KernelOptions, plan_of
 from tinyteach.pack import pack_operands
 from tinyteach.schedule import Schedule, ScheduleItem, estimate_ops, schedule_graph
@@ -70,6 +70,7 @@ class Runner:
     source: str | None = None
     ops_estimate: int = 0
     variables: tuple[str, ...] = ()  # the Variables its sizes use: passed at each launch
+    spec: ProgramSpec | None = None  # what the renderer gave the runtime (None: interpreted)
 
 
 def launch_kernel(runner: Runner, buffers: list[Buffer], var_vals: dict[str, int]) -> None:
@@ -126,13 +127,13 @@ def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
     if DEBUG >= 3:
         applied = linear.applied_opts or ["none"]
         print(f"    optimizations of {name}: {'; '.join(applied)}")
-    source = backend.renderer.render(name, linear)
+    spec = backend.renderer.spec(name, linear)
     if DEBUG >= 4:
-        print(source)
+        print(spec.source)
     assert backend.compiler is not None
-    binary = backend.compiler.compile(source)
-    return Runner(name, backend.name, backend.program(name, binary), ast, linear, source,
-                  estimate_ops(ast), variables)
+    binary = backend.compiler.compile(spec.source)
+    return Runner(name, backend.name, backend.load_program(spec, binary), ast, linear,
+                  spec.source, estimate_ops(ast), variables, spec)
 
 
 def _plan(backend: Backend, name: str, ast: UOp) -> KernelOptions:
@@ -250,11 +251,11 @@ def precompile(items: list[ScheduleItem]) -> None:
 def _compile_together(backend: Backend, group: list[ScheduleItem]) -> None:
     names = _unique_names([item.name for item in group])  # one library: no two alike
     linears = [lower(item.ast, _plan(backend, item.name, item.ast)) for item in group]
-    sources = [backend.renderer.render(name, linear) for name, linear in zip(names, linears)]
-    binaries = backend.compiler.compile_many(sources)  # type: ignore[union-attr]
-    for item, name, linear, source, binary in zip(group, names, linears, sources, binaries):
-        runner = Runner(name, backend.name, backend.program(name, binary), item.ast, linear,
-                        source, estimate_ops(item.ast))
+    specs = [backend.renderer.spec(name, linear) for name, linear in zip(names, linears)]
+    binaries = backend.compiler.compile_many([spec.source for spec in specs])  # type: ignore
+    for item, name, linear, spec, binary in zip(group, names, linears, specs, binaries):
+        runner = Runner(name, backend.name, backend.load_program(spec, binary), item.ast,
+                        linear, spec.source, estimate_ops(item.ast), spec=spec)
         runner_cache[(item.device, item.ast, item.name)] = runner
 
 

@@ -296,14 +296,15 @@ class Candidate:
 
     options: KernelOptions
     name: str
-    source: str = ""
+    spec: Any = None  # its ProgramSpec (lower.py): the source and what the runtime needs
     program: Any = None
     seconds: float = math.inf  # inf: not timed, or discarded
 
 
-def render_candidate(backend: Backend, name: str, ast: UOp, options: KernelOptions) -> str:
-    """Lower and render one candidate (the tests replace this to inject a wrong kernel)."""
-    return backend.renderer.render(name, lower(ast, options))
+def render_candidate(backend: Backend, name: str, ast: UOp, options: KernelOptions) -> Any:
+    """Lower and render one candidate: its ProgramSpec (the tests replace this to inject a
+    wrong kernel)."""
+    return backend.renderer.spec(name, lower(ast, options))
 
 
 def compile_candidates(backend: Backend, candidates: list[Candidate]) -> list[Candidate]:
@@ -311,7 +312,7 @@ def compile_candidates(backend: Backend, candidates: list[Candidate]) -> list[Ca
     the ones that fail to compile are dropped."""
     compiler = backend.compiler
     assert compiler is not None
-    sources = [c.source for c in candidates]
+    sources = [c.spec.source for c in candidates]
     if hasattr(compiler, "compile_many") and len(candidates) > 1:
         try:
             binaries = compiler.compile_many(sources)
@@ -321,7 +322,7 @@ def compile_candidates(backend: Backend, candidates: list[Candidate]) -> list[Ca
     compiled, binaries = [], []
     for candidate in candidates:
         try:
-            binaries.append(compiler.compile(candidate.source))
+            binaries.append(compiler.compile(candidate.spec.source))
             compiled.append(candidate)
         except CompileError:
             continue
@@ -330,7 +331,7 @@ def compile_candidates(backend: Backend, candidates: list[Candidate]) -> list[Ca
 
 def _load(backend: Backend, candidates: list[Candidate], binaries: list[Any]) -> list[Candidate]:
     for candidate, binary in zip(candidates, binaries):
-        candidate.program = backend.program(candidate.name, binary)
+        candidate.program = backend.load_program(candidate.spec, binary)
     return candidates
 
 
@@ -506,7 +507,7 @@ class BeamSearch:
             candidate = Candidate(options, name, render_candidate(self.backend, name, self.ast,
                                                                   options))
             self.times[options] = math.inf
-            by_code.setdefault(candidate.source.replace(name, "KERNEL"), candidate)
+            by_code.setdefault(candidate.spec.source.replace(name, "KERNEL"), candidate)
         return list(by_code.values())
 
     def _measure(self, candidate: Candidate) -> float:

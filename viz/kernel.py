@@ -179,7 +179,9 @@ def source_section(info: KernelInfo, found: RendererInfo,
     heading = f"3 · {found.language} source ({type(found.renderer).__name__})"
     ran = getattr(info.runner, "source", None)
     if ran is not None and getattr(info.runner, "device", None) == found.renderer.device:
-        heading += ": this is what ran"
+        # the source that ran, verbatim (its device's renderer: e.g. the CPU's vector width and
+        # fused multiply-adds, which a default renderer would not write)
+        return heading + ": this is what ran", highlight(ran, found.lexer), ran
     try:
         source = found.renderer.render(info.item.name, linear)
     except Exception as error:  # noqa: BLE001

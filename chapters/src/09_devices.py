@@ -546,7 +546,7 @@ if opencl_here():
     backend = Device["OPENCL"]
     for part in ("allocator", "renderer", "compiler"):
         print(f"  {part:9}: {type(getattr(backend, part)).__name__}")
-    print("  program  : OpenCLProgram, made by backend.program(name, binary)")
+    print("  program  : OpenCLProgram, made by backend.load_program(spec, binary)")
     print("  and one", type(backend.context).__name__, "with one", type(backend.queue).__name__)
     # the backend reads its vector width from the device (8 or 16 floats on a CPU); pinned here so
     # that the kernels printed below are the same on every machine
@@ -729,9 +729,9 @@ if opencl_here():
 
 # %% [markdown] id="dev-64"
 # The **source**: lowering (chapter 7) and the OpenCL renderer (chapter 8) give an OpenCL C
-# kernel. Its first line is a comment that records how many
-# threads to launch: a *global size* (threads in all) and a *local size* (threads per
-# work-group). OpenCL can share a reduction across a work-group, so the optimizer gives each of
+# kernel, in a `ProgramSpec` that also says how many threads to launch: a *global size*
+# (threads in all) and a *local size* (threads per work-group); the source's first line repeats
+# them as a comment, for the reader. OpenCL can share a reduction across a work-group, so the optimizer gives each of
 # the 16 rows a group of 16 threads (chapter 8b's group reduction): thread `lidx0` sums every
 # 16th product, the 16 partial sums meet in `__local` memory and are added in halves between
 # barriers, and thread 0 stores the row. The group loop `gidx0` steps by the number of groups,
@@ -740,7 +740,10 @@ if opencl_here():
 # %% id="dev-65"
 if opencl_here():
     walk_runner = get_runner(walk_item)
-    print(walk_runner.source)
+    walk_spec = walk_runner.spec
+    print(walk_spec.source)
+    print("spec: global size", walk_spec.global_size, "local size", walk_spec.local_size,
+          "buffers", walk_spec.buffers)
 
 # %% [markdown] id="dev-66"
 # The **build**: `Device["OPENCL"].compiler.compile` hands the source to the OpenCL driver
@@ -748,25 +751,25 @@ if opencl_here():
 # `OpenCLBinary`: the built `cl.Program` and the kernel's own source (a kernel that does not build
 # raises `CompileError` with the driver's log). Every build costs pocl about 0.1 s however many
 # kernels it holds, so realize builds a schedule's new kernels as one program (`compile_many`),
-# and each binary keeps its own kernel's source, whose first line has its launch sizes.
+# and each binary keeps its own kernel's source.
 
 # %% id="dev-67"
 if opencl_here():
-    built = Device["OPENCL"].compiler.compile(walk_runner.source)
+    built = Device["OPENCL"].compiler.compile(walk_spec.source)
     program_built = built.program
     print(type(program_built).__module__, type(program_built).__name__, "with kernels:",
           program_built.kernel_names)
     assert program_built.kernel_names == walk_item.name
 
 # %% [markdown] id="dev-68"
-# The **launch**: `Device["OPENCL"].program(name, built)` makes an `OpenCLProgram`, which reads the
-# launch sizes from the source's first line and keeps the `cl.Kernel`. We allocate the output,
-# enqueue, wait, and **copy back** — then compute the same expression on the NUMPY device, the
-# reference:
+# The **launch**: `Device["OPENCL"].load_program(spec, built)` makes an `OpenCLProgram`, which
+# takes the launch sizes from the spec (never from the source) and keeps the `cl.Kernel`. We
+# allocate the output, enqueue, wait, and **copy back** — then compute the same expression on
+# the NUMPY device, the reference:
 
 # %% id="dev-69"
 if opencl_here():
-    program = Device["OPENCL"].program(walk_item.name, built)
+    program = Device["OPENCL"].load_program(walk_spec, built)
     print(type(program).__name__, "global size", program.global_size,
           "local size", program.local_size)
     output, *inputs = walk_item.buffers

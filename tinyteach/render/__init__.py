@@ -56,11 +56,11 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tinyteach.device import Capabilities
 from tinyteach.dtype import DType, dtypes
-from tinyteach.lower import LinearProgram
+from tinyteach.lower import LinearProgram, ProgramSpec, spec_of
 from tinyteach.uop import ALU, Ops, UOp, is_bitcast, load_parts, store_parts
 
 # values written inline where they are used, when they are used once
@@ -248,11 +248,15 @@ class CStyleRenderer:
     # the defaults: float16 is a built-in type there; C (c.py) declares its own.
     vector_width = 0  # lanes of float32 per vector register; 0: no vector types
 
+    # what the device can do besides its vector width, declared once per renderer class
+    # (C: threads; render/gpu.py: work-groups and shared memory; CUDA: tensor cores too)
+    device_capabilities = Capabilities()
+
     @property
     def capabilities(self) -> Capabilities:
-        """What this renderer's device can do (device.Capabilities): vector types of
-        `vector_width` lanes; a GPU renderer declares its own (render/gpu.py)."""
-        return Capabilities(vector_width=self.vector_width)
+        """What this renderer's device can do (device.Capabilities): its class's declaration
+        with this renderer's `vector_width` (a device may set it: OpenCL's preferred width)."""
+        return replace(self.device_capabilities, vector_width=self.vector_width)
 
     def vector_type_name(self, dtype: DType) -> str:
         return f"{self.type_names[dtype.scalar]}{dtype.count}"
@@ -462,6 +466,10 @@ class CStyleRenderer:
     def new_writer(self, program: LinearProgram) -> KernelWriter:
         """The state of one render (GPU renderers add the kernel's launch)."""
         return KernelWriter(self, program)
+
+    def spec(self, name: str, program: LinearProgram) -> ProgramSpec:
+        """The rendered kernel with what a runtime needs to run it (lower.ProgramSpec)."""
+        return spec_of(name, self.render(name, program), program)
 
     def render(self, name: str, program: LinearProgram) -> str:
         writer = self.new_writer(program)

@@ -499,10 +499,7 @@ class CRenderer(CStyleRenderer):
             return f"((_Float16){value!r}f)"
         return super().float_literal(value, dtype)
 
-    @property
-    def capabilities(self) -> Capabilities:
-        """Vectors of `vector_width` lanes, and threads over the outer loop (OpenMP)."""
-        return Capabilities(vector_width=self.vector_width, threads=True)
+    device_capabilities = Capabilities(threads=True)  # the outer loop over cores (OpenMP)
 
     def __init__(self, vector_width: int = 0, fused_multiply_add: bool = False) -> None:
         super().__init__()

@@ -148,7 +148,7 @@ class CUDARenderer(GPURenderer):
     device = "CUDA"
     # shared memory and barriers (render/gpu.py), matmul tiles staged in shared memory
     # (lower.py), mma.sync m16n8k16 for half and bfloat16, sm_80+ (wmma.py)
-    capabilities = replace(GPU_CAPABILITIES, tensor_cores=((16, 8, 16),))
+    device_capabilities = replace(GPU_CAPABILITIES, tensor_cores=((16, 8, 16),))
     code_for_op = {**GPURenderer.code_for_op, Ops.CAST: cuda_cast, Ops.MOD: cuda_remainder,
                    **{op: typed_math_function(name, "__half2float({})", "__float2half({})")
                       for op, name in MATH_FUNCTIONS.items()}}

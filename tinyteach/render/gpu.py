@@ -13,9 +13,10 @@ What this teaches:
   few hundred threads, in up to 3 dimensions. The innermost output axis goes to dimension 0,
   whose neighbouring threads read neighbouring memory; up to 3 output axes become thread
   dimensions, the outer ones stay loops;
-- the launch configuration is part of the kernel: the renderer writes it into the source's
-  first line (`// launch: global (8, 4, 1) local (8, 4, 1)`), so the source alone says how to
-  run it (and DEBUG=4 shows it). `launch_of(source)` reads it back;
+- the launch configuration is part of the kernel: `spec()` returns it with the source in a
+  `ProgramSpec` (global and local sizes), which the runtime reads; the renderer also writes it
+  into the source's first line (`// launch: global (8, 4, 1) local (8, 4, 1)`), for the reader
+  (DEBUG=4 shows it; `launch_of(source)` reads it back);
 - a kernel that uses its threads' ids within a group (`SPECIAL`: a group reduction, a local
   tile) says its own group shape (`LinearProgram.local_size`), and its output loops are loops
   over *groups* (kind 'w'): `for (gidx0 = get_group_id(0); gidx0 < 5; gidx0 +=
@@ -34,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 
 from tinyteach.device import GPU_CAPABILITIES
-from tinyteach.lower import LinearProgram
+from tinyteach.lower import LinearProgram, ProgramSpec, spec_of
 from tinyteach.render import CStyleRenderer, KernelWriter
 from tinyteach.uop import Ops, UOp, sym_max
 
@@ -85,15 +86,16 @@ def plan_launch(sizes: tuple[int, ...]) -> Launch:
                   dimension_of)
 
 
-_LAUNCH_LINE = re.compile(r"launch: global \((\d+), (\d+), (\d+)\) local \((\d+), (\d+), (\d+)\)")
-
-
 def launch_comment(launch: Launch) -> str:
     return f"// launch: global {launch.global_size} local {launch.local_size}"
 
 
+_LAUNCH_LINE = re.compile(r"launch: global \((\d+), (\d+), (\d+)\) local \((\d+), (\d+), (\d+)\)")
+
+
 def launch_of(source: str) -> Launch:
-    """Read the launch configuration back from a rendered GPU kernel's first lines."""
+    """Read the launch back from a rendered GPU kernel's comment: for a reader (the book, the
+    tests) looking at source alone. The runtimes read the ProgramSpec (`spec()`), never this."""
     found = _LAUNCH_LINE.search(source)
     if found is None:
         raise ValueError("this source has no '// launch: global (...) local (...)' line: "
@@ -163,7 +165,7 @@ class GPURenderer(CStyleRenderer):
     the launch comment. The launch of the kernel being rendered is planned when the render
     starts and kept in its GPUKernelWriter (it is what `loop` and `render_kernel` consult)."""
 
-    capabilities = GPU_CAPABILITIES  # work-groups with shared memory; a subclass may add more
+    device_capabilities = GPU_CAPABILITIES  # work-groups with shared memory (a subclass adds)
 
     def thread_id(self, dimension: int) -> str:
         raise NotImplementedError
@@ -178,6 +180,13 @@ class GPURenderer(CStyleRenderer):
     def group_count(self, launch: Launch, dimension: int) -> str:
         """The number of work-groups along `dimension`."""
         raise NotImplementedError
+
+    def spec(self, name: str, program: LinearProgram) -> ProgramSpec:
+        """The kernel with its launch: the runtime reads the sizes here, not in the source
+        (whose first line, the launch comment, is for the reader)."""
+        launch = self.new_writer(program).launch
+        return spec_of(name, self.render(name, program), program,
+                       global_size=launch.global_size, local_size=launch.local_size)
 
     def new_writer(self, program: LinearProgram) -> GPUKernelWriter:
         if uses_local_ids(program):

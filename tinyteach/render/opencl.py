@@ -37,7 +37,6 @@ __kernel void E_4_4(__global float* restrict data0, __global const float* restri
 """
 from __future__ import annotations
 
-from tinyteach.device import GPU_CAPABILITIES
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
 from tinyteach.render import CodeForOp, CStyleRenderer, KernelWriter, cast
@@ -83,8 +82,6 @@ def dtypes_used(program: LinearProgram) -> set[DType]:
 
 class OpenCLRenderer(GPURenderer):
     device = "OPENCL"
-    # shared memory and barriers (render/gpu.py), matmul tiles staged in shared memory (lower.py)
-    capabilities = GPU_CAPABILITIES
     type_names = {**GPURenderer.type_names, dtypes.int8: "char", dtypes.uint8: "uchar",
                   dtypes.uint16: "ushort", dtypes.uint32: "uint", dtypes.int64: "long",
                   dtypes.uint64: "ulong", dtypes.bfloat16: "ushort"}

@@ -56,7 +56,6 @@ import re
 
 import numpy as np
 
-from tinyteach.device import GPU_CAPABILITIES
 from tinyteach.dtype import DType, dtypes
 from tinyteach.lower import LinearProgram
 from tinyteach.render import CodeForOp, CStyleRenderer, KernelWriter, infix, integer_remainder
@@ -341,8 +340,6 @@ def helpers_used(body: list[str]) -> list[str]:
 
 class WGSLRenderer(GPURenderer):
     device = "WEBGPU"
-    # shared memory and barriers (render/gpu.py), matmul tiles staged in shared memory (lower.py)
-    capabilities = GPU_CAPABILITIES
     type_names = VALUE_TYPES
     code_for_op = {**GPURenderer.code_for_op, Ops.NEG: wgsl_negate, Ops.CAST: wgsl_cast,
                    Ops.ADD: wgsl_add, Ops.MUL: wgsl_mul, Ops.FDIV: wgsl_divide,

@@ -41,10 +41,9 @@ import numpy as np
 
 from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler, DeviceUnavailable
 from tinyteach.helpers import programs_of
-from tinyteach.lower import lower
-from tinyteach.opt import options_for_renderer
+from tinyteach.lower import ProgramSpec, lower
+from tinyteach.opt import options_for
 from tinyteach.render.cuda import CUDARenderer
-from tinyteach.render.gpu import Launch, launch_of
 from tinyteach.settings import CUDA_ARCH, CUDA_HOME, CUDA_PATH, DEBUG
 from tinyteach.uop import UOp
 
@@ -54,11 +53,11 @@ DEFAULT_ARCH = "compute_80"
 
 @dataclass(frozen=True)
 class PTXKernel:
-    """What the CUDA compiler produces: the PTX text, how to launch it, and the machine code
-    (cubin) when NVRTC compiled for a real GPU architecture (`sm_XY`), else None."""
+    """What the CUDA compiler produces: the PTX text, and the machine code (cubin) when NVRTC
+    compiled for a real GPU architecture (`sm_XY`), else None. How to launch it is the
+    ProgramSpec's (backend.load_program)."""
 
     ptx: str
-    launch: Launch
     cubin: bytes | None = None
 
 
@@ -158,15 +157,20 @@ class CUDACompiler(Compiler):
     def compile(self, source: str) -> PTXKernel:
         if self.nvrtc is not None:
             ptx, cubin = compile_with_nvrtc_to_cubin(self.nvrtc, source, self.arch)
-            return PTXKernel(ptx, launch_of(source), cubin)
+            return PTXKernel(ptx, cubin)
         assert self.nvcc is not None
-        return PTXKernel(compile_with_nvcc(self.nvcc, source, self.arch), launch_of(source))
+        return PTXKernel(compile_with_nvcc(self.nvcc, source, self.arch))
 
 
 def render_for_cuda(name: str, ast: UOp) -> str:
-    """Lower and render one kernel for CUDA, with the heuristic's options for CUDA."""
+    """Lower and render one kernel for CUDA, with the heuristic's plan for CUDA."""
+    return spec_for_cuda(name, ast).source
+
+
+def spec_for_cuda(name: str, ast: UOp) -> ProgramSpec:
+    """The ProgramSpec of one kernel for CUDA, with the heuristic's plan for CUDA."""
     renderer = CUDARenderer()
-    return renderer.render(name, lower(ast, options_for_renderer(ast, renderer)))
+    return renderer.spec(name, lower(ast, options_for(ast, renderer.capabilities)))
 
 
 def compile_for_cuda(name: str, ast: UOp, compiler: CUDACompiler | None = None) -> PTXKernel:
@@ -192,6 +196,13 @@ class PyCUDAAllocator(Allocator):
             self.driver.memcpy_dtoh(dest, src)
 
 
+def launch_local_size(spec: ProgramSpec) -> tuple[int, int, int]:
+    """The threads per block of a kernel rendered for CUDA (its spec says)."""
+    if spec.local_size is None:
+        raise ValueError(f"{spec.name} has no launch sizes: was it rendered by CUDARenderer?")
+    return spec.local_size
+
+
 def module_image(kernel: PTXKernel) -> bytes:
     """What the driver loads: the cubin when there is one, else the PTX, NUL-terminated."""
     return kernel.cubin if kernel.cubin is not None else kernel.ptx.encode() + b"\0"
@@ -200,11 +211,12 @@ def module_image(kernel: PTXKernel) -> bytes:
 class PyCUDAProgram:
     """A kernel loaded through pycuda; calling it launches it and returns without waiting."""
 
-    def __init__(self, driver: Any, name: str, kernel: PTXKernel):
+    def __init__(self, driver: Any, kernel: PTXKernel, spec: ProgramSpec):
+        name = spec.name
         self.driver, self.name = driver, name
         self.module = driver.module_from_buffer(module_image(kernel))
         self.function = self.module.get_function(name)
-        self.grid, self.block = kernel.launch.groups, kernel.launch.local_size
+        self.grid, self.block = spec.groups, launch_local_size(spec)
 
     def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> None:
         """Launch on the buffers, then the Variables' values (`const int i` parameters)."""
@@ -244,7 +256,11 @@ class PyCUDABackend(Backend):
         self.description = f"CUDA: pycuda, {self.gpu_name}, sm_{major}{minor}"
 
     def _make_program(self, name: str, kernel: PTXKernel) -> PyCUDAProgram:
-        return PyCUDAProgram(self.driver, name, kernel)
+        raise TypeError(f"a CUDA program needs its launch sizes: load {name} with "
+                        "backend.load_program(spec, binary), the spec from renderer.spec()")
+
+    def load_program(self, spec: ProgramSpec, kernel: PTXKernel) -> PyCUDAProgram:
+        return PyCUDAProgram(self.driver, kernel, spec)
 
     def synchronize(self) -> None:
         self.context.synchronize()
@@ -364,13 +380,14 @@ class DriverProgram:
     """A kernel loaded with cuModuleLoadData; calling it launches it on the default stream and
     returns without waiting."""
 
-    def __init__(self, driver: Any, name: str, kernel: PTXKernel):
+    def __init__(self, driver: Any, kernel: PTXKernel, spec: ProgramSpec):
+        name = spec.name
         self.driver, self.name = driver, name
         self.module = check(driver, driver.cuModuleLoadData(module_image(kernel)),
                             f"cuModuleLoadData ({name})")
         self.function = check(driver, driver.cuModuleGetFunction(self.module, name.encode()),
                               f"cuModuleGetFunction ({name})")
-        self.grid, self.block = kernel.launch.groups, kernel.launch.local_size
+        self.grid, self.block = spec.groups, launch_local_size(spec)
 
     def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> None:
         params = pack_params([b.storage.address for b in buffers], vals)
@@ -424,7 +441,11 @@ class DriverBackend(Backend):
         self.description = f"CUDA: cuda-bindings driver API, {self.gpu_name}, sm_{major}{minor}"
 
     def _make_program(self, name: str, kernel: PTXKernel) -> DriverProgram:
-        return DriverProgram(self.driver, name, kernel)
+        raise TypeError(f"a CUDA program needs its launch sizes: load {name} with "
+                        "backend.load_program(spec, binary), the spec from renderer.spec()")
+
+    def load_program(self, spec: ProgramSpec, kernel: PTXKernel) -> DriverProgram:
+        return DriverProgram(self.driver, kernel, spec)
 
     def synchronize(self) -> None:
         check(self.driver, self.driver.cuCtxSynchronize(), "cuCtxSynchronize")

@@ -33,7 +33,7 @@ import numpy as np
 
 from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler, DeviceUnavailable
 from tinyteach.helpers import programs_of
-from tinyteach.render.gpu import launch_of
+from tinyteach.lower import ProgramSpec
 from tinyteach.render.opencl import EXTENSIONS, OpenCLRenderer
 from tinyteach.settings import OPENCL_PLATFORM, POCL_SIGFPE_HANDLER
 
@@ -208,8 +208,7 @@ class OpenCLCompiler(Compiler):
 @dataclass(frozen=True)
 class OpenCLBinary:
     """What the Compiler gives: a built `cl.Program` (it may hold other kernels too, when
-    built by `compile_many`) and the source of this kernel, whose first line records its
-    launch sizes."""
+    built by `compile_many`) and the source of this kernel."""
 
     program: Any
     source: str
@@ -218,12 +217,11 @@ class OpenCLBinary:
 class OpenCLProgram:
     """One kernel, ready to enqueue. Calling it enqueues and returns without waiting."""
 
-    def __init__(self, queue: Any, name: str, binary: OpenCLBinary):
-        self.queue, self.name = queue, name
+    def __init__(self, queue: Any, binary: OpenCLBinary, spec: ProgramSpec):
+        self.queue, self.name = queue, spec.name
         # kept: re-reading program.name warns and costs
-        self.kernel = getattr(binary.program, name)
-        launch = launch_of(binary.source)
-        self.global_size, self.local_size = launch.global_size, launch.local_size
+        self.kernel = getattr(binary.program, spec.name)
+        self.global_size, self.local_size = spec.global_size, spec.local_size
 
     def __call__(self, *buffers: Buffer, vals: tuple[int, ...] = ()) -> Any:
         """Enqueue on the buffers, then the Variables' values (`const int i` parameters)."""
@@ -265,7 +263,11 @@ class OpenCLBackend(Backend):
                                    if extension not in self.cl_device.extensions}
 
     def _make_program(self, name: str, binary: OpenCLBinary) -> OpenCLProgram:
-        return OpenCLProgram(self.queue, name, binary)
+        raise TypeError(f"an OpenCL program needs its launch sizes: load {name} with "
+                        "backend.load_program(spec, binary), the spec from renderer.spec()")
+
+    def load_program(self, spec: ProgramSpec, binary: OpenCLBinary) -> OpenCLProgram:
+        return OpenCLProgram(self.queue, binary, spec)
 
     def synchronize(self) -> None:
         self.queue.finish()

@@ -50,7 +50,7 @@ import numpy as np
 
 from tinyteach.device import GPU_CAPABILITIES, Backend, Buffer, Compiler, HostAllocator
 from tinyteach.dtype import DType, dtypes, from_bfloat16_bits, to_bfloat16_bits
-from tinyteach.lower import LinearProgram
+from tinyteach.lower import LinearProgram, ProgramSpec, spec_of
 from tinyteach.render.gpu import output_loops, plan_launch, plan_local_launch
 from tinyteach.runtime.numpy import NUMPY_OPS
 from tinyteach.uop import (
@@ -625,6 +625,11 @@ class PythonRenderer:
 
     def __init__(self) -> None:
         self.programs: dict[str, LinearProgram] = {}
+
+    def spec(self, name: str, program: LinearProgram) -> ProgramSpec:
+        launch = plan_group_launch(program)
+        return spec_of(name, self.render(name, program), program,
+                       global_size=launch.global_size, local_size=launch.local_size)
 
     def render(self, name: str, program: LinearProgram) -> str:
         launch = plan_group_launch(program)

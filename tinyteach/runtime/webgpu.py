@@ -19,8 +19,8 @@ Builds on: device.py, render/wgsl.py, render/gpu.py.
 from __future__ import annotations
 
 import os
-import re
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ import numpy as np
 from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler, DeviceUnavailable
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import programs_of
-from tinyteach.render.gpu import launch_of
+from tinyteach.lower import ProgramSpec
 from tinyteach.render.wgsl import (
     DEFAULT_STORAGE_BUFFERS,
     MISSING_DTYPES,
@@ -109,12 +109,34 @@ class WebGPUAllocator(Allocator):
         dest.reshape(-1)[:] = values != 0 if dtype == dtypes.bool else values.astype(dest.dtype)
 
 
-class WebGPUKernel:
-    """A compiled kernel: its pipeline, the layout of its bindings and its launch."""
+@dataclass(frozen=True)
+class WebGPUShader:
+    """What the compiler gives: the WGSL module, checked by the driver."""
 
-    def __init__(self, pipeline: Any, layout: Any, bindings: list[int], source: str):
-        self.pipeline, self.layout, self.bindings = pipeline, layout, bindings
-        self.groups = launch_of(source).groups
+    module: Any
+    source: str
+
+
+class WebGPUKernel:
+    """A loaded kernel: its pipeline, the layout of its bindings and its dispatch size, all
+    from its ProgramSpec (buffers 0..n-1, then the Variables' buffer; the entry point is the
+    kernel's name)."""
+
+    def __init__(self, device: Any, shader: WebGPUShader, spec: ProgramSpec):
+        import wgpu
+        self.bindings = list(range(spec.buffers + (1 if spec.variables else 0)))
+        entries = [{"binding": b, "visibility": wgpu.ShaderStage.COMPUTE,
+                    "buffer": {"type": wgpu.BufferBindingType.storage}} for b in self.bindings]
+        try:
+            self.layout = device.create_bind_group_layout(entries=entries)
+            pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[self.layout])
+            self.pipeline = device.create_compute_pipeline(
+                layout=pipeline_layout, compute={"module": shader.module,
+                                                 "entry_point": spec.name})
+        except wgpu.GPUError as error:
+            raise CompileError(f"WGSL kernel {spec.name} failed to load:\n{error}\nin:\n"
+                               f"{shader.source}") from None
+        self.groups = spec.groups
 
 
 class WebGPUCompiler(Compiler):
@@ -124,29 +146,21 @@ class WebGPUCompiler(Compiler):
         self.device = device
         self.cache_key = f"webgpu {adapter_name}"
 
-    def compile(self, source: str) -> WebGPUKernel:
+    def compile(self, source: str) -> WebGPUShader:
         import wgpu
-        bindings = sorted(int(n) for n in re.findall(r"@binding\((\d+)\)", source))
-        entries = [{"binding": b, "visibility": wgpu.ShaderStage.COMPUTE,
-                    "buffer": {"type": wgpu.BufferBindingType.storage}} for b in bindings]
-        entry_point = re.search(r"\bfn (\w+)\(@builtin", source)
-        assert entry_point is not None, "a WGSL kernel has an entry point with builtins"
         try:
             module = self.device.create_shader_module(code=source)
-            group_layout = self.device.create_bind_group_layout(entries=entries)
-            layout = self.device.create_pipeline_layout(bind_group_layouts=[group_layout])
-            pipeline = self.device.create_compute_pipeline(
-                layout=layout, compute={"module": module, "entry_point": entry_point.group(1)})
         except wgpu.GPUError as error:
             raise CompileError(f"WGSL kernel failed to compile:\n{error}\nin:\n{source}") from None
-        return WebGPUKernel(pipeline, group_layout, bindings, source)
+        return WebGPUShader(module, source)
 
 
 class WebGPUProgram:
     """One kernel; calling it records and submits one dispatch (it does not wait)."""
 
-    def __init__(self, device: Any, name: str, kernel: WebGPUKernel):
-        self.device, self.name, self.kernel = device, name, kernel
+    def __init__(self, device: Any, shader: WebGPUShader, spec: ProgramSpec):
+        self.device, self.name = device, spec.name
+        self.kernel = WebGPUKernel(device, shader, spec)
 
     def bind_group(self, buffers: tuple[Buffer, ...] | list[Buffer]) -> Any:
         entries = []
@@ -220,8 +234,12 @@ class WebGPUBackend(Backend):
         usage = wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         self._sync_buffer = self.device.create_buffer(size=4, usage=usage)
 
-    def _make_program(self, name: str, kernel: WebGPUKernel) -> WebGPUProgram:
-        return WebGPUProgram(self.device, name, kernel)
+    def _make_program(self, name: str, shader: WebGPUShader) -> WebGPUProgram:
+        raise TypeError(f"a WebGPU program needs its bindings and dispatch size: load {name} "
+                        "with backend.load_program(spec, binary), the spec from renderer.spec()")
+
+    def load_program(self, spec: ProgramSpec, shader: WebGPUShader) -> WebGPUProgram:
+        return WebGPUProgram(self.device, shader, spec)
 
     def synchronize(self) -> None:
         # wgpu 0.32's queue.on_submitted_work_done_sync() raises TypeError; reading a buffer
