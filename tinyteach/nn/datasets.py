@@ -21,7 +21,7 @@ What this teaches:
   `standin_mnist()` draws each one many times with MNIST's size and framing, through its own
   random distortion (rotation, scale, shear, shift, an elastic warp, stroke width): 10,000
   training and 2,000 test images, the test images from the held-out digits only. tinygrad's
-  beautiful_mnist lands near 98% on it, as on MNIST; made in seconds with numpy, deterministic;
+  beautiful_mnist gets 97.8% on it (about 98% on MNIST); made in seconds with numpy, deterministic;
 - every loader returns tensors with requires_grad=False. backward() fills `.grad` on every
   float tensor its graph reaches (tinygrad's rule), and a batch `X_train[idx]` reaches
   X_train: without JIT, each step would add a lazy gradient graph to X_train.grad, holding
@@ -313,7 +313,8 @@ def standin_mnist(device: str | None = None) -> tuple[Tensor, Tensor, Tensor, Te
     1, 28, 28) uint8, Y_train (10000,) uint8, X_test, Y_test (2000). The images are the digits()
     split's 8x8 digits, each drawn many times at MNIST's size with its own distortion
     (`distorted_digits`); the test images come from the 297 test digits only, so no digit (nor
-    any drawing of it) is in both sets. tinygrad's beautiful_mnist lands near 98-99% on it, as
-    on MNIST, where the undistorted digits (`digits_mnist`) let it reach 100%."""
+    any drawing of it) is in both sets. examples/beautiful_mnist.py's 70 steps reach 97.8% on it
+    (tinygrad's reach about 98% on MNIST), where the undistorted digits (`digits_mnist`) let it
+    reach 100%."""
     return tuple(_data(array, device)  # type: ignore[return-value]
                  for array in standin_mnist_arrays())
