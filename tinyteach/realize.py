@@ -17,7 +17,7 @@ What this teaches:
   or on stale memory; the cache is an LRU of `PLAN_CACHE_SIZE` plans (PLAN_CACHE=0 turns it
   off, `clear_caches()` empties it). The lean path (`realize_elementwise`) finds the plan of
   the commonest eager graph, one elementwise op over realized buffers and constants, without
-  walking it: by numbers its leaves keep (`elementwise_key`);
+  walking it: by the structures its leaves keep (`elementwise_key`);
 - everything the engine does can be watched: DEBUG=1 prints each launch, 2 adds timings (and
   the build a launch ran when it was not the optimized one: `(tcc)`, chapter 9), 3 the
   AST and the fusion reasons, 4 the generated source; `GlobalCounters` counts kernels, ops,
@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from typing import Any
 from tinyteach import schedule, search
 from tinyteach.device import Backend, Buffer, Device
 from tinyteach.dtype import DType
-from tinyteach.helpers import DEBUG, GlobalCounters, LRUCache, format_bytes, register_memo
+from tinyteach.helpers import DEBUG, GlobalCounters, LRUCache, format_bytes
 from tinyteach.lower import LinearProgram, ProgramSpec, lower
 from tinyteach.opt import NO_OPTIONS, KernelOptions, plan_of
 from tinyteach.pack import pack_operands
@@ -527,34 +526,33 @@ def plan_for(roots: list[UOp], default_device: str) -> tuple[Plan, list[Buffer]]
 # ---- the lean path: one elementwise kernel over realized buffers ----
 # `(x + 1).realize()` in a loop is the common eager case: one ALU node whose sources are
 # leaves, a buffer or a constant seen through movement ops. Its plan is cached like any other,
-# but found without walking the graph: each leaf's structure is numbered once and the number
-# kept on the leaf's node, so the key is the root's op and dtype, its leaves' numbers, which
+# but found without walking the graph: each leaf's structure is worked out once and kept on the
+# leaf's node, so the key is the root's op and dtype, its leaves' structures, which
 # leaves read the same buffer, and the settings. Every graph with that key has the same
 # structure (plan_key's), so it shares that plan; the key holds no object and no buffer.
 
 ELEMENTWISE = frozenset(ALU)
 LEAF_OPS = frozenset((Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP))
-# a leaf's structure -> its number
-_leaf_numbers: dict[tuple[Any, ...], int] = register_memo("realize.leaf_numbers", {})
-_next_leaf_number = itertools.count()  # never reused: a number names one structure for good
-NOT_A_LEAF = (-1, None)
+NOT_A_LEAF: tuple[Any, None] = (None, None)
 # the lean path's keys -> the plans plan_cache holds for the same graphs (its own LRU: a plan
 # is counted once in plan_cache, and either table may drop an entry without the other)
 elementwise_plans: LRUCache[tuple[Any, ...], Plan] = LRUCache("realize.elementwise_plans",
                                                               PLAN_CACHE_SIZE)
 
 
-def leaf_of(node: UOp) -> tuple[int, Buffer | None]:
-    """(the number of its structure, its buffer or None) for a leaf: a BUFFER or CONST seen
-    through movement ops with constant arguments; NOT_A_LEAF for anything else. Computed once
-    per node and kept in the node's `__dict__`, as a cached_property keeps its value."""
-    found: tuple[int, Buffer | None] | None = node.__dict__.get("_leaf")
+def leaf_of(node: UOp) -> tuple[Any, Buffer | None]:
+    """(its structure, its buffer or None) for a leaf: a BUFFER or CONST seen through
+    movement ops with constant arguments; NOT_A_LEAF for anything else. The structure is a
+    tuple of what the plan depends on (ops, dtypes, args, the buffer's device, size, dtype),
+    a property of the node alone: computed once and kept in the node's `__dict__`, as a
+    cached_property keeps its value (no engine state: nothing to forget in clear_caches)."""
+    found: tuple[Any, Buffer | None] | None = node.__dict__.get("_leaf")
     if found is None:
-        found = node.__dict__["_leaf"] = _number_leaf(node)
+        found = node.__dict__["_leaf"] = _leaf_structure(node)
     return found
 
 
-def _number_leaf(node: UOp) -> tuple[int, Buffer | None]:
+def _leaf_structure(node: UOp) -> tuple[Any, Buffer | None]:
     parts: list[Any] = []
     while node.op in LEAF_OPS:
         if any(isinstance(a, UOp) for a in _flat(node.arg)):
@@ -569,12 +567,7 @@ def _number_leaf(node: UOp) -> tuple[int, Buffer | None]:
         parts.append((node.op, node.dtype.name, buffer.device, buffer.size, buffer.dtype.name))
     else:
         return NOT_A_LEAF
-    structure = tuple(parts)
-    if structure not in _leaf_numbers:
-        if len(_leaf_numbers) > 4096:  # a bound; the numbers of forgotten ones are not reused
-            _leaf_numbers.clear()
-        _leaf_numbers[structure] = next(_next_leaf_number)
-    return _leaf_numbers[structure], buffer
+    return tuple(parts), buffer
 
 
 def _flat(arg: Any) -> tuple[Any, ...]:
@@ -592,12 +585,12 @@ def elementwise_key(root: UOp, default_device: str) -> tuple[tuple[Any, ...],
     sets it later), as plan_key does."""
     if root.op not in ELEMENTWISE:
         return None
-    numbers, slots, buffers = [], [], []
+    structures, slots, buffers = [], [], []
     for source in root.src:
-        number, buffer = leaf_of(source)
-        if number < 0:
+        structure, buffer = leaf_of(source)
+        if structure is None:
             return None
-        numbers.append(number)
+        structures.append(structure)
         if buffer is None:
             slots.append(-1)
         else:
@@ -608,7 +601,7 @@ def elementwise_key(root: UOp, default_device: str) -> tuple[tuple[Any, ...],
     # of the same buffer get different plans)
     arg = root.arg if root.arg is None else _arg_key(root.arg)
     key = ("elementwise", (root.op, root.dtype.name, arg), default_device,
-           tuple(numbers), tuple(slots), tuple([b.overwritten for b in buffers]), _rules())
+           tuple(structures), tuple(slots), tuple([b.overwritten for b in buffers]), _rules())
     return key, buffers
 
 
