@@ -4,7 +4,7 @@
 # (nn.datasets.standin_mnist: the 8x8 digits drawn at 28x28 with distortions; 10,000 training
 # and 2,000 held-out images), and tinyteach.helpers for tinygrad.helpers. STEPS and BS are the
 # knobs of tinygrad's later versions of this file.
-# Run: python examples/beautiful_mnist.py   (TARGET_EVAL_ACC_PCT=96 to check the accuracy)
+# Run: python examples/beautiful_mnist.py   (TARGET_EVAL_ACC_PCT=95 to check the accuracy)
 #      STEPS=5 BS=32 python examples/beautiful_mnist.py   (a short run: it evaluates every 10 steps)
 # model based off https://towardsdatascience.com/going-beyond-99-mnist-handwritten-digits-recognition-cfff96337392
 from typing import List, Callable
