@@ -341,8 +341,7 @@ def _channel_items(item: ScheduleItem, plan: ChannelPlan) -> list[ScheduleItem]:
 def _vector_width(item: ScheduleItem) -> int:
     if item.kind != "kernel":
         return 0
-    renderer = Device[item.device].renderer
-    return renderer.vector_width if renderer is not None else 0
+    return Device[item.device].capabilities.vector_width  # (0: no vector types, or no renderer)
 
 
 def plan_packing(ast: UOp, vector_width: int) -> PackPlan | None:
