@@ -106,6 +106,12 @@ from tinyteach.settings import (
 C_FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno",
            "-ffp-contract=off", "-fno-trapping-math"]
 SELECT_FLAGS = ["-fvect-cost-model=dynamic"]  # gcc's; clang refuses it (and needs it not)
+# a target with 512-bit vectors (16 float lanes) builds with them: gcc's tuning for many Intel
+# CPUs (-march=native said rocketlake on a Xeon here) prefers 256-bit vectors, and then it does
+# not combine a vector FMA written lane by lane (render/c.py) into one instruction: the 16-lane
+# matmul tile became 256 scalar FMAs and shuffles, 30x slower (11 ms against 0.37 ms). The same
+# operations in wider registers: no result changes
+WIDE_VECTOR_FLAGS = ["-mprefer-vector-width=512"]
 KERNELS_PER_PROCESS = 8   # compile_many starts another compiler per this many kernels (up to
                           # one per core)
 THREAD_FLAGS = ["-fopenmp"]  # `#pragma omp parallel for` on big kernels (opt.py decides)
@@ -486,7 +492,9 @@ class ClangStyleCompiler(Compiler):
         self.target = cpu_target(compiler, arch)  # CPU_ARCH's, unless `arch` names one
         selects = SELECT_FLAGS if supports_flags(compiler, SELECT_FLAGS) else []
         # every build's (the fast tier's cc -O0 too); `openmp_flags` adds OpenMP's
-        self.flags = [*march_flags(self.target.arch), *selects]
+        wide = WIDE_VECTOR_FLAGS if self.target.lanes >= 16 and \
+            supports_flags(compiler, [*march_flags(self.target.arch), *WIDE_VECTOR_FLAGS]) else []
+        self.flags = [*march_flags(self.target.arch), *selects, *wide]
         self.threads = THREAD_FLAGS if supports_flags(compiler, THREAD_FLAGS) else []
         self.simd = SIMD_FLAGS if supports_flags(compiler, SIMD_FLAGS) else self.threads
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True)
