@@ -172,6 +172,14 @@ class CapturedJit:
         graph_class = getattr(Device[devices.pop()], "graph", None)
         return None if graph_class is None else graph_class(self.launches)
 
+    @functools.cached_property
+    def counts(self) -> tuple[int, int]:
+        """(operations, bytes) of one replay: the launches' estimates, summed once (a replay's
+        new inputs have the sizes of the captured ones)."""
+        ops = sum(launch.runner.ops_estimate for launch in self.launches if launch.runner)
+        nbytes = sum(b.nbytes for launch in self.launches for b in launch.buffers)
+        return ops, nbytes
+
     def replay(self, input_buffers: list[Buffer], var_vals: dict[str, int] | None = None) -> None:
         """Run the captured launches on new input buffers, with new values of the Variables."""
         self.var_vals = {} if var_vals is None else var_vals
@@ -190,10 +198,8 @@ class CapturedJit:
         GlobalCounters.kernel_count += len(self.launches)
         GlobalCounters.time_sum_s += seconds
         # the same counts as the eager run of the same launches (realize._count)
-        GlobalCounters.global_ops += sum(launch.runner.ops_estimate
-                                         for launch in self.launches if launch.runner)
-        GlobalCounters.global_mem += sum(b.nbytes for launch in self.launches
-                                         for b in launch.buffers)
+        GlobalCounters.global_ops += self.counts[0]
+        GlobalCounters.global_mem += self.counts[1]
         if DEBUG.value >= 1:
             how = "one graph call" if self.graph is not None else "one by one"
             print(f"TinyJit: replayed {len(self.launches)} kernels ({how}) in "
