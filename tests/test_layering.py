@@ -15,15 +15,16 @@ from tinyteach.tensor_core import CoreTensor
 PACKAGE = Path(tinyteach.__file__).parent
 
 # bottom to top, as tinyteach/__init__.py states it; settings.py (every setting) is the bottom,
-# importing nothing of tinyteach, and helpers.py re-exports its tinygrad names; opt.py is
-# chapter 7's optimizer (with lower), wmma.py the GPU chapter's tensor cores (with lower, which
-# calls it), transcendental.py exp2 from primitive ops (with lower: it rewrites a linear
-# program; render/c.py calls it), search.py its timed search and pack.py its packing copies
-# (with realize, which calls both); the parts of Tensor (TENSOR_PARTS below) are one layer,
-# ordered within it
+# importing nothing of tinyteach, with chapters.py (the chapter table) beside it, and helpers.py
+# re-exports its tinygrad names; opt.py is chapter 7's optimizer (with lower), wmma.py chapter
+# 8b's tensor cores (with lower, which calls it), transcendental.py exp2 from primitive ops
+# (with lower: it rewrites a linear program; render/c.py calls it), search.py its timed search
+# and pack.py its packing copies (with realize, which calls both); the parts of Tensor
+# (TENSOR_PARTS below) are one layer, ordered within it
 CORE = ["settings", "helpers", "dtype", "uop", "view", "rewrite", "device", "schedule", "lower",
         "render", "runtime", "realize", "gradient", "tensor", "indexing"]
-SAME_LAYER = {"opt": "lower", "plan": "lower", "wmma": "lower", "transcendental": "lower",
+SAME_LAYER = {"chapters": "settings",
+              "opt": "lower", "plan": "lower", "wmma": "lower", "transcendental": "lower",
               "search": "realize", "pack": "realize",
               "tensor_core": "tensor",
               "tensor_create": "tensor", "tensor_movement": "tensor", "tensor_math": "tensor",
@@ -126,11 +127,12 @@ def test_every_module_has_a_docstring(path):
     assert docstring and docstring.strip(), f"{path} has no module docstring"
 
 
-def test_settings_imports_nothing_of_tinyteach():
+@pytest.mark.parametrize("name", ["settings", "chapters"])
+def test_the_bottom_imports_nothing_of_tinyteach(name):
     # the bottom layer: every other module may read a setting, so it reads none of them
-    found = [module for module, _ in imports_of(PACKAGE / "settings.py")
+    found = [module for module, _ in imports_of(PACKAGE / f"{name}.py")
              if module.split(".")[0] == "tinyteach"]
-    assert found == [] and level("settings") == 0
+    assert found == [] and level(name) == 0
 
 
 def test_the_checker_catches_an_upward_import(tmp_path):

@@ -5,7 +5,7 @@ module (or small package) that opens with what it teaches, and one notebook in c
 
 | #  | chapter                                              | module(s)                         |
 |----|------------------------------------------------------|-----------------------------------|
-| 0  | A tour: the whole stack from the top                 | (chapters/00_tour.ipynb)          |
+| 0  | A tour: the whole stack from the top                 | —                                 |
 | 1  | Tensors: a PyTorch-like API from 29 primitive ops    | tensor_core.py, tensor.py,        |
 |    |                                                      | dtype.py, indexing.py,            |
 |    |                                                      | tensor_create.py,                 |
@@ -17,15 +17,21 @@ module (or small package) that opens with what it teaches, and one notebook in c
 | 5  | Rewriting graphs: the pattern matcher                | rewrite.py                        |
 | 6  | Scheduling: kernel fusion                            | schedule.py                       |
 | 7  | Lowering: loops, indices, optimizations              | lower.py, plan.py, opt.py,        |
-|    |                                                      | pack.py, search.py                |
-| 8  | Code generation: C, OpenCL, CUDA, WGSL               | render/                           |
-| 8b | GPU kernels: work-groups, shared memory, emulator    | lower.py, opt.py,                 |
-|    |                                                      | runtime/python.py, viz/threads.py |
+|    |                                                      | search.py, pack.py                |
+| 8  | Code generation: C, OpenCL, CUDA, WGSL               | render/, transcendental.py        |
+| 8b | GPU kernels: threads, work-groups and shared memory  | runtime/python.py, wmma.py,       |
+|    |                                                      | viz/threads.py;                   |
+|    |                                                      | also lower.py, opt.py             |
 | 9  | Devices and runtimes                                 | device.py, realize.py, runtime/   |
 | 10 | The JIT and graph execution                          | jit.py                            |
 | 11 | Deep learning: nn, optim, state, datasets            | nn/                               |
 | 11b| Attention and a small GPT                            | nn/transformer.py                 |
-| 12 | Exercise: build a backend, with an autograder        | exercises/                        |
+| 12 | Exercise: build a backend                            | exercises/                        |
+
+This table is tinyteach/chapters.py's CHAPTERS (a test holds it, the README's map and each
+module's first docstring line to that one table). A file beats its folder: runtime/ is chapter 9,
+runtime/python.py 8b. helpers.py, settings.py (the settings of every chapter) and chapters.py
+belong to no one chapter.
 
 The data flow of `(a + b).relu().sum()`: tensor.py builds a lazy UOp graph -> schedule.py cuts
 it into kernels -> lower.py turns each into loops -> render/ writes C -> runtime/cpu.py compiles
@@ -34,8 +40,9 @@ and runs it. Set DEBUG=1..5 (or `with Context(DEBUG=4):`) to watch every stage.
 Layering: a module imports only from modules *below* it in this order (a test checks it):
 settings, helpers, dtype, uop, view, rewrite, device, schedule, lower, render, runtime,
 realize, gradient, the tensor layer, then jit, nn and exercises on top (settings.py lists every
-setting; plan and opt sit with lower: plan.py holds what lower reads, opt.py the actions that
-build it, above lower; pack and search, which compile and run kernels, with realize).
+setting and chapters.py, beside it, the chapters, both importing nothing; plan and opt sit with
+lower: plan.py holds what lower reads, opt.py the actions that build it, above lower; pack and
+search, which compile and run kernels, with realize).
 The tensor layer is tensor_core (the core: graph, realize, primitive ops, autograd), the parts
 on it in order (tensor_create, tensor_movement, tensor_math, tensor_nn) and indexing, with
 tensor.py on top assembling them into Tensor.

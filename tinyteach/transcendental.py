@@ -1,4 +1,4 @@
-"""Chapter 8 (part 3): exp2 from primitive ops, so that loops calling them vectorize.
+"""Chapter 8 (part 7): exp2 from primitive ops, so that loops calling them vectorize.
 
 C's `exp2f` is a call into libm. A compiler cannot turn a loop with a call in it into vector
 instructions (it would need a vector version of the function), so softmax's column loop ran one

@@ -11,7 +11,7 @@ What this teaches:
   subgraphs are shared for free (common-subexpression elimination by construction);
 - every node knows its shape (derived from its sources and arg), and the integer nodes of index
   arithmetic know their smallest and largest value (`vmin`, `vmax`), which the simplifier uses.
-- GPU kernels add four nodes (the GPU chapter): `DEFINE_LOCAL` (a work-group's shared memory),
+- GPU kernels add four nodes (chapter 8b): `DEFINE_LOCAL` (a work-group's shared memory),
   `SPECIAL` (a thread's index within its group), `BARRIER` (the group waits until every
   thread is there) and `WMMA` (a tensor core: a warp's small matrix multiply, wmma.py);
   `load_parts` and `store_parts` name the sources of a LOAD and a STORE;

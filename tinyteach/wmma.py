@@ -1,4 +1,4 @@
-"""The GPU chapter (part 3): tensor cores — a warp multiplies small matrices in one instruction.
+"""Chapter 8b (part 3): tensor cores — a warp multiplies small matrices in one instruction.
 
 What this teaches:
 - a *tensor core* multiplies a small matrix by another in one instruction. It is not one

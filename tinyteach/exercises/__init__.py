@@ -1,4 +1,4 @@
-"""Chapter X: exercises — build a backend's primitive ops yourself, and grade them offline.
+"""Chapter 12: exercises — build a backend's primitive ops yourself, and grade them offline.
 
 What this teaches:
 - a backend is the primitive op set of uop.py plus three small classes (Allocator, Compiler,

@@ -1,4 +1,4 @@
-"""The grader's command line: `python -m tinyteach.exercises <module or file> [--train]`.
+"""Chapter 12 (the grader's CLI): `python -m tinyteach.exercises <module or file> [--train]`.
 
 It loads a module, a .py file or an .ipynb notebook (skipping cells tagged skip-when-grading),
 grades every InterpreterBackend, CodegenBackend and RewriteRules defined there, prints one table

@@ -1,4 +1,4 @@
-"""The autograder: each op of a student backend, alone, on edge cases; then the whole stack.
+"""Chapter 12 (grader): each op of a student backend, alone, on edge cases; then the whole stack.
 
 What this teaches:
 - `grade(backend)` runs every case of cases.py and gives one row per op: pass, fail or not

@@ -1,4 +1,4 @@
-"""The grader's test cases: for every op, a few small inputs that hit its edge cases, and a hint.
+"""Chapter 12 (test cases): for every op, a few small inputs that hit its edge cases, and a hint.
 
 What this teaches:
 - each op is tested on its own: a `Case` is one UOp node whose sources are placeholders, plus

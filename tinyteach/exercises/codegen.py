@@ -1,4 +1,4 @@
-"""Exercise B: a code-generating backend — `code_for_op` for a C-like target.
+"""Chapter 12 (exercise B): a code-generating backend — `code_for_op` for a C-like target.
 
 What this teaches:
 - a compiled backend does not compute values: it writes source code. The renderer (chapter 8)

@@ -1,4 +1,4 @@
-"""Exercise A: an interpreter backend — every primitive op as a small numpy function.
+"""Chapter 12 (exercise A): an interpreter backend — every primitive op as a small numpy function.
 
 What this teaches:
 - the backend contract is a table: for each op of `uop.PRIMITIVE_OPS`, a function

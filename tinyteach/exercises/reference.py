@@ -1,4 +1,4 @@
-"""The reference solutions of both exercises, as backends the grader accepts.
+"""Chapter 12 (solutions): both exercises solved, as backends the grader accepts.
 
 - Exercise A: `runtime/numpy.py`'s NUMPY_OPS, the definition of every op;
 - Exercise B: `render/c.py`'s code_for_op table, as it is (IDIV, MOD and CAST included);

@@ -1,4 +1,4 @@
-"""The grader's report: one row per op, as a text table (terminal) or an HTML table (notebook).
+"""Chapter 12 (report): one row per op, as a text table (terminal) or an HTML table (notebook).
 
 What this teaches:
 - a good autograder says more than "failed": for each failing op it shows the input, the

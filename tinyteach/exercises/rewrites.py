@@ -1,4 +1,4 @@
-"""Stretch exercise: rewrite rules — an optimization pass, written with chapter 5's pattern matcher.
+"""Chapter 12 (stretch exercise): rewrite rules — an optimization pass, in chapter 5's matcher.
 
 What this teaches:
 - an optimization is a table of rules (rewrite.py): a `UPat` that says which graph to look

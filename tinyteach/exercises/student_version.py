@@ -1,4 +1,4 @@
-"""Student versions of exercise notebooks: `nbgrader generate_assignment`, without nbgrader.
+"""Chapter 12 (student versions of notebooks): `nbgrader generate_assignment`, without nbgrader.
 
 What this teaches:
 - an exercise notebook is written once, with its solution. nbgrader's markers say which lines

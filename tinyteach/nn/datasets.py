@@ -1,4 +1,4 @@
-"""Chapter 11d: Datasets — MNIST from its IDX files, and scikit-learn's 8x8 digits offline.
+"""Chapter 11 (part 4): Datasets — MNIST from its IDX files, and scikit-learn's 8x8 digits offline.
 
 What this teaches:
 - the IDX format of MNIST is tiny: a 4-byte magic number (two zero bytes, a type code, the number

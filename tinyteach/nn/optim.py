@@ -1,4 +1,4 @@
-"""Chapter 11b: Optimizers — a training step is one more lazy graph.
+"""Chapter 11 (part 2): Optimizers — a training step is one more lazy graph.
 
 What this teaches:
 - an optimizer step builds, for every parameter, the graph of its new value from its gradient

@@ -1,4 +1,4 @@
-"""Chapter 11c: State — finding a model's tensors, naming them, saving and loading them.
+"""Chapter 11 (part 3): State — finding a model's tensors, naming them, saving and loading them.
 
 What this teaches:
 - a model is any Python object: its parameters are simply the Tensors reachable through its

@@ -1,4 +1,4 @@
-"""The backends, one module per device: numpy (the reference interpreter), cpu (generated C).
+"""Chapter 9: the backends, one module per device — numpy, cpu, opencl, webgpu, cuda (python: 8b).
 
 The settings of a backend live in settings.py, not in its module: `import tinyteach` imports
 them (not the backends, which load when a device is first used), so `Context(CPU_TIERED=0)` is

@@ -1,4 +1,4 @@
-"""The GPU chapter (part 2): the PYTHON device — a GPU emulator that runs a kernel's linear
+"""Chapter 8b (part 2): the PYTHON device — a GPU emulator that runs a kernel's linear
 program in numpy, and checks it.
 
 What this teaches:
@@ -33,7 +33,7 @@ run side by side as more lanes (their barriers, shared memory and checks stay th
 result is the same, and Python's overhead is paid once per step instead of once per group.
 
 Builds on: device.py, lower.py (LinearProgram), runtime/numpy.py (the ops), render/gpu.py (the
-launch). Used by: tests, viz/threads.py, the GPU chapter.
+launch). Used by: tests, viz/threads.py, chapter 8b.
 
 >>> from tinyteach import Tensor
 >>> (Tensor([[1.0, 2.0], [3.0, 4.0]], device="PYTHON").sum(axis=1)).numpy().tolist()
