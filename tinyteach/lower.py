@@ -187,7 +187,8 @@ class _Lowerer:
         unrolled = [self.unrolls.get(k, 1) for k in range(len(axes))]
         if node not in self.reduce_ranges:
             self.reduce_ranges[node] = [make_range("r", self.reduce_count + k,
-                                                   source_shape[axis] // unroll)
+                                                   source_shape[axis] if unroll == 1
+                                                   else source_shape[axis] // unroll)
                                         for k, (axis, unroll) in enumerate(zip(axes, unrolled))]
             self.reduce_count += len(axes)
         ranges = self.reduce_ranges[node]
