@@ -408,6 +408,9 @@ class TensorMath(TensorMovement):
         z = below.where(x, -2.0)
         negative = (z + (z * z - 1).sqrt()).log()
         large = huge.where(huge.where(x, 1.0).log() + math.log(2), moderate)
+        # (below -2^12, z*z overflows and the log would give inf: the value is NaN there, and
+        # PyTorch's gradient, -1/sqrt(x^2 - 1), is below 2.5e-4)
+        negative = (x < -4096).where(math.nan, negative)
         return below.where(negative, large)
 
     def erf(self) -> Self:
