@@ -103,11 +103,13 @@ class TensorMath(TensorMovement):
     def sigmoid(self) -> Self:
         """1 / (1 + e^-x), from e = e^-|x| (never above 1): 1 / (1 + e) for x >= 0 and
         e / (1 + e) below. e^-x itself overflows to inf for x < -88 and its gradient, inf
-        times 0, would be NaN; this way sigmoid and its gradient stay finite at +-1e4."""
+        times 0, would be NaN; this way sigmoid and its gradient stay finite at +-1e4. (-|x| is
+        written as a where, not abs, so that the gradient at 0 is sigmoid'(0) = 1/4.)"""
         x = self._to_float()
-        e = (-x.abs()).exp()
+        positive = x >= 0
+        e = positive.where(-x, x).exp()
         share = (1 + e).reciprocal()
-        return (x >= 0).where(share, e * share)
+        return positive.where(share, e * share)
 
     def tanh(self) -> Self:
         return 2.0 * (2.0 * self._to_float()).sigmoid() - 1.0

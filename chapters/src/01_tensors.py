@@ -115,7 +115,10 @@ for name, t in [("x - 1", x - 1), ("x / 3", x / 3), ("exp", x.exp()), ("relu", x
 
 # %% [markdown] id="tensors-15"
 # Read them as identities: `x - 1 = x + (-1)`, `eˣ = 2^(x·log₂e)`,
-# `relu(x) = where(x < 0, 0, x)`, `cos x = sin(π/2 − x)`, and a matmul is a broadcast multiply
+# `relu(x) = where(x < 0, 0, x)`, `cos x = sin(π/2 − x)`, `σ(x) = 1/(1 + e⁻ˣ)` written from
+# `e = e^(−|x|)` as `where(x ≥ 0, 1/(1 + e), e/(1 + e))` (so that no `e⁻ˣ` overflows to inf
+# at x = −100 and turns the gradient into NaN; `≥` is `<`, `≠` and `OR`, so that NaN ≥ 0 is
+# false), and a matmul is a broadcast multiply
 # followed by a sum (`EXPAND`, `MUL`, `REDUCE_AXIS`). Division is not composed: `x / 3` is the
 # primitive `FDIV`, the quotient rounded once, as numpy's and PyTorch's `/`. `x · 3⁻¹` would be
 # rounded twice (3⁻¹ first), and is one unit in the last place off for a third of these values.
