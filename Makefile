@@ -31,7 +31,8 @@ COURSE := course
 course: $(VENV)/.installed-course $(LAB_SETTINGS) course-deps
 	@mkdir -p $(COURSE)
 	@test -e $(COURSE)/$(notdir $(EXERCISE)) || cp $(STUDENT_COPY) $(COURSE)/$(notdir $(EXERCISE))
-	@for notebook in $(filter-out $(EXERCISE),$(wildcard chapters/*.ipynb)); do \
+	@test -e $(COURSE)/$(notdir $(PUZZLES)) || cp $(PUZZLES_COPY) $(COURSE)/$(notdir $(PUZZLES))
+	@for notebook in $(filter-out $(EXERCISE) $(PUZZLES),$(wildcard chapters/*.ipynb)); do \
 	  test -e $(COURSE)/$${notebook#chapters/} || cp $$notebook $(COURSE)/; done
 	@$(VENV)/bin/jupyter trust chapters/*.ipynb >/dev/null
 	@echo "==> starting JupyterLab on $(COURSE)/: open the .../lab/tree/00_tour.ipynb?token=... URL below"
@@ -65,10 +66,14 @@ demo:
 # (tests/test_exercises.py fails while the committed copy is out of date)
 EXERCISE     := chapters/12_exercise_backend.ipynb
 STUDENT_COPY := exercises/12_exercise_backend_student.ipynb
+# chapter 8c's GPU puzzles have a student copy too (each kernel's body stubbed)
+PUZZLES      := chapters/08c_gpu_puzzles.ipynb
+PUZZLES_COPY := exercises/08c_gpu_puzzles_student.ipynb
 
 student-copy:
 	@test -x $(PY) || $(MAKE) --no-print-directory $(VENV)/.installed-course
 	$(PY) -m tinyteach.exercises.student_version $(EXERCISE) $(STUDENT_COPY)
+	$(PY) -m tinyteach.exercises.student_version $(PUZZLES) $(PUZZLES_COPY)
 
 # ---- the book: chapters/src/NN_name.py is the source of chapters/NN_name.ipynb ------------
 

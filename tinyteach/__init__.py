@@ -22,6 +22,8 @@ module (or small package) that opens with what it teaches, and one notebook in c
 | 8b | GPU kernels: threads, work-groups and shared memory  | runtime/python.py, wmma.py,       |
 |    |                                                      | viz/threads.py;                   |
 |    |                                                      | also lower.py, opt.py             |
+| 8c | GPU puzzles: kernels graded by the emulator          | exercises/gpu_puzzles.py;         |
+|    |                                                      | also runtime/python.py            |
 | 9  | Devices and runtimes                                 | device.py, realize.py, runtime/   |
 | 10 | The JIT and graph execution                          | jit.py                            |
 | 11 | Deep learning: nn, optim, state, datasets            | nn/                               |

@@ -12,7 +12,9 @@ What this teaches:
   matmul, a TinyJit replay, and with `train=True` a digits classifier (an MLP trained with Adam)
   that must reach the reference accuracy within one percentage point;
 - the stretch exercise's rewrite rules (rewrites.py) are graded the same way: one row per rule,
-  pass, fail or not implemented, with the graph, the expected and the received result and a hint.
+  pass, fail or not implemented, with the graph, the expected and the received result and a hint;
+- chapter 8c's GPU puzzle kernels (`@solves`, gpu_puzzles.py) are found by the same command line
+  and graded together, one row per puzzle.
 
 Everything runs offline. From a terminal: `python -m tinyteach.exercises <module or file>`
 (a module name, a .py file or an .ipynb notebook; __main__.py is that command line, and
@@ -46,6 +48,7 @@ import numpy as np
 from tinyteach.device import CompileError, Device
 from tinyteach.exercises.cases import CASES, HINTS, Case
 from tinyteach.exercises.codegen import CODEGEN_OPS, CodegenBackend, StudentRenderer
+from tinyteach.exercises.gpu_puzzles import PuzzleKernel, grade_puzzles
 from tinyteach.exercises.interpreter import INTERPRETER_OPS, InterpreterBackend
 from tinyteach.exercises.report import (
     FAIL,
@@ -66,7 +69,7 @@ from tinyteach.tensor import Tensor
 from tinyteach.uop import Ops
 
 StudentBackend = InterpreterBackend | CodegenBackend
-Gradable = InterpreterBackend | CodegenBackend | RewriteRules  # what grade() takes
+Gradable = InterpreterBackend | CodegenBackend | RewriteRules | PuzzleKernel  # what grade() takes
 SKIP_TAG = "skip-when-grading"  # notebook cells that use the backend instead of defining it
 
 
@@ -421,6 +424,8 @@ def grade(backend: Gradable, train: bool = False, steps: int = 300) -> GradeRepo
     report shows as an HTML table."""
     if isinstance(backend, RewriteRules):
         return GradeReport("Stretch (rewrite rules)", grade_rules(backend))
+    if isinstance(backend, PuzzleKernel):  # chapter 8c: a GPU puzzle's kernel
+        return grade_puzzles([backend])
     if isinstance(backend, InterpreterBackend):
         report = GradeReport("Exercise A (interpreter)", grade_interpreter_ops(backend))
     elif isinstance(backend, CodegenBackend):
@@ -429,8 +434,8 @@ def grade(backend: Gradable, train: bool = False, steps: int = 300) -> GradeRepo
             rows += grade_glue(with_default_glue(backend))
         report = GradeReport("Exercise B (code generation)", rows)
     else:
-        raise TypeError(f"grade() takes an InterpreterBackend, a CodegenBackend or RewriteRules, "
-                        f"not {type(backend).__name__}")
+        raise TypeError(f"grade() takes an InterpreterBackend, a CodegenBackend, RewriteRules "
+                        f"or a PuzzleKernel, not {type(backend).__name__}")
     report.rows += grade_whole_backend(backend, report.passed, train, steps)
     return report
 
@@ -483,7 +488,8 @@ def load_target(target: str) -> dict[str, Any]:
 def find_backends(namespace: dict[str, Any]) -> dict[str, Gradable]:
     found: dict[str, Gradable] = {}
     for name, value in namespace.items():
-        is_backend = isinstance(value, (InterpreterBackend, CodegenBackend, RewriteRules))
+        is_backend = isinstance(value, (InterpreterBackend, CodegenBackend, RewriteRules,
+                                        PuzzleKernel))
         if is_backend and not name.startswith("_") and value not in found.values():
             found[name] = value
     return found
@@ -497,11 +503,19 @@ def main(arguments: list[str] | None = None) -> int:
     options = parser.parse_args(arguments)
     backends = find_backends(load_target(options.target))
     if not backends:
-        print(f"{options.target} defines no InterpreterBackend, CodegenBackend or RewriteRules")
+        print(f"{options.target} defines no InterpreterBackend, CodegenBackend, RewriteRules "
+              "or GPU puzzle kernel (@solves)")
         return 2
+    puzzles = [backend for backend in backends.values() if isinstance(backend, PuzzleKernel)]
     reports = []
     for name, backend in backends.items():
+        if isinstance(backend, PuzzleKernel):
+            continue  # graded together below, one row each
         print(f"=== {name}")
         reports.append(grade(backend, options.train, options.steps))
+        print(reports[-1], end="\n\n")
+    if puzzles:
+        print("=== GPU puzzles")
+        reports.append(grade_puzzles(puzzles))
         print(reports[-1], end="\n\n")
     return 0 if all(report.passed for report in reports) else 1

@@ -185,6 +185,19 @@ class Trace:
         return [e for e in self.events if (kind is None or e.kind == kind)
                 and (buffer is None or e.buffer == buffer)]
 
+    def reads_per_thread(self, shared: bool) -> dict[tuple[tuple[int, ...], tuple[int, ...]],
+                                                     int]:
+        """Elements each thread read from shared memory (`shared`) or from global memory, by
+        (work-group id, thread id); a thread that read none is not listed."""
+        counts: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        for event in self.accesses("read"):
+            if event.is_shared != shared:
+                continue
+            for group, thread in zip(event.groups.tolist(), event.threads.tolist()):
+                key = (tuple(group), tuple(thread))
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
 
 _trace_logs: list[list[Trace]] = []
 
