@@ -94,8 +94,8 @@ def test_chapter_of_agrees_with_the_entries():
 
 def test_chapters_are_in_book_order_and_their_notebooks_exist():
     ids = [chapter.id for chapter in CHAPTERS]
-    assert ids == ["0", "1", "2", "3", "4", "5", "6", "7", "8", "8b", "8c", "9", "10", "11", "11b",
-                   "12"]
+    assert ids == ["0", "1", "2", "3", "4", "4b", "5", "6", "7", "8", "8b", "8c", "9", "10", "11",
+                   "11b", "12"]
     on_disk = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "chapters").glob("[0-9]*.ipynb"))
     assert sorted(chapter.notebook for chapter in CHAPTERS) == on_disk
     for chapter in CHAPTERS:

@@ -344,3 +344,73 @@ def test_schedule_with_vars_gives_the_items_and_the_values() -> None:
     assert not any(n.op is Ops.BIND for item in items for n in item.ast.toposort)
     run_schedule(items)
     np.testing.assert_allclose(y.numpy(), (A[:6] * 4).sum(1), rtol=1e-5)
+
+
+# ---- bad input: a value outside its range never reaches a kernel (chapter 4b) ----
+
+def test_a_launch_outside_the_variables_range_is_refused() -> None:
+    from tinyteach.realize import launch_kernel
+    x = Tensor(A, device="CPU").realize()
+    with record_launches() as launches:
+        (x.shrink(((0, variable().bind(3)), None)) + 7).realize()
+    (launch,) = launches
+    assert launch.runner is not None and launch.runner.variable_ranges == ((1, 10),)
+    launch_kernel(launch.runner, launch.buffers, {"i": 10})  # the largest value fits its buffers
+    out = np.frombuffer(launch.buffers[0].numpy().tobytes(), np.float32).reshape(10, 4)
+    np.testing.assert_allclose(out, A + 7)
+    for value in (11, 0, 1000):
+        with pytest.raises(ValueError, match=rf"'i' is {value}, outside its range \[1, 10\]"):
+            launch_kernel(launch.runner, launch.buffers, {"i": value})
+
+
+def test_jit_refuses_a_variable_of_the_same_name_and_another_range() -> None:
+    from tinyteach.jit import JitError
+    x = Tensor(np.zeros((40, 4), np.float32), device="CPU").realize()
+
+    @TinyJit
+    def step(t: Tensor, n: UOp) -> Tensor:
+        return (t.shrink(((0, n), None)) * 3).realize()
+    for n in (2, 3, 4):
+        step(x, variable().bind(n))
+    wider = Variable("i", 1, 40)  # its 30 would write past buffers sized for i <= 10
+    with pytest.raises(JitError, match=r"i in \[1, 10\] -> i in \[1, 40\]"):
+        step(x, wider.bind(30))
+
+
+def test_broadcasting_two_variables_of_one_name_names_their_ranges() -> None:
+    x = Tensor(A, device="CPU").realize()
+    a = x.shrink(((0, variable().bind(3)), None))
+    b = x.shrink(((0, Variable("i", 1, 5).bind(3)), None))
+    with pytest.raises(Exception, match=r"sizes \[i in \[1, 10\], i in \[1, 5\]\] differ"):
+        a + b
+    with pytest.raises(Exception, match=r"sizes \[3, 4\] differ"):
+        Tensor(A[:3]) + Tensor(A[:4])
+
+
+def test_slicing_with_a_variable_is_a_shrink() -> None:
+    x = Tensor(A, device="CPU").realize()
+    for n in (3, 7):
+        first = x[:variable().bind(n)]
+        assert str(first.shape) == "(i, 4)"
+        np.testing.assert_allclose(first.numpy(), A[:n])
+        np.testing.assert_allclose(first[1:, 2].numpy(), A[1:n, 2])
+        np.testing.assert_allclose(x[2:Variable("j", 2, 10).bind(n)].numpy(), A[2:n])
+    with pytest.raises(IndexError, match="bounds >= 0 and step 1"):
+        x[:variable().bind(3)][-1:]
+    with pytest.raises(IndexError, match="bounds >= 0 and step 1"):
+        x[:variable().bind(3):2]
+    with pytest.raises(ValueError, match=r"size in \[1, 10\]"):
+        x[:variable().bind(3)][:2]  # i may be 1
+
+
+def test_ones_zeros_and_full_take_a_variable_and_empty_refuses_one() -> None:
+    for n in (2, 5):
+        size = variable().bind(n)
+        np.testing.assert_array_equal(Tensor.ones(size, 3).numpy(), np.ones((n, 3)))
+        np.testing.assert_array_equal(Tensor.zeros(size).numpy(), np.zeros(n))
+        np.testing.assert_array_equal(Tensor.full((size,), 2.5).numpy(), np.full(n, 2.5))
+        assert Tensor.ones(size).sum().item() == n
+    with pytest.raises(TypeError, match="only full, zeros and ones take a Variable"):
+        Tensor.empty(variable().bind(3))
+    with pytest.raises(TypeError, match="only full, zeros and ones take a Variable"):
+        Tensor.rand(variable().bind(3))

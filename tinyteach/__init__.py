@@ -14,6 +14,7 @@ module (or small package) that opens with what it teaches, and one notebook in c
 | 2  | Autograd: reverse mode on the graph                  | gradient.py                       |
 | 3  | The IR: UOps and the primitive op set                | uop.py                            |
 | 4  | Shapes without copies: views                         | view.py                           |
+| 4b | Symbolic shapes: one kernel for every length         | (none); also uop.py, view.py      |
 | 5  | Rewriting graphs: the pattern matcher                | rewrite.py                        |
 | 6  | Scheduling: kernel fusion                            | schedule.py                       |
 | 7  | Lowering: loops, indices, optimizations              | lower.py, plan.py, opt.py,        |

@@ -40,6 +40,8 @@ CHAPTERS: tuple[Chapter, ...] = (
             ("gradient.py",)),
     Chapter("3", "The IR: UOps and the primitive op set", "chapters/03_ir.ipynb", ("uop.py",)),
     Chapter("4", "Shapes without copies: views", "chapters/04_views.ipynb", ("view.py",)),
+    Chapter("4b", "Symbolic shapes: one kernel for every length", "chapters/04b_symbolic.ipynb",
+            (), also=("uop.py", "view.py")),
     Chapter("5", "Rewriting graphs: the pattern matcher", "chapters/05_rewrite.ipynb",
             ("rewrite.py",)),
     Chapter("6", "Scheduling: kernel fusion", "chapters/06_scheduling.ipynb", ("schedule.py",)),

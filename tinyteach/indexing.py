@@ -26,6 +26,7 @@ from tinyteach.dtype import dtypes
 from tinyteach.tensor_core import ArgumentError, CoreTensor, DTypeError, ShapeError, broadcast_shape
 from tinyteach.tensor_movement import check_index_range
 from tinyteach.tensor_nn import TensorNN
+from tinyteach.uop import UOp, sint
 
 T = TypeVar("T", bound="TensorIndexing")  # the helper functions return what they were given
 
@@ -166,8 +167,27 @@ def _normalize(tensor: TensorIndexing, index: Any) -> list[Any]:
     return items + [slice(None)] * (ndim - used)
 
 
+def _take_symbolic_slice(x: T, axis: int, item: slice) -> T:
+    """`x[:n]`, `x[2:n]`, `x[:2]` where a bound or the axis's size is a Variable (chapter 4b):
+    a shrink, which checks that it fits for every value of the variable. Negative bounds and
+    steps need the size's value, which differs from run to run, so they are refused."""
+    start = 0 if item.start is None else item.start
+    stop = x.shape[axis] if item.stop is None else item.stop
+    for bound in (start, stop):
+        if isinstance(bound, bool) or not isinstance(bound, (int, UOp)):
+            raise IndexError(f"slice bounds must be ints or Variables, not {bound!r}")
+    if item.step not in (None, 1) or any(isinstance(b, int) and b < 0 for b in (start, stop)):
+        raise IndexError(f"a slice over a symbolic size takes bounds >= 0 and step 1, not "
+                         f"{item}: its length is known only when the variable is bound")
+    bounds: list[tuple[sint, sint] | None] = [None] * x.ndim
+    bounds[axis] = (start, stop)
+    return x.shrink(bounds)
+
+
 def _take_slice(x: T, axis: int, item: slice) -> T:
     size = x.shape[axis]
+    if any(isinstance(part, UOp) for part in (item.start, item.stop, size)):
+        return _take_symbolic_slice(x, axis, item)
     start, stop, step = item.indices(size)
     if step < 0:
         x = x.flip(axis)

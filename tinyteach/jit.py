@@ -46,6 +46,7 @@ from tinyteach.uop import (
     UOp,
     base_buffer,
     binds_of,
+    describe_size,
     sint,
     substitute_symbols,
     sym_max,
@@ -350,7 +351,16 @@ class TinyJit(Generic[ReturnType]):
         for (name, captured_value), (_, value) in zip(self.fixed_arguments, others):
             if not _same_value(captured_value, value):
                 raise JitError(f"{self.fn.__name__}: non-tensor {name} changed since the capture "
-                               f"({captured_value!r} -> {value!r}); it is baked into the kernels")
+                               f"({_describe(captured_value)} -> {_describe(value)}); it is "
+                               "baked into the kernels")
+
+
+def _describe(value: Any) -> str:
+    """An argument as an error message shows it: a Variable with its range (two Variables of
+    one name may differ in range), anything else as repr."""
+    if isinstance(value, UOp) and value.op is Ops.DEFINE_VAR:
+        return describe_size(value)
+    return repr(value)
 
 
 def _same_value(a: Any, b: Any) -> bool:

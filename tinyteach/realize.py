@@ -71,17 +71,29 @@ class Runner:
     variables: tuple[str, ...] = ()  # the Variables its sizes use: passed at each launch
     spec: ProgramSpec | None = None  # what the renderer gave the runtime (None: interpreted)
 
+    @functools.cached_property
+    def variable_ranges(self) -> tuple[tuple[int, int], ...]:
+        """[min, max] of each of `variables`: its buffers are sized for the max, so a value
+        outside would read and write past them."""
+        return tuple((v.arg[1], v.arg[2]) for v in variables_of([self.ast]))
+
 
 def launch_kernel(runner: Runner, buffers: list[Buffer], var_vals: dict[str, int]) -> None:
     """Run a kernel on its buffers, with the values of its Variables (`int i` parameters,
     after the buffers, in name order): a program over symbolic sizes is called with them,
-    every other program with its buffers only."""
+    each checked against its Variable's range first, every other program with its buffers
+    only."""
     if not runner.variables:
         runner.program(*buffers)
         return
     missing = [name for name in runner.variables if name not in var_vals]
     if missing:
         raise ValueError(f"kernel {runner.name} needs a value for the Variables {missing}")
+    for name, (low, high) in zip(runner.variables, runner.variable_ranges):
+        if not low <= var_vals[name] <= high:
+            raise ValueError(f"kernel {runner.name}: Variable {name!r} is {var_vals[name]}, "
+                             f"outside its range [{low}, {high}]; its buffers are sized for "
+                             f"{name} <= {high}")
     runner.program(*buffers, vals=tuple(var_vals[name] for name in runner.variables))
 
 

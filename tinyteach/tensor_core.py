@@ -66,6 +66,7 @@ from tinyteach.uop import (
     _arg_key,
     as_sint,
     base_buffer,
+    describe_size,
     sint,
     sym_max,
     sym_min,
@@ -103,8 +104,11 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     for sizes in zip(*padded):
         non_one = {s for s in sizes if s != 1}
         if len(non_one) > 1:
+            numbers = sorted(str(s) for s in non_one if isinstance(s, int))
+            numbers.sort(key=int)
+            symbols = sorted(describe_size(s) for s in non_one if isinstance(s, UOp))
             raise ShapeError(f"cannot broadcast shapes {' and '.join(map(str, shapes))}: "
-                             f"sizes {sorted(non_one)} differ on one axis")
+                             f"sizes [{', '.join(numbers + symbols)}] differ on one axis")
         result.append(non_one.pop() if non_one else 1)
     return tuple(result)
 
@@ -567,7 +571,7 @@ class CoreTensor:
         for (start, end), size in zip(full, self.shape):
             if not _shrink_fits(start, end, size):
                 raise ValueError(f"shrink bounds {full} out of range for shape {self.shape}"
-                                 + _symbolic_note(start, end))
+                                 + _symbolic_note(start, end, size))
         return self._apply(self.uop.shrink(full), self)
 
     def flip(self, axis: int | Sequence[int]) -> Self:
@@ -1062,11 +1066,12 @@ def _shrink_fits(start: sint, end: sint, size: sint) -> bool:
     return end is size or sym_max(end) <= sym_min(size) or sym_sub(size, end) == 0
 
 
-def _symbolic_note(start: sint, end: sint) -> str:
-    if isinstance(start, int) and isinstance(end, int):
+def _symbolic_note(start: sint, end: sint, size: sint) -> str:
+    if all(isinstance(s, int) for s in (start, end, size)):
         return ""
     return (f" (symbolic bounds are checked over the variables' ranges: start in "
-            f"[{sym_min(start)}, {sym_max(start)}], end in [{sym_min(end)}, {sym_max(end)}])")
+            f"[{sym_min(start)}, {sym_max(start)}], end in [{sym_min(end)}, {sym_max(end)}], "
+            f"size in [{sym_min(size)}, {sym_max(size)}])")
 
 
 # broadcast constants by (dtype, value, shape): `x + 1` in a loop asks for the same one each

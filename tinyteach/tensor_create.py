@@ -34,7 +34,7 @@ import ctypes
 import gzip
 import math
 import urllib.request
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar, cast
 
 import numpy as np
 
@@ -42,21 +42,25 @@ from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import prod
 from tinyteach.tensor_core import ArgumentError, CoreTensor, Scalar, ShapeArg, pool
-from tinyteach.uop import Ops, UOp
+from tinyteach.uop import Ops, UOp, as_sint, shape_str
 
 C = TypeVar("C", bound="TensorCreation")  # the helper functions return what they were given
 
 
-def _shape_from(args: tuple[Any, ...]) -> tuple[int, ...]:
-    """Accept both `f(2, 3)` and `f((2, 3))`."""
+def _shape_from(args: tuple[Any, ...], symbolic: bool = False) -> tuple[int, ...]:
+    """Accept both `f(2, 3)` and `f((2, 3))`. With `symbolic`, a size may be a bound Variable
+    (chapter 4b): `Tensor.ones(n)` is a constant expanded to n, which needs no buffer."""
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
         args = tuple(args[0])
     if any(isinstance(s, (tuple, list)) for s in args):
         raise ValueError(f"a shape is ints or one tuple of ints, not {args}")
-    shape = tuple(int(s) for s in args)
-    if any(s < 0 for s in shape):
+    if not symbolic and any(isinstance(s, UOp) for s in args):
+        raise TypeError(f"sizes here must be ints, not {shape_str(args)}: of the creation "
+                        "functions only full, zeros and ones take a Variable")
+    shape = tuple(as_sint(s) for s in args)
+    if any(isinstance(s, int) and s < 0 for s in shape):
         raise ValueError(f"negative size in shape {shape}")
-    return shape
+    return cast(tuple[int, ...], shape)  # (sizes typed int, as UOp.shape's: see there)
 
 
 class TensorCreation(CoreTensor):
@@ -71,7 +75,7 @@ class TensorCreation(CoreTensor):
 
     @classmethod
     def full(cls, shape: ShapeArg, fill_value: Scalar, **kwargs: Any) -> Self:
-        dims = _shape_from((shape,))
+        dims = _shape_from((shape,), symbolic=True)
         dtype = dtypes.as_dtype(kwargs.pop("dtype")) if kwargs.get("dtype") else None
         requires_grad = kwargs.pop("requires_grad", None)
         scalar = cls(fill_value, dtype=dtype, **kwargs)
@@ -81,11 +85,11 @@ class TensorCreation(CoreTensor):
 
     @classmethod
     def zeros(cls, *shape: Any, **kwargs: Any) -> Self:
-        return cls.full(_shape_from(shape), 0.0, **_float_default(kwargs))
+        return cls.full(_shape_from(shape, symbolic=True), 0.0, **_float_default(kwargs))
 
     @classmethod
     def ones(cls, *shape: Any, **kwargs: Any) -> Self:
-        return cls.full(_shape_from(shape), 1.0, **_float_default(kwargs))
+        return cls.full(_shape_from(shape, symbolic=True), 1.0, **_float_default(kwargs))
 
     @classmethod
     def empty(cls, *shape: Any, device: str | None = None, dtype: DType | str | None = None,

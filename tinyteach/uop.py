@@ -881,6 +881,17 @@ def sym_str(size: sint) -> str:
     return text[size]
 
 
+def describe_size(size: sint) -> str:
+    """A size with the ranges of its Variables, for error messages: `4`, `n in [1, 64]`,
+    `(n*4) with n in [1, 64]` (two Variables may share a name and differ in range)."""
+    if isinstance(size, int):
+        return str(size)
+    ranges = ", ".join(f"{v.arg[0]} in [{v.arg[1]}, {v.arg[2]}]" for v in variables_of([size]))
+    if size.op in (Ops.DEFINE_VAR, Ops.BIND):
+        return ranges
+    return f"{sym_str(size)} with {ranges}"
+
+
 def shape_str(shape: tuple[sint, ...]) -> str:
     """`(i, 4)`: a shape with its symbolic sizes by name."""
     inner = ", ".join(sym_str(s) for s in shape)

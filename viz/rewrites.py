@@ -51,6 +51,8 @@ def _leaf_text(node: UOp) -> str | None:
         return str(node.arg)
     if node.op is Ops.RANGE:
         return ("gidx" if node.arg[0] == "g" else "ridx") + str(node.arg[1])
+    if node.op in (Ops.DEFINE_VAR, Ops.BIND):  # a Variable, bound or not, by its name
+        return node.expr
     return None
 
 

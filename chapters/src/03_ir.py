@@ -63,6 +63,9 @@ print("not primitive:", ", ".join(op.name for op in Ops if op not in PRIMITIVE_O
 assert len(PRIMITIVE_OPS) == 29
 
 # %% [markdown] id="ir-08"
+# (`DEFINE_VAR` and `BIND` in that list are symbolic sizes, a size that is a variable bound to a
+# value per run: chapter 4b, [`04b_symbolic.ipynb`](04b_symbolic.ipynb).)
+#
 # Each primitive op has *reference semantics*: one numpy function in the `NUMPY` device,
 # [`runtime/numpy.py`](../tinyteach/runtime/numpy.py). Integer ops follow C, not Python:
 # `IDIV` truncates toward zero and `MOD` takes the sign of the dividend. Running the same tiny
