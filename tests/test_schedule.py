@@ -369,17 +369,13 @@ def _chain_items(count: int):
 
 
 def test_order_items_runs_each_kernel_after_its_inputs_whatever_the_listing():
-    """A chain of 20,000 kernels listed last-first comes out first-first, in well under a
-    second (Kahn's algorithm; picking the first ready item by rescanning took minutes)."""
-    import time
-
+    """A chain of 20,000 kernels listed last-first comes out first-first (Kahn's algorithm;
+    picking the first ready item by rescanning took minutes at this length, which shows as a
+    suite that does not finish: tests check results, not wall-clock time)."""
     from tinyteach.schedule import order_items
 
     items = _chain_items(20_000)
-    start = time.perf_counter()
-    ordered = order_items(list(reversed(items)))
-    assert time.perf_counter() - start < 5.0
-    assert ordered == items
+    assert order_items(list(reversed(items))) == items
 
 
 def test_order_items_takes_the_first_listed_of_the_ready_kernels():
