@@ -259,3 +259,23 @@ def test_a_loop_left_early_is_refused():
 def test_an_unknown_puzzle_is_refused():
     with pytest.raises(KeyError, match="no puzzle 'mapp'"):
         solves("mapp")
+
+
+def test_a_registers_value_is_the_one_where_it_is_read():
+    @solves("map")
+    def read_before_adding(k, out, a):
+        i = k.thread_id(0)
+        acc = k.register(10.0)
+        before = acc + a[i]  # 10 + a[i], whatever acc becomes later
+        acc += 100
+        out[i] = before
+
+    @solves("map")
+    def read_after_adding(k, out, a):
+        i = k.thread_id(0)
+        acc = k.register(0.0)
+        for _ in k.loop(5):
+            acc += 2
+        out[i] = acc + a[i]
+
+    assert grade_puzzles([read_before_adding, read_after_adding]).passed

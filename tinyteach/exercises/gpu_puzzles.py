@@ -240,14 +240,18 @@ def flat_index(index: object, name: str) -> UOp:
 
 class Register(Value):
     """A thread's accumulator (DEFINE_ACC): `acc += x` adds x every time it runs, in every
-    iteration of the loops around it; `out[i] = acc` stores its value at that point."""
+    iteration of the loops around it. Reading it (`out[i] = acc`, `acc * 2`) takes its value
+    at that point of the program: a copy, so that a later `+=` does not change what was read."""
 
-    def __init__(self, builder: KernelBuilder, uop: UOp):
-        super().__init__(uop)
-        self.builder = builder
+    def __init__(self, builder: KernelBuilder, define: UOp):  # (no Value.__init__: uop is read)
+        self.builder, self.define = builder, define
+
+    @property
+    def uop(self) -> UOp:  # type: ignore[override]  # Value's is a plain attribute
+        return self.builder.copy_of(self.define)
 
     def __iadd__(self, value: Value | int | float) -> Register:
-        self.builder.accumulate(self.uop, value)
+        self.builder.accumulate(self.define, value)
         return self
 
 
@@ -392,6 +396,15 @@ class KernelBuilder:
                   next(self.numbers))
         return Register(self, self._effect(acc))
 
+    def copy_of(self, acc: UOp) -> UOp:
+        """An accumulator's value here. A UOp is one value slot wherever it is used (UOps are
+        hash-consed), and an accumulator's slot changes with every `+=`: the copy is a fresh
+        accumulator, -0.0 + acc (exact for every value, -0.0 included)."""
+        copy = UOp(Ops.DEFINE_ACC, FLOAT, (UOp.const(FLOAT, -0.0),), next(self.numbers))
+        self._effect(copy)
+        self._effect(UOp(Ops.ACCUMULATE, FLOAT, (copy, acc), Ops.ADD))
+        return copy
+
     def accumulate(self, acc: UOp, value: Value | int | float) -> None:
         added = promoted(operand_of(value, FLOAT), UOp.const(FLOAT, 0.0))[0]
         guard = self._guard()
@@ -471,7 +484,10 @@ def shape_text(shape: tuple[int, ...]) -> str:
 
 
 def _floats(values: Any) -> np.ndarray:
-    return np.asarray(values, dtype=np.float32)
+    """A puzzle's input: float32, read-only (every run gets its own copy)."""
+    array = np.array(values, dtype=np.float32)
+    array.flags.writeable = False
+    return array
 
 
 def map_spec(a: np.ndarray) -> np.ndarray:
