@@ -259,8 +259,10 @@ class Register(Value):
 
 class KernelBuilder:
     """What a kernel function gets as `k`: the thread's ids and the GPU's tools. Every load,
-    store, barrier and loop is appended to the program where the function reaches it; the
-    arithmetic in between goes in just before the first step that needs it."""
+    store, barrier, loop and register read is appended to the program where the function
+    reaches it; the arithmetic in between goes in just before the first step that needs it.
+    That is safe because arithmetic only computes, and each load and register read is a node
+    of its own, whose value is the one at the point where the function made it."""
 
     def __init__(self, threads: tuple[int, ...], groups: tuple[int, ...]):
         self.threads, self.groups = threads, groups
