@@ -251,3 +251,20 @@ def test_group_reduction_is_listed_like_the_cpu_options():
                                     "reduction, partials in shared memory, combined by "
                                     "thread 0 (serial)"]
     assert lower(ast, KernelOptions(group=32)).applied_opts[0].endswith("by a tree (halving)")
+
+
+def test_an_elementwise_kernel_is_threaded_by_its_work_not_its_size():
+    """Outputs times ops per output decide (opt._elementwise_with_threads): a 16x64x512
+    gelu (0.5 M outputs, dozens of ops each) splits across cores, the same size of `x + 1`
+    (one op each) and a small gelu do not."""
+    from tinyteach.opt import heuristic_plan
+
+    def plan_of_kernel(t: Tensor) -> KernelOptions:
+        items, _ = create_schedule([t.uop], "CPU")
+        (item,) = [i for i in items if i.ast is not None]
+        return heuristic_plan(item.ast, 8)
+    big = Tensor(np.zeros((16, 64, 512), np.float32), device="CPU").realize()
+    small = Tensor(np.zeros((4, 64), np.float32), device="CPU").realize()
+    assert plan_of_kernel(big.gelu()).parallel
+    assert not plan_of_kernel(big + 1).parallel
+    assert not plan_of_kernel(small.gelu()).parallel

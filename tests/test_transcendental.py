@@ -246,3 +246,24 @@ def test_the_numpy_device_keeps_numpys_exp2():
     got = Tensor(x, device="NUMPY").exp2().numpy()
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(got, np.exp2(x))
+
+
+def sigmoid_source(shape: tuple[int, ...]) -> str:
+    x = Tensor(np.zeros(shape, np.float32), device="CPU").realize()
+    (item,) = schedule_of(x.sigmoid())
+    return CRenderer().render(item.name, lower(item.ast, None, vector_width=8))
+
+
+def test_an_elementwise_kernel_long_inner_loop_has_exp2_as_arithmetic(tmp_path):
+    """sigmoid over rows of 512: its inner loop walks memory in order, so its exp2 is
+    arithmetic and gcc vectorizes the loop (elementwise_loops); a row of 3 keeps the one
+    readable exp2f call (a loop that short gains nothing from vectors)."""
+    long_rows = sigmoid_source((4, 512))
+    assert "exp2f" not in long_rows and "tt_bits_to_float(" in long_rows
+    assert "exp2f(" in sigmoid_source((6, 3))
+    loop_line = long_rows[:long_rows.index("for (int gidx1")].count("\n") + 1
+    lines = {int(n) for n in re.findall(r":(\d+):\d+: optimized: loop vectorized",
+                                        compile_report(long_rows, tmp_path))}
+    assert lines & {loop_line, loop_line + 1}
+    with Context(TRANSCENDENTAL=0):
+        assert "exp2f(" in sigmoid_source((4, 512))

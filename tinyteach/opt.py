@@ -84,7 +84,7 @@ from tinyteach.plan import (  # (the plan and the facts about a kernel: plan.py)
     step_along,  # noqa: F401
     tile_plan,
 )
-from tinyteach.uop import Ops, UOp
+from tinyteach.uop import ALU, Ops, UOp
 
 UPCAST = 4                 # tile size per upcast axis
 WIDE_UPCAST = 8            # for the innermost axis: one AVX register of float32
@@ -586,6 +586,8 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
                     and shape[axis] >= 2 * factor:
                 upcasts.append((axis, factor))
     upcasts.sort()
+    if not reduces:
+        return _elementwise_with_threads(value, shape)
     return _with_threads(KernelOptions(tuple(upcasts)), shape, reduces)
 
 
@@ -691,11 +693,22 @@ def local_tile_fits(options: KernelOptions, itemsize: int) -> bool:
 
 def _with_threads(options: KernelOptions, shape: tuple[int, ...],
                   reduces: list[UOp]) -> KernelOptions:
-    """Split the outer loop across cores when the kernel does enough work to pay for it."""
+    """Split the outer loop across cores when the kernel does enough work to pay for it: a
+    reduction's work is its outputs times the length of its sum, an elementwise kernel's its
+    outputs times its ops per output (a 16x64x512 gelu gradient: 0.5 M outputs, ~60 ops each)."""
     reduce_work = prod(reduces[0].src[0].shape) // max(prod(shape), 1) if reduces else 1
     outer = outer_loop_size(shape, options)
     parallel = prod(shape) * reduce_work >= PARALLEL_MIN_WORK and outer >= 2
     return replace(options, parallel=parallel)
+
+
+def _elementwise_with_threads(value: UOp, shape: tuple[int, ...]) -> KernelOptions:
+    """An elementwise kernel splits its outer loop across cores when its outputs times its
+    ops per output reach PARALLEL_MIN_WORK."""
+    ops = sum(1 for node in value.toposort if node.op in ALU)
+    outer = outer_loop_size(shape, NO_OPTIONS)
+    return replace(NO_OPTIONS, parallel=prod(shape) * max(ops, 1) >= PARALLEL_MIN_WORK and
+                   outer >= 2)
 
 
 def _vector_tile(shape: tuple[int, ...], width: int) -> KernelOptions | None:
