@@ -167,7 +167,7 @@ test: setup-test
 	@echo "==> mypy"
 	$(VENV)/bin/mypy tinyteach
 	@echo "==> pytest: the unit tests, and nbval: every chapter notebook, re-executed and compared with its stored outputs"
-	@rc=0; $(VENV)/bin/pytest -n 2 $(NBVAL) chapters/*.ipynb tests || rc=$$?; \
+	@rc=0; $(VENV)/bin/pytest -n 2 --durations=10 $(NBVAL) chapters/*.ipynb tests || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "==> pytest collected no tests"; rc=0; fi; \
 	v3=0; $(MAKE) --no-print-directory test-cpu-v3 || v3=$$?; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; \
