@@ -219,6 +219,26 @@ def test_the_package_docstring_table_is_the_table():
     assert row_problems(CHAPTERS, rows, "tinyteach/__init__.py") == []
 
 
+def tour_rows(source: str) -> list[tuple[str, str]]:
+    """(id, notebook) of each row of the tour's map (cell tour-17 of chapters/src/00_tour.py)."""
+    section = source.split('id="tour-17"', 1)[1].split("# %%", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.removeprefix("#").strip().strip("|").split("|")]
+        link = re.search(r"\]\(([^)]+\.ipynb)\)", line)
+        if line.startswith("# |") and link and cells[0] != "#":
+            rows.append((cells[0], f"chapters/{link.group(1)}"))
+    return rows
+
+
+def test_the_tour_map_lists_every_chapter():
+    """The tour's own map (its reader's first view of the book) has a row for every chapter
+    but the exercise, which its text names, in book order, each linking its notebook."""
+    rows = tour_rows((ROOT / "chapters/src/00_tour.py").read_text())
+    expected = [(c.id, c.notebook) for c in CHAPTERS if c.id != "12"]
+    assert rows == expected
+
+
 # ---- the checks can fail ----
 
 def test_a_wrong_readme_row_is_caught():

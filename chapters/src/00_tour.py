@@ -158,11 +158,13 @@ assert abs(loss.item() - (np.log(10) + logits.std() ** 2 / 2)) < 0.25  # 4 image
 # | 2 | Autograd: reverse mode on the graph | [02_autograd](02_autograd.ipynb) | [`gradient.py`](../tinyteach/gradient.py) |
 # | 3 | The IR: UOps and the primitive op set | [03_ir](03_ir.ipynb) | [`uop.py`](../tinyteach/uop.py) |
 # | 4 | Shapes without copies: views | [04_views](04_views.ipynb) | [`view.py`](../tinyteach/view.py) |
+# | 4b | Symbolic shapes: one kernel for every length | [04b_symbolic](04b_symbolic.ipynb) | (reads [`uop.py`](../tinyteach/uop.py) and [`view.py`](../tinyteach/view.py) again) |
 # | 5 | Rewriting graphs: the pattern matcher | [05_rewrite](05_rewrite.ipynb) | [`rewrite.py`](../tinyteach/rewrite.py) |
 # | 6 | Scheduling: kernel fusion | [06_scheduling](06_scheduling.ipynb) | [`schedule.py`](../tinyteach/schedule.py) |
 # | 7 | Lowering: loops, indices, optimizations | [07_lowering](07_lowering.ipynb) | [`lower.py`](../tinyteach/lower.py), [`opt.py`](../tinyteach/opt.py), [`pack.py`](../tinyteach/pack.py), [`search.py`](../tinyteach/search.py) |
 # | 8 | Code generation: C, OpenCL, CUDA, WGSL | [08_codegen](08_codegen.ipynb) | [`render/`](../tinyteach/render/) |
 # | 8b | GPU kernels: threads, work-groups and shared memory | [08b_gpu](08b_gpu.ipynb) | [`runtime/python.py`](../tinyteach/runtime/python.py) (the emulator), [`wmma.py`](../tinyteach/wmma.py), [`viz/threads.py`](../viz/threads.py) |
+# | 8c | GPU puzzles: kernels you write, graded by the emulator | [08c_gpu_puzzles](08c_gpu_puzzles.ipynb) | [`exercises/gpu_puzzles.py`](../tinyteach/exercises/gpu_puzzles.py) |
 # | 9 | Devices and runtimes | [09_devices](09_devices.ipynb) | [`device.py`](../tinyteach/device.py), [`realize.py`](../tinyteach/realize.py), [`runtime/`](../tinyteach/runtime/) |
 # | 10 | The JIT and graph execution | [10_jit](10_jit.ipynb) | [`jit.py`](../tinyteach/jit.py) |
 # | 11 | Deep learning: nn, optim, datasets | [11_deep_learning](11_deep_learning.ipynb) | [`nn/`](../tinyteach/nn/) |
@@ -170,8 +172,8 @@ assert abs(loss.item() - (np.log(10) + logits.std() ** 2 / 2)) < 0.25  # 4 image
 #
 # The last chapter is an exercise: build a backend's primitive ops yourself
 # ([12_exercise_backend](12_exercise_backend.ipynb)). In the course that `make course` opens,
-# this is the student copy, with every solution taken out; the solved notebook stays in
-# `chapters/`, for instructors and the tests.
+# it and the GPU puzzles (8c) are student copies, with every solution taken out; the solved
+# notebooks stay in `chapters/`, for instructors and the tests.
 #
 # The visual layer used above is the [`viz`](../viz/__init__.py) package; it only reads what the
 # core exposes, and the core never imports it.
