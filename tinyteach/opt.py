@@ -693,9 +693,8 @@ def local_tile_fits(options: KernelOptions, itemsize: int) -> bool:
 
 def _with_threads(options: KernelOptions, shape: tuple[int, ...],
                   reduces: list[UOp]) -> KernelOptions:
-    """Split the outer loop across cores when the kernel does enough work to pay for it: a
-    reduction's work is its outputs times the length of its sum, an elementwise kernel's its
-    outputs times its ops per output (a 16x64x512 gelu gradient: 0.5 M outputs, ~60 ops each)."""
+    """Split a reduction's outer loop across cores when it does enough work to pay for it: its
+    outputs times the length of its sum (an elementwise kernel: _elementwise_with_threads)."""
     reduce_work = prod(reduces[0].src[0].shape) // max(prod(shape), 1) if reduces else 1
     outer = outer_loop_size(shape, options)
     parallel = prod(shape) * reduce_work >= PARALLEL_MIN_WORK and outer >= 2
@@ -704,7 +703,8 @@ def _with_threads(options: KernelOptions, shape: tuple[int, ...],
 
 def _elementwise_with_threads(value: UOp, shape: tuple[int, ...]) -> KernelOptions:
     """An elementwise kernel splits its outer loop across cores when its outputs times its
-    ops per output reach PARALLEL_MIN_WORK."""
+    ops per output reach PARALLEL_MIN_WORK (a 16x64x512 gelu gradient: 0.5 M outputs, dozens
+    of ops each; counting outputs alone kept it on one core)."""
     ops = sum(1 for node in value.toposort if node.op in ALU)
     outer = outer_loop_size(shape, NO_OPTIONS)
     return replace(NO_OPTIONS, parallel=prod(shape) * max(ops, 1) >= PARALLEL_MIN_WORK and
