@@ -10,7 +10,7 @@ import pytest
 from tinyteach import Context, Tensor, clear_caches, search
 from tinyteach.device import Device
 from tinyteach.dtype import dtypes
-from tinyteach.opt import KernelOptions, kernel_value, outer_loop_size
+from tinyteach.opt import KernelOptions, actions_of, kernel_value, outer_loop_size, plan_of
 from tinyteach.schedule import create_schedule
 from tinyteach.uop import UOp
 
@@ -187,6 +187,40 @@ def test_a_wrong_candidate_is_discarded(monkeypatch):
     result = search.beam_search(backend, ast, name, width=2)
     assert result.best == heuristic
     assert result.candidates > 1 and result.discarded == result.candidates - 1
+
+
+def test_the_cached_actions_build_the_winner_whichever_wins(monkeypatch):
+    """The choice is stored as actions and realize applies them: every candidate the search
+    times must be one its actions build. A vector tile on an axis whose loads are not
+    consecutive (the matmul's axis 0) lowers to scalars when rendered directly, but
+    VECTORIZE rejects it: such a candidate is never timed, so it can never win (CI once saw
+    it win, its cache entry fail to load and a second search pick another)."""
+    backend = Device["CPU"]
+    name, ast = matmul_ast()
+    monkeypatch.setattr(search, "time_candidate", fake_timer(lambda o: o.vector_width > 0 and
+                                                             o.upcasts[-1][0] == 0))
+    result = search.beam_search(backend, ast, name, width=4)
+    assert len(result.tried) > 2
+    for options in result.tried:
+        assert plan_of(ast, actions_of(ast, options), backend.capabilities, "CPU") == options
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON", "OPENCL", "WEBGPU"])
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_every_timed_candidate_is_what_its_actions_build(device, workload, monkeypatch):
+    if not Device.is_available(device):
+        pytest.skip(f"no {device} device here")
+    backend = Device[device]
+    ours, _ = WORKLOADS[workload]
+    a, b = Tensor.ones(16, 16, device=device).realize(), Tensor.ones(16, 16, device=device).realize()
+    item = create_schedule([ours(a, b).uop], device)[0][0]
+    monkeypatch.setattr(search, "time_candidate", fake_timer(lambda o: False))
+    monkeypatch.setattr(search, "emulator_cost_of", lambda candidate, scratch: 1.0)
+    result = search.beam_search(backend, item.ast, item.name, width=2)
+    assert len(result.tried) > 1
+    for options in result.tried:
+        built = plan_of(item.ast, actions_of(item.ast, options), backend.capabilities, device)
+        assert built == options
 
 
 # ---- the pieces ----

@@ -10,6 +10,8 @@ What this teaches:
   `MAX_ROUNDS`);
 - timing is never allowed to trade correctness: every candidate's output is compared with the
   heuristic's on the same inputs, and one that disagrees is discarded;
+- a candidate is timed only when its actions (opt.py's `actions_of`) build exactly it: the winner
+  is cached and applied as actions, so one the actions reject must never win;
 - on a GPU device (OPENCL, WEBGPU, CUDA, PYTHON) the candidates are the GPU options the kernel
   can take there (`GPUSpace`): group reductions (threads per group, tree or serial), local
   tiles (threads per group, and a block of r x r outputs per thread), tensor cores, upcasts
@@ -492,11 +494,24 @@ class BeamSearch:
     discarded: int = 0
 
     def try_options(self, options_list: list[KernelOptions]) -> None:
-        """Compile, check and time every options set not tried yet."""
+        """Compile, check and time every options set not tried yet that its actions build."""
         fresh = [o for o in dedup(options_list) if o not in self.times]
+        if self.times:  # (the first call tries the heuristic alone: it is always kept)
+            fresh = [o for o in fresh if self._buildable(o)]
         candidates = self._distinct_programs(fresh)
         for candidate in compile_candidates(self.backend, candidates):
             self.times[candidate.options] = self._measure(candidate)
+
+    def _buildable(self, options: KernelOptions) -> bool:
+        """Whether the actions of `options` build exactly `options`: the choice is cached as
+        actions, and realize applies them, so a candidate they reject (a vector tile whose loads
+        are not consecutive lowers to scalars instead) or change must not win."""
+        try:
+            built = plan_of(self.ast, actions_of(self.ast, options), self.backend.capabilities,
+                            self.backend.name)
+        except ValueError:  # KernelOptError: an action does not fit
+            return False
+        return built == options
 
     def _distinct_programs(self, options_list: list[KernelOptions]) -> list[Candidate]:
         """Render each; an options set whose code is the same as another's (threads on a GPU,

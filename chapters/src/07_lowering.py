@@ -517,8 +517,11 @@ except KernelOptError as error:
 #
 # `BEAM=n` starts from the heuristic's list and tries its neighbours (one factor changed,
 # threads off, vectors off), keeps the `n` fastest, and repeats. Every candidate is a list of
-# actions; the search below prints each one with its time, and the disk cache holds the winner as
-# a list too (`~/.cache/tinyteach/beam/*.json`). Timings decide, so the output is not checked:
+# actions, and only a list the actions accept is timed: "vectors on axis 0" of this matmul is
+# a neighbour, but its loads along axis 0 are not consecutive, so VECTORIZE rejects it and the
+# search skips it. The search below prints each candidate with its time, and the disk cache holds
+# the winner as a list too (`~/.cache/tinyteach/beam/*.json`), the list realize applies. Timings
+# decide, so the output is not checked:
 
 # %% id="lower-68"
 # NBVAL_IGNORE_OUTPUT
