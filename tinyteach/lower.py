@@ -73,7 +73,7 @@ from tinyteach.plan import (
 )
 from tinyteach.rewrite import graph_rewrite, recording, sum_terms, symbolic
 from tinyteach.settings import FIXED_LANES
-from tinyteach.uop import ALU, MOVEMENT, Ops, UOp, sint, sym_max, variables_of
+from tinyteach.uop import ALU, COMPARISONS, MOVEMENT, Ops, UOp, sint, sym_max, variables_of
 from tinyteach.view import (
     Index,
     Valid,
@@ -593,14 +593,16 @@ _symbolic_memo: dict[UOp, UOp] = register_memo("lower.symbolic", {})  # every ke
 
 VECTOR_ALU = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.MAX, Ops.RECIPROCAL, Ops.FDIV, Ops.WHERE,
               Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT}
+MASK_LOGIC = (Ops.AND, Ops.OR, Ops.XOR)  # on bools: they combine comparisons' masks
 
 
 def vectorize(lowered: UOp) -> UOp | None:
     """Replace the lane index (a RANGE of kind 'v') by vectors: a load at `base + lane` becomes
     one vector load at `base`, float math on it becomes vector math, a sum of vectors keeps a
-    vector accumulator, and the store writes the whole vector. Returns None (and the kernel
-    stays scalar) when something depends on the lane in another way: a lane-dependent padding
-    guard, a gather, or an int or bool value computed per lane."""
+    vector accumulator, and the store writes the whole vector. A comparison of float vectors
+    gives a mask (a vector of bools) that WHERE picks with. Returns None (and the kernel stays
+    scalar) when something depends on the lane in another way: a lane-dependent padding guard,
+    a gather, an int value computed per lane, or a bool that is not a mask of floats."""
     lanes = [n for n in lowered.toposort if n.op is Ops.RANGE and n.arg[0] == "v"]
     if not lanes:
         return lowered
@@ -620,7 +622,7 @@ def vectorize(lowered: UOp) -> UOp | None:
                 return None
             dtype = node.dtype.vec(lane.arg[2]) if node.op is Ops.LOAD else node.dtype
             done[node] = UOp(node.op, dtype, (sources[0], base, *sources[2:]), node.arg)
-        elif node.op in VECTOR_ALU | {Ops.REDUCE} and dtypes.is_float(node.dtype):
+        elif _has_vector_form(node):
             per_lane = [s for s, new in zip(node.src, sources)
                         if lane in ranges_of(s, memo) and new.dtype.count == 1]
             if per_lane:
@@ -636,6 +638,17 @@ def vectorize(lowered: UOp) -> UOp | None:
     if lane in ranges_of(result, {}):
         return None  # a lane-dependent index reached something that is not a load or store
     return result
+
+
+def _has_vector_form(node: UOp) -> bool:
+    """Float math, and the masks that choose between floats: a comparison of floats gives a
+    vector of bools (one per lane), and AND, OR, XOR and comparisons combine such masks. WHERE with a mask
+    vector picks lane by lane. Integers stay scalar: they are positions."""
+    if node.op in VECTOR_ALU | {Ops.REDUCE}:
+        return dtypes.is_float(node.dtype)
+    if node.op in COMPARISONS:  # (of two masks: `mask != True` is NOT)
+        return dtypes.is_float(node.src[0].dtype) or node.src[0].dtype == dtypes.bool
+    return node.op in MASK_LOGIC and node.dtype == dtypes.bool
 
 
 def _base_of_lane_index(index: UOp, lane: UOp) -> UOp | None:

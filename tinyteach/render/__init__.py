@@ -259,7 +259,10 @@ class CStyleRenderer:
         return replace(self.device_capabilities, vector_width=self.vector_width)
 
     def vector_type_name(self, dtype: DType) -> str:
-        return f"{self.type_names[dtype.scalar]}{dtype.count}"
+        """`float8`; a mask (a vector of bools, lower.vectorize) is `int8`, each lane 0 or 1:
+        OpenCL has no vectors of bool."""
+        lane = dtypes.int32 if dtype.scalar == dtypes.bool else dtype.scalar
+        return f"{self.type_names[lane]}{dtype.count}"
 
     def vector_declarations(self, vector_dtypes: list[DType]) -> list[str]:
         """Lines a kernel needs before it may use these vector types."""

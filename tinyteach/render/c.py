@@ -575,9 +575,14 @@ class CRenderer(CStyleRenderer):
         return f"{self.type_names[dtype.scalar]}_vec{dtype.count}"
 
     def vector_declarations(self, vector_dtypes: list[DType]) -> list[str]:
-        return [f"typedef {self.type_names[d.scalar]} {self.type_name(d)} "
-                f"__attribute__((vector_size({d.itemsize}), aligned({d.scalar.itemsize})));"
-                for d in vector_dtypes]
+        """A typedef per vector type. A mask (a vector of bools, lower.vectorize) has int
+        lanes, each 0 or 1, written lane by lane: C has no vectors of bool."""
+        lines = []
+        for d in vector_dtypes:
+            lane = dtypes.int32 if d.scalar == dtypes.bool else d.scalar
+            lines.append(f"typedef {self.type_names[lane]} {self.type_name(d)} __attribute__(("
+                         f"vector_size({lane.itemsize * d.count}), aligned({lane.itemsize})));")
+        return lines
 
     def vector_literal(self, dtype: DType, lanes: list[str]) -> str:
         return f"({self.type_name(dtype)}){{{', '.join(lanes)}}}"
