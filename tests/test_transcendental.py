@@ -267,3 +267,27 @@ def test_an_elementwise_kernel_long_inner_loop_has_exp2_as_arithmetic(tmp_path):
     assert lines & {loop_line, loop_line + 1}
     with Context(TRANSCENDENTAL=0):
         assert "exp2f(" in sigmoid_source((4, 512))
+
+
+# ---- exp2 on vectors: a matmul's epilogue (lower.vectorize) ----
+
+def vector_exp2_source(size: int, lanes: int = 8) -> str:
+    """The C source of an elementwise exp2 computed in vectors of `lanes` (UPCAST then
+    VECTORIZE by hand): a vector EXP2 is always written as arithmetic, in whole-vector ops."""
+    from tinyteach.device import Capabilities
+    from tinyteach.opt import Kernel, Opt, OptOps
+    x = Tensor(np.zeros(size, np.float32), device="CPU").realize()
+    (item,) = schedule_of(x.exp2())
+    plan = Kernel(item.ast, "CPU", Capabilities(vector_width=lanes, threads=True)).apply_opts(
+        [Opt(OptOps.UPCAST, 0, lanes), Opt(OptOps.VECTORIZE, 0, lanes)]).finished_plan()
+    return CRenderer(vector_width=lanes).render(item.name, lower(item.ast, plan))
+
+
+def test_vector_exp2_is_arithmetic_in_whole_vectors_and_equals_the_scalar_bits():
+    x = np.concatenate([np.linspace(-160, 130, 2**16, dtype=np.float32), SPECIAL,
+                        np.full(-len(SPECIAL) % 8, 1.5, np.float32)])
+    source = vector_exp2_source(x.size)
+    assert "exp2f" not in source and "float_vec8" in source and "int_vec8" in source
+    assert "[3]" not in body_of(source), "every op takes the whole vector (no lane by lane)"
+    vector, scalar = build_and_run(source, x), cpu_exp2(x)
+    np.testing.assert_array_equal(vector.view(np.int32), scalar.view(np.int32))

@@ -63,18 +63,27 @@ MIN_VECTOR_LOOP = 16  # steps below which an elementwise loop keeps exp2f (eleme
 
 
 def bitcast(value: UOp, dtype: DType) -> UOp:
-    """The same 32 bits, read as `dtype` (float32 <-> int32; `UOp.bitcast`)."""
-    return value.bitcast(dtype)
+    """The same 32 bits, read as `dtype` (float32 <-> int32; `UOp.bitcast`), lane by lane for
+    a vector."""
+    return value.bitcast(dtype.vec(value.dtype.count) if value.dtype.count > 1 else dtype)
 
 
 def _const(like: UOp, value: float | int) -> UOp:
-    return UOp.const(like.dtype, value)
+    """A scalar constant of `like`'s lane type: in a vector op it counts for every lane."""
+    return UOp.const(like.dtype.scalar, value)
+
+
+def _less(a: UOp, b: UOp) -> UOp:
+    """a < b: a bool, or for vectors a mask (one bool per lane)."""
+    lanes = max(a.dtype.count, b.dtype.count)
+    return UOp(Ops.CMPLT, dtypes.bool.vec(lanes) if lanes > 1 else dtypes.bool, (a, b))
 
 
 def _clamp(x: UOp, low: float, high: float) -> UOp:
     """x limited to [low, high] by comparisons, so that a NaN (every comparison false) stays."""
-    above_low = x.lt(_const(x, low)).where(_const(x, low), x)
-    return _const(x, high).lt(above_low).where(_const(x, high), above_low)
+    above_low = UOp(Ops.WHERE, x.dtype, (_less(x, _const(x, low)), _const(x, low), x))
+    return UOp(Ops.WHERE, x.dtype, (_less(_const(x, high), above_low), _const(x, high),
+                                    above_low))
 
 
 def _nearest_integer(x: UOp) -> tuple[UOp, UOp]:
@@ -89,9 +98,10 @@ def _nearest_integer(x: UOp) -> tuple[UOp, UOp]:
 
 
 def horner(x: UOp, coefficients: tuple[float, ...]) -> UOp:
-    """c0 + x*(c1 + x*(c2 + ...)): one multiplication and one addition per coefficient."""
-    result = _const(x, coefficients[-1])
-    for coefficient in reversed(coefficients[:-1]):
+    """c0 + x*(c1 + x*(c2 + ...)): one multiplication and one addition per coefficient (x is
+    the left operand of the first: a vector x makes every step a vector)."""
+    result = x * _const(x, coefficients[-1]) + _const(x, coefficients[-2])
+    for coefficient in reversed(coefficients[:-2]):
         result = result * x + _const(x, coefficient)
     return result
 
@@ -118,9 +128,9 @@ def exp2(x: UOp) -> UOp:
 
 
 def decompose(node: UOp) -> UOp | None:
-    """The primitive-op version of one node, or None when it stays as it is (only scalar
-    float32 EXP2 is decomposed; half floats and vectors keep the math function)."""
-    if node.dtype != dtypes.float32:
+    """The primitive-op version of one node, or None when it stays as it is (only float32
+    EXP2 is decomposed, scalar or vector; half floats keep the math function)."""
+    if node.dtype.scalar != dtypes.float32:
         return None
     if node.op is Ops.EXP2:
         return exp2(node.src[0])
@@ -150,7 +160,8 @@ def decompose_program(program: LinearProgram, simd_loops_only: bool = False) -> 
             open_loops.append(node)
         elif node.op is Ops.END_RANGE and open_loops:
             open_loops.pop()
-        wanted = not simd_loops_only or (open_loops and open_loops[-1] in vector_loops)
+        wanted = not simd_loops_only or node.dtype.count > 1 or \
+            (open_loops and open_loops[-1] in vector_loops)
         replacement = decompose(rebuilt) if wanted else None
         if replacement is not None:
             uops += [n for n in replacement.toposort if n not in in_program]

@@ -38,11 +38,16 @@ from tinyteach.render import (
     KernelWriter,
     _render_alu,
     cast,
+    is_safe_divisor,
     typed_math_function,
 )
 from tinyteach.settings import FIXED_LANES, ROW_CACHE, TRANSCENDENTAL
 from tinyteach.transcendental import decompose_program, row_column_loops
-from tinyteach.uop import Ops, UOp, is_bitcast, store_parts
+from tinyteach.uop import COMPARISONS, Ops, UOp, is_bitcast, store_parts
+
+# the ops gcc applies to whole vectors of 4-byte lanes besides + and * (CRenderer.vector_alu)
+WHOLE_VECTOR_INFIX = {Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^",
+                      Ops.IDIV: "/"}
 
 C_PRELUDE = "#include <stdbool.h>\n"
 # <math.h> costs gcc ~17 ms of parsing: it is included only where the body may call a function
@@ -586,6 +591,37 @@ class CRenderer(CStyleRenderer):
 
     def vector_literal(self, dtype: DType, lanes: list[str]) -> str:
         return f"({self.type_name(dtype)}){{{', '.join(lanes)}}}"
+
+    def vector_alu(self, op: Ops, dtype: DType, sources: tuple[UOp, ...],
+                   operands: list[str]) -> str:
+        """GCC's vector extension also takes whole vectors of 4-byte lanes for what exp2's
+        arithmetic and masks need: comparisons (each lane -1 or 0, negated into the mask's 1 or
+        0), &, |, ^ and integer `/`, and WHERE as a select of bits (C's `?:` takes no vector
+        condition). Written lane by lane, these kept gcc from vectorizing the kernel."""
+        if dtype.scalar.itemsize != 4 and dtype.scalar != dtypes.bool or \
+                any(s.dtype.scalar.itemsize != 4 and s.dtype.scalar != dtypes.bool
+                    for s in sources):
+            return super().vector_alu(op, dtype, sources, operands)
+        if op is Ops.IDIV and not (dtypes.is_int(dtype) and is_safe_divisor(operands[1])):
+            return super().vector_alu(op, dtype, sources, operands)  # (guards for 0 and -1)
+        if op in WHOLE_VECTOR_INFIX:
+            whole = f"({operands[0]}{WHOLE_VECTOR_INFIX[op]}{operands[1]})"
+            return f"(-{whole})" if op in COMPARISONS else whole
+        if op is Ops.WHERE and sources[0].dtype.count > 1:
+            return self.select_bits(dtype, sources, operands)
+        return super().vector_alu(op, dtype, sources, operands)
+
+    def select_bits(self, dtype: DType, sources: tuple[UOp, ...], operands: list[str]) -> str:
+        """where(mask, a, b) on vectors: a's bits where the mask's lane is 1, b's where 0
+        (-mask is all ones or all zeros), read through the mask's int lanes and back: exact
+        for every value, NaN payloads and -0.0 included."""
+        mask = self.type_name(dtypes.bool.vec(dtype.count))
+        condition, *values = operands
+        whole = [o if s.dtype.count > 1 else self.broadcast(o, dtype)
+                 for o, s in zip(values, sources[1:])]
+        bits = [f"(({mask})({value}))" for value in whole]
+        chosen = f"(({bits[0]}&(-{condition}))|({bits[1]}&~(-{condition})))"
+        return f"(({self.type_name(dtype)})({chosen}))"
 
     def broadcast(self, scalar: str, dtype: DType) -> str:
         return self.vector_literal(dtype, [scalar] * dtype.count)
