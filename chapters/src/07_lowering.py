@@ -566,7 +566,11 @@ with record_launches() as launches:
 viz.kernel(launches[-1])
 
 # %% [markdown] id="lower-37"
-# and `%%tinyteach` shows what a cell launched, with the source that ran:
+# and `%%tinyteach` shows what a cell launched, with the source that ran. `relu` after the matmul
+# is a comparison and a WHERE, and the tile stays in vectors: the comparison of a float vector
+# gives a *mask* (`bool_vec16`: C has no vectors of bool, so each lane is an int, 0 or 1), and
+# WHERE takes each lane's bits from one value or the other with it (`&`, `|`, `~`: exact for
+# every float, NaN and -0.0 included):
 
 # %% id="lower-38"
 # %%tinyteach --show kernels,source
