@@ -26,7 +26,7 @@ CORE = ["settings", "helpers", "dtype", "uop", "view", "rewrite", "device", "sch
 SAME_LAYER = {"chapters": "settings",
               "opt": "lower", "plan": "lower", "wmma": "lower", "transcendental": "lower",
               "search": "realize", "pack": "realize",
-              "tensor_core": "tensor",
+              "tensor_core": "tensor", "multi": "tensor",
               "tensor_create": "tensor", "tensor_movement": "tensor", "tensor_math": "tensor",
               "tensor_nn": "tensor", "indexing": "tensor"}
 TOP = ["jit", "nn", "exercises"]  # may import anything below them

@@ -25,7 +25,8 @@ module (or small package) that opens with what it teaches, and one notebook in c
 |    |                                                      | also lower.py, opt.py             |
 | 8c | GPU puzzles: kernels graded by the emulator          | exercises/gpu_puzzles.py;         |
 |    |                                                      | also runtime/python.py            |
-| 9  | Devices and runtimes                                 | device.py, realize.py, runtime/   |
+| 9  | Devices and runtimes                                 | device.py, realize.py, runtime/,  |
+|    |                                                      | multi.py                          |
 | 10 | The JIT and graph execution                          | jit.py                            |
 | 11 | Deep learning: nn, optim, state, datasets            | nn/                               |
 | 11b| Attention and a small GPT                            | nn/transformer.py                 |

@@ -55,7 +55,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             "chapters/08c_gpu_puzzles.ipynb", ("exercises/gpu_puzzles.py",),
             also=("runtime/python.py",)),
     Chapter("9", "Devices and runtimes", "chapters/09_devices.ipynb",
-            ("device.py", "realize.py", "runtime/")),
+            ("device.py", "realize.py", "runtime/", "multi.py")),
     Chapter("10", "The JIT and graph execution", "chapters/10_jit.ipynb", ("jit.py",)),
     Chapter("11", "Deep learning: nn, optim, state, datasets",
             "chapters/11_deep_learning.ipynb", ("nn/",)),

@@ -8,7 +8,10 @@ What this teaches:
 - a `Buffer` is device memory of a size and dtype, allocated only when a kernel first needs it
   and freed when nothing refers to it any more (Python's garbage collector does the bookkeeping);
 - `Device["CPU"]` loads a backend by name; `Device.DEFAULT` is the best one available, and
-  `DEV=NAME` (or `NAME=1`, as in tinygrad) chooses another.
+  `DEV=NAME` (or `NAME=1`, as in tinygrad) chooses another;
+- a name may carry an index, as in tinygrad: `CPU:1` is a second CPU device with buffers of its
+  own and the first one's compiler (`Backend.another`), and `CPU:0` is `CPU`. A tensor sharded
+  over several devices is multi.py's.
 
 Builds on: dtype.py. Used by: schedule.py (buffers), realize.py (the engine), runtime/*.
 
@@ -18,6 +21,7 @@ Builds on: dtype.py. Used by: schedule.py (buffers), realize.py (the engine), ru
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import importlib
 from collections.abc import Callable
@@ -179,6 +183,19 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for the device to finish its work (host devices are always finished)."""
 
+    def another(self, index: int) -> Backend:
+        """Device number `index` of this kind ("CPU:1" from "CPU"): its own allocator, so its
+        buffers are its own, with this device's renderer, compiler and programs (the same
+        kernels run on it). Devices in host memory can have as many as a program wants; a
+        backend for real hardware overrides this to open its `index`-th device, or to say
+        that there is none."""
+        if not isinstance(self.allocator, HostAllocator):
+            raise DeviceUnavailable(f"device {self.name}:{index} is not available: tinyteach "
+                                    f"opens one {self.name} device only")
+        twin = copy.copy(self)  # the same renderer, compiler, program and graph
+        twin.name, twin.allocator = f"{self.name}:{index}", type(self.allocator)()
+        return twin
+
 
 class _DeviceRegistry:
     """`Device["CPU"]` gives the Backend; `Device.DEFAULT` the default device's name."""
@@ -190,19 +207,40 @@ class _DeviceRegistry:
         self._unavailable: dict[str, str] = {}  # why a device cannot run (each is tried once)
 
     def canonicalize(self, name: str | None) -> str:
+        """The device's own name: upper case, and an index only past the first device of its
+        kind ("cpu" -> "CPU", "CPU:0" -> "CPU", "cpu:1" -> "CPU:1"), as tinygrad names them."""
         if name is None:
             return self.DEFAULT
-        upper = name.split(":")[0].upper()
+        if not isinstance(name, str):
+            raise TypeError(f"a device name is a string such as 'CPU' or 'CPU:1', not {name!r}")
+        kind, _, index = name.partition(":")
+        upper = kind.upper()
         if upper not in KNOWN_DEVICES and upper not in self._registered:
             raise ValueError(f"unknown device {name!r}; known devices: {list(KNOWN_DEVICES)}, "
                              f"available here: {self.available()}")
-        return upper
+        if not index:
+            return upper
+        if not index.isdigit():
+            raise ValueError(f"device {name!r}: the part after ':' is the device's index, a "
+                             f"number such as {upper}:1")
+        return upper if int(index) == 0 else f"{upper}:{int(index)}"
 
     def __getitem__(self, name: str) -> Backend:
         backend = self._backends.get(name)  # a loaded device by its own name: every launch asks
         if backend is not None:
             return backend
         name = self.canonicalize(name)
+        kind, _, index = name.partition(":")
+        if index:  # CPU:1: a second device of a kind, made from the first one
+            if name not in self._backends and name not in self._unavailable:
+                try:
+                    self._backends[name] = self[kind].another(int(index))
+                except DeviceUnavailable as error:
+                    self._unavailable[name] = str(error)
+                    raise
+            if name in self._unavailable:
+                raise DeviceUnavailable(self._unavailable[name])
+            return self._backends[name]
         if name not in self._backends and name in self._registered:
             self._backends[name] = self._registered[name]()
         if name not in self._backends and name not in self._unavailable:
@@ -235,7 +273,10 @@ class _DeviceRegistry:
         try:
             self[name]
         except (DeviceUnavailable, ImportError):
-            return self._unavailable.get(self.canonicalize(name), "it failed to load")
+            canonical = self.canonicalize(name)
+            reason = self._unavailable.get(canonical) or self._unavailable.get(
+                canonical.partition(":")[0])
+            return reason or "it failed to load"
         return None
 
     def available(self) -> list[str]:

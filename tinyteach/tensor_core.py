@@ -56,6 +56,16 @@ from tinyteach.gradient import (
     reachable_by_gradient,
 )
 from tinyteach.helpers import prod, register_memo
+from tinyteach.multi import (
+    MultiUOp,
+    ShardingError,
+    all_reduce,
+    canonical_devices,
+    each_shard,
+    reads_a_device,
+    shard_uop,
+    shards_of,
+)
 from tinyteach.realize import realize_elementwise, realize_uops, schedule_uops
 from tinyteach.schedule import ScheduleItem, device_of, is_contiguous_buffer
 from tinyteach.settings import Context
@@ -226,15 +236,13 @@ class CoreTensor:
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None):
         wanted = None if dtype is None else dtypes.as_dtype(dtype)
-        self.device = Device.canonicalize(device)
-        if isinstance(data, UOp):
-            self.uop = data if wanted is None else data.cast(wanted)
-        elif isinstance(data, CoreTensor):
-            self.uop = data.to(self.device).uop if wanted is None else data.cast(wanted).uop
-        elif isinstance(data, (bool, int, float, np.bool_, np.integer, np.floating)):
-            self.uop = UOp.const(wanted or dtypes.from_py(data), data)
+        self.device: str  # (a tuple of devices for a sharded tensor: multi.py)
+        self.uop: UOp  # (a MultiUOp for a sharded tensor)
+        if isinstance(device, (tuple, list)):  # on several devices: replicated on each
+            self.device, self.uop = _sharded_node(data, canonical_devices(device), wanted)
         else:
-            self.uop = _uop_from_data(data, wanted, self.device)
+            self.device = Device.canonicalize(device)
+            self.uop = _node_of(data, wanted, self.device)
         self.grad: Self | None = None
         self._lazy: UOp | None = None  # the graph before realize, kept for backward()
         self.requires_grad = requires_grad
@@ -260,7 +268,7 @@ class CoreTensor:
         if value:
             if not dtypes.is_float(self.dtype):
                 raise TypeError(f"only float tensors can require gradients, not {self.dtype}")
-            if not is_contiguous_buffer(self.uop):
+            if not _is_buffer(self.uop):
                 self._requires_grad = None  # realized as a plain tensor, with no graph kept
                 self._become_leaf()
             AUTOGRAD.leaves[id(self)] = self
@@ -276,7 +284,13 @@ class CoreTensor:
         PyTorch leaf. UOps are shared (hash-consed) and realized graphs are remembered:
         `zeros(2)` is the same node, and realizes to the same buffer, as every other
         `zeros(2)`; only a fresh buffer tells one parameter from another."""
-        self.uop = _uop_from_data(self.numpy(), self.dtype, self.device)  # a copy, no math
+        if isinstance(self.uop, MultiUOp):  # fresh buffers on each device, copied from one
+            multi = self.uop
+            host = _uop_from_data(self.numpy(), self.dtype, multi.devices[0])
+            self.uop = shard_uop(host, multi.devices, multi.axis)
+            self.realize()
+        else:
+            self.uop = _uop_from_data(self.numpy(), self.dtype, self.device)  # a copy, no math
         self._lazy = None
 
     @classmethod
@@ -318,7 +332,7 @@ class CoreTensor:
         return self.shape[0]
 
     def __repr__(self) -> str:
-        state = "realized" if is_contiguous_buffer(self.uop) else "lazy"
+        state = "realized" if _is_buffer(self.uop) else "lazy"
         grad = ", requires_grad=True" if self.requires_grad else ""
         return f"<Tensor {state} shape={self.shape} dtype={self.dtype} device={self.device}{grad}>"
 
@@ -329,7 +343,8 @@ class CoreTensor:
         Three steps: pick the tensors that still need computing, run their graphs in one
         schedule (realize.py), and point each tensor at its buffer."""
         # (the WeakSet's own set of references: its truth is a C call, the WeakSet's a Python one)
-        if not others and not _SCHEDULED_NOT_RUN.data:  # type: ignore[attr-defined]
+        sharded = isinstance(self.uop, MultiUOp)
+        if not others and not sharded and not _SCHEDULED_NOT_RUN.data:  # type: ignore[attr-defined]
             if is_contiguous_buffer(self.uop):
                 return self  # already a buffer (a JIT's inputs, every call): nothing to do
             # the lean path (realize.py): one elementwise kernel over realized buffers, whose
@@ -340,10 +355,10 @@ class CoreTensor:
                 self._point_at(result)
                 return self
         pending = _still_lazy(list({id(t): t for t in (self, *others)}.values()))
-        _refuse_unrun([self.uop, *(t.uop for t in others)])
+        _refuse_unrun([graph for t in (self, *others) for graph in shards_of(t.uop)])
         if pending:
-            results = realize_uops([t.uop for t in pending], self.device)
-            for tensor, result in zip(pending, _distinct(pending, results)):
+            default = self.uop.devices[0] if isinstance(self.uop, MultiUOp) else self.device
+            for tensor, result in zip(pending, _realize_tensors(pending, default)):
                 tensor._point_at(result)
         return self
 
@@ -356,9 +371,12 @@ class CoreTensor:
         pending = _still_lazy(list({id(t): t for t in (self, *others)}.values()))
         if not pending:
             return []
+        if any(isinstance(t.uop, MultiUOp) for t in pending):
+            raise ShardingError("schedule() of a sharded tensor: realize() it instead")
         _refuse_unrun([t.uop for t in pending])
-        items, results = schedule_uops([t.uop for t in pending], self.device)
-        for tensor, result in zip(pending, _distinct(pending, results, items)):
+        graphs, devices = [t.uop for t in pending], [t.device for t in pending]
+        items, results = schedule_uops(graphs, self.device)
+        for tensor, result in zip(pending, _distinct(graphs, devices, results, items)):
             tensor._point_at(result)
         _SCHEDULED_NOT_RUN.update(item.output for item in items if not item.output.is_allocated)
         return items
@@ -377,6 +395,8 @@ class CoreTensor:
         """Make `result` (this tensor's computed buffer) its graph, and keep what backward()
         needs: the lazy graph in `_lazy`, and, for a non-leaf on a path to a leaf, the same
         graph in AUTOGRAD.graph_behind (see AutogradState)."""
+        if isinstance(self.uop, MultiUOp):
+            return self._point_shards_at(cast(MultiUOp, result))
         if self._requires_grad is not None or self.uop.op is not Ops.BUFFER:
             self._lazy = self._lazy or self.uop
         lazy = self._lazy or self.uop
@@ -384,7 +404,21 @@ class CoreTensor:
             AUTOGRAD.graph_behind[result] = lazy  # (a view of a buffer is its own graph)
         self.uop = result
 
+    def _point_shards_at(self, result: MultiUOp) -> None:
+        """`_point_at` for a sharded tensor: the same, shard by shard."""
+        multi = cast(MultiUOp, self.uop)
+        if self._requires_grad is not None or any(s.op is not Ops.BUFFER for s in multi.shards):
+            self._lazy = self._lazy or self.uop
+        lazy = self._lazy or self.uop
+        if self._requires_grad and id(self) not in AUTOGRAD.leaves:
+            for computed, graph in zip(result.shards, shards_of(lazy)):
+                if computed is not graph:
+                    AUTOGRAD.graph_behind[computed] = graph
+        self.uop = cast(UOp, result)
+
     def _buffer(self) -> Buffer:
+        if isinstance(self.uop, MultiUOp):  # gathered on the first device
+            return self.to(self.uop.devices[0])._buffer()
         node = self.realize().uop
         if not is_contiguous_buffer(node):  # a view of a buffer: copy it into a fresh one
             node = self.contiguous().realize().uop
@@ -416,24 +450,62 @@ class CoreTensor:
         return self.numpy().tolist()
 
     def to(self, device: str) -> Self:
-        """This tensor on another device (a COPY node; nothing moves until realized)."""
+        """This tensor on another device (a COPY node; nothing moves until realized). A
+        sharded tensor is gathered there (its shards copied and concatenated); a tuple of
+        devices replicates the tensor on each (`shard(devices)`)."""
+        if isinstance(device, (tuple, list)):
+            if canonical_devices(device) == self.device:
+                return self
+            if isinstance(self.uop, MultiUOp):
+                return self.to(self.uop.devices[0]).shard(device)
+            return self.shard(device)
         device = Device.canonicalize(device)
         if device == self.device:
             return self
-        result = type(self)(UOp(Ops.COPY, self.dtype, (self.uop,), device), device)
+        if isinstance(self.uop, MultiUOp):
+            node = self.uop.gather(device)
+        else:
+            node = UOp(Ops.COPY, self.dtype, (self.uop,), device)
+        result = type(self)(node, device)
         result._inherit_grad(self)
         return result
 
+    def shard(self, devices: Sequence[str], axis: int | None = None) -> Self:
+        """This tensor over several devices: cut into len(devices) equal parts along `axis`,
+        part i copied to devices[i] (axis None: a whole copy on each, *replicated*). Its
+        `.device` is the tuple of devices; ops run on every part (multi.py)."""
+        names = canonical_devices(devices)
+        if isinstance(self.uop, MultiUOp):
+            raise ValueError(f"shard: this tensor is already sharded over {self.device}; "
+                             f"gather it with .to(device) first")
+        if self.uop.has_symbols:
+            raise ValueError(f"shard: a tensor of symbolic shape {self.shape} cannot be split")
+        split = None if axis is None else self._axis(axis)
+        node = cast(UOp, shard_uop(self.uop, names, split))
+        result = type(self)._from_uop(node, cast(str, names))
+        result._inherit_grad(self)
+        return result
+
+    def shard_(self, devices: Sequence[str], axis: int | None = None) -> Self:
+        """Shard this tensor in place (for parameters: the model keeps its tensors), each
+        part computed into a buffer of its own on its device."""
+        sharded = self.shard(devices, axis)
+        self.uop = each_shard(sharded.uop, _into_buffer)  # (a part still on its device: a view)
+        self.device, self._lazy = sharded.device, None
+        self.realize()
+        self._lazy = None
+        return self
+
     def detach(self) -> Self:
-        return type(self)(UOp(Ops.DETACH, self.dtype, (self.uop,)), self.device)
+        return type(self)(each_shard(self.uop, _detached), self.device)
 
     def contiguous(self) -> Self:
-        return self._apply(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), self)
+        return self._apply(each_shard(self.uop, _contiguous), self)
 
     def contiguous_backward(self) -> Self:
         """The same value; in backward, the gradient that flows through here is computed into
         a buffer of its own (tinygrad's), which cuts a long backward graph into kernels."""
-        marked = UOp(Ops.DETACH, self.dtype, (self.uop,), CONTIGUOUS_BACKWARD)
+        marked = each_shard(self.uop, _contiguous_backward)
         return self._apply(marked, self)
 
     def clone(self) -> Self:
@@ -444,7 +516,7 @@ class CoreTensor:
     def _apply(self, uop: UOp, *sources: CoreTensor) -> Self:
         if type(self).no_grad and any(s.requires_grad is not False for s in sources) and \
                 dtypes.is_float(uop.dtype):
-            uop = UOp(Ops.DETACH, uop.dtype, (uop,))  # made under no_grad: gradients stop here
+            uop = each_shard(uop, _detached)  # made under no_grad: gradients stop here
         result = type(self)._from_uop(uop, self.device)
         result._inherit_grad(*sources)
         return result
@@ -611,7 +683,7 @@ class CoreTensor:
     def _binary(self, op: Ops, other: Any, reverse: bool = False) -> Self:
         dtype = self.uop.dtype
         if type(other) in (int, float) and (dtype.kind == "float" or type(other) is int) and \
-                dtype.kind != "bool":
+                dtype.kind != "bool" and not isinstance(self.uop, MultiUOp):
             # `x + 1`, the common case of an eager loop, where the scalar takes x's dtype
             # (scalar_dtype): the constant is a node at x's shape, found in `_CONSTANTS`, not
             # a Tensor, and the node is built as `alu` would (the shapes are equal). A constant
@@ -822,11 +894,15 @@ class CoreTensor:
             gradient = type(self)(1.0, self.device, dtype=self.dtype)
         if gradient.shape != self.shape:
             raise ValueError(f"gradient shape {gradient.shape} != tensor shape {self.shape}")
-        root = graph_before_realize(self._lazy or self.uop, AUTOGRAD.graph_behind)
-        target_nodes = {node for t in targets for node in (t.uop, t._lazy) if node is not None}
-        grads = compute_gradient(root, gradient.uop, target_nodes, _copy_back)
+        root = graph_before_realize(_root_graph(self), AUTOGRAD.graph_behind)
+        target_nodes = {node for t in targets for graph in (t.uop, t._lazy) if graph is not None
+                        for node in shards_of(graph)}
+        grads = compute_gradient(root, shards_of(gradient.uop)[0], target_nodes, _copy_back)
         results = []
         for t in targets:
+            if isinstance(t.uop, MultiUOp):
+                results.append(type(self)(_sharded_gradient(t, grads), t.device))
+                continue
             node = t.uop if t.uop in grads else t._lazy
             reached = node is not None and node in grads
             grad = grads[node] if node is not None and reached else t._const(0.0).uop
@@ -841,7 +917,7 @@ class CoreTensor:
         if gradient is None and self.shape != ():
             raise ValueError(f"backward() needs a scalar (shape ()) tensor, this one has shape "
                              f"{self.shape}; pass gradient= for a non-scalar output")
-        root = graph_before_realize(self._lazy or self.uop, AUTOGRAD.graph_behind)
+        root = graph_before_realize(_root_graph(self), AUTOGRAD.graph_behind)
         in_graph = reachable_by_gradient(root)
         targets = [t for t in list(AUTOGRAD.tensors.values()) if _gets_gradient(t, in_graph)]
         if not targets:
@@ -859,6 +935,9 @@ class CoreTensor:
         if value.shape != self.shape or value.dtype != self.dtype or value.device != self.device:
             raise ValueError(f"assign: {value.shape} {value.dtype} on {value.device} does not "
                              f"match {self.shape} {self.dtype} on {self.device}")
+        if isinstance(self.uop, MultiUOp):
+            self.uop, self._lazy = _assign_shards(self.uop, value.uop), None
+            return self
         target = self.uop.src[0] if self.uop.op is Ops.ASSIGN else self.uop
         if is_contiguous_buffer(target) and value.uop is not target:
             # write into the existing buffer: whoever holds it (a JIT, an optimizer) sees it
@@ -915,6 +994,10 @@ def _gets_gradient(tensor: CoreTensor, in_graph: set[UOp]) -> bool:
     not a constant (`zeros`, `full`: a CONST seen through movement ops), and not False."""
     if tensor.requires_grad is False or not dtypes.is_float(tensor.dtype):
         return False
+    if isinstance(tensor.uop, MultiUOp):
+        graphs = shards_of(tensor.uop) + (shards_of(tensor._lazy) if tensor._lazy else ())
+        return any(g in in_graph for g in graphs) and \
+            any(reads_a_device(s) for s in tensor.uop.shards)
     if tensor.uop not in in_graph and (tensor._lazy is None or tensor._lazy not in in_graph):
         return False
     node = tensor.uop
@@ -923,28 +1006,128 @@ def _gets_gradient(tensor: CoreTensor, in_graph: set[UOp]) -> bool:
     return node.op is not Ops.CONST
 
 
-def _distinct(tensors: list[CoreTensor], results: list[UOp],
+def _distinct(graphs: list[UOp], devices: list[str], results: list[UOp],
               items: list[ScheduleItem] | None = None) -> list[UOp]:
     """Each tensor's buffer, with a copy for every tensor after the first whose graph is the
     same node as an earlier one's. UOps are hash-consed, so `zeros(4).contiguous()` made twice
     is one node, which the schedule computes once into one buffer; two tensors must not share
     it, or an assign to one would change the other. (One kernel per extra copy: each copy of
     the same buffer is the same node again, so they are realized one at a time.) Given the
-    `items` of a `schedule()`, the copies are scheduled after them instead of run."""
+    `items` of a `schedule()`, the copies are scheduled after them instead of run.
+    (`graphs[i]`, on `devices[i]`, was computed into `results[i]`.)"""
     first_of: dict[UOp, UOp] = {}
     distinct = []
-    for tensor, result in zip(tensors, results):
-        if tensor.uop in first_of:
-            copy = UOp(Ops.CONTIGUOUS, result.dtype, (first_of[tensor.uop],))
+    for graph, device, result in zip(graphs, devices, results):
+        if graph in first_of:
+            copy = UOp(Ops.CONTIGUOUS, result.dtype, (first_of[graph],))
             if items is None:
-                result = realize_uops([copy], tensor.device)[0]
+                result = realize_uops([copy], device)[0]
             else:
-                copy_items, (result,) = schedule_uops([copy], tensor.device)
+                copy_items, (result,) = schedule_uops([copy], device)
                 items.extend(copy_items)
         else:
-            first_of[tensor.uop] = result
+            first_of[graph] = result
         distinct.append(result)
     return distinct
+
+
+def _realize_tensors(tensors: list[CoreTensor], default_device: str) -> list[UOp]:
+    """The computed node of each tensor, all in one schedule; a sharded tensor's graphs are
+    its shards (a shard of constants alone is computed on its own device: nothing else in it
+    says which device that is)."""
+    if not any(isinstance(t.uop, MultiUOp) for t in tensors):
+        graphs, devices = [t.uop for t in tensors], [t.device for t in tensors]
+        return _distinct(graphs, devices, realize_uops(graphs, default_device))
+    graphs, devices = [], []
+    for tensor in tensors:
+        graphs.extend(shards_of(tensor.uop))
+        devices.extend(tensor.uop.devices if isinstance(tensor.uop, MultiUOp) else
+                       (tensor.device,))
+    results: list[UOp | None] = [None] * len(graphs)
+    anchored = [i for i, g in enumerate(graphs) if reads_a_device(g)]
+    for i, result in zip(anchored, realize_uops([graphs[i] for i in anchored], default_device)):
+        results[i] = result
+    for i, graph in enumerate(graphs):
+        if results[i] is None:
+            results[i] = realize_uops([graph], devices[i])[0]
+    flat = _distinct(graphs, devices, cast(list[UOp], results))
+    computed: list[UOp] = []
+    for tensor in tensors:
+        count = len(shards_of(tensor.uop))
+        shards, flat = tuple(flat[:count]), flat[count:]
+        if isinstance(tensor.uop, MultiUOp):
+            computed.append(cast(UOp, MultiUOp(shards, tensor.uop.devices, tensor.uop.axis)))
+        else:
+            computed.append(shards[0])
+    return computed
+
+
+def _is_buffer(node: UOp | MultiUOp) -> bool:
+    """Is the value already in memory (every shard of a sharded tensor)?"""
+    if isinstance(node, MultiUOp):
+        return all(is_contiguous_buffer(s) for s in node.shards)
+    return is_contiguous_buffer(node)
+
+
+def _root_graph(tensor: CoreTensor) -> UOp:
+    """The graph a gradient starts from: the tensor's, or for a replicated tensor its first
+    shard's (every shard holds the same value; an all-reduce made it from all of them)."""
+    node = tensor._lazy or tensor.uop
+    if not isinstance(node, MultiUOp):
+        return node
+    if node.axis is not None:
+        raise ShardingError(f"a gradient of a tensor split on axis {node.axis} over "
+                            f"{node.devices}: reduce it (loss.sum(), .mean()) first")
+    return node.shards[0]
+
+
+def _sharded_gradient(tensor: CoreTensor, grads: dict[UOp, UOp]) -> MultiUOp:
+    """A sharded tensor's gradient, shard by shard (zeros where none reached). A replicated
+    tensor's value is used once per device, so its gradient is the sum of its shards'
+    gradients, on every device: an all-reduce (data-parallel training's)."""
+    multi = cast(MultiUOp, tensor.uop)
+    before = shards_of(tensor._lazy) if tensor._lazy is not None else (None,) * len(multi.shards)
+    per_shard = []
+    for now, lazy in zip(multi.shards, before):
+        node = now if now in grads else lazy
+        per_shard.append(grads[node] if node is not None and node in grads else
+                         now.const_like(0.0))
+    if multi.axis is not None:
+        return MultiUOp(tuple(per_shard), multi.devices, multi.axis)
+    return MultiUOp(all_reduce(Ops.ADD, tuple(per_shard), multi.devices), multi.devices, None)
+
+
+def _assign_shards(target: MultiUOp, value: UOp | MultiUOp) -> MultiUOp:
+    """`assign` shard by shard: each shard's buffer gets the value's part on its device."""
+    if isinstance(value, MultiUOp) and value.axis not in (None, target.axis):
+        raise ShardingError(f"assign of a tensor split on axis {value.axis} to one split on "
+                            f"axis {target.axis}: shard both alike")
+    parts = target._shards_of(value, target.axis)
+    assigned = []
+    for shard, part in zip(target.shards, parts):
+        buffer = shard.src[0] if shard.op is Ops.ASSIGN else shard
+        if is_contiguous_buffer(buffer) and part is not buffer:
+            assigned.append(UOp(Ops.ASSIGN, shard.dtype, (buffer, part)))
+        else:
+            assigned.append(part)
+    return MultiUOp(tuple(assigned), target.devices, target.axis)
+
+
+def _into_buffer(node: UOp) -> UOp:
+    """The node, or, if it is a view that is not yet a buffer of its own, a copy into one."""
+    return node if is_contiguous_buffer(node) else _contiguous(node)
+
+
+def _detached(node: UOp) -> UOp:
+    return UOp(Ops.DETACH, node.dtype, (node,))
+
+
+def _contiguous(node: UOp) -> UOp:
+    return UOp(Ops.CONTIGUOUS, node.dtype, (node,))
+
+
+def _contiguous_backward(node: UOp) -> UOp:
+    return UOp(Ops.DETACH, node.dtype, (node,), CONTIGUOUS_BACKWARD)
 
 
 # the output buffers `schedule()` handed to tensors: empty until their items run
@@ -976,15 +1159,15 @@ def _still_lazy(tensors: list[CoreTensor]) -> list[CoreTensor]:
     `out = net(x); loss(out).backward(); opt.step(); out.numpy()` gives `out` as it was
     before the step. (A tensor that is only a view of such a buffer is not lazy: it sees the
     new contents, as a view does in PyTorch.)"""
-    pending = [t for t in tensors if not is_contiguous_buffer(t.uop)]
+    pending = [t for t in tensors if not _is_buffer(t.uop)]
     targets = _assigned_buffers(pending)
     if not targets:
         return pending
     chosen = {id(t) for t in pending}
     for tensor in list(AUTOGRAD.tensors.values()):
-        if id(tensor) in chosen or is_contiguous_buffer(tensor.uop):
+        if id(tensor) in chosen or _is_buffer(tensor.uop):
             continue
-        if _reads_old_contents(tensor.uop, targets):
+        if any(_reads_old_contents(graph, targets) for graph in shards_of(tensor.uop)):
             pending.append(tensor)
             chosen.add(id(tensor))
     return pending
@@ -993,7 +1176,7 @@ def _still_lazy(tensors: list[CoreTensor]) -> list[CoreTensor]:
 def _assigned_buffers(tensors: list[CoreTensor]) -> set[int]:
     """The ids of the Buffers that the graphs of `tensors` assign to. (One walk over all the
     graphs together: an optimizer step's assigns share the whole backward graph.)"""
-    roots = [tensor.uop for tensor in tensors]
+    roots = [graph for tensor in tensors for graph in shards_of(tensor.uop)]
     if not roots:
         return set()
     order = roots[0].toposort if len(roots) == 1 else toposort_of(roots)
@@ -1204,6 +1387,33 @@ def _windows_1d(x: CT, axis: int, kernel: int, stride: int, dilation: int) -> CT
 
 def _copy_back(grad: UOp, source: UOp) -> UOp:
     return UOp(Ops.COPY, grad.dtype, (grad,), device_of(source, Device.DEFAULT))
+
+
+def _node_of(data: Any, wanted: DType | None, device: str) -> UOp:
+    """The graph of `Tensor(data, device, dtype=wanted)` on one device."""
+    if isinstance(data, UOp):
+        return data if wanted is None else data.cast(wanted)
+    if isinstance(data, CoreTensor):
+        return data.to(device).uop if wanted is None else data.cast(wanted).uop
+    if isinstance(data, (bool, int, float, np.bool_, np.integer, np.floating)):
+        return UOp.const(wanted or dtypes.from_py(data), data)
+    return _uop_from_data(data, wanted, device)
+
+
+def _sharded_node(data: Any, devices: tuple[str, ...],
+                  wanted: DType | None) -> tuple[str, UOp]:
+    """(device, graph) of `Tensor(data, devices)`: a sharded graph as it is, anything else
+    made on the first device and replicated on each (constants need no copy)."""
+    if isinstance(data, CoreTensor):
+        data = data.to(cast(str, devices)).uop
+    if isinstance(data, MultiUOp):
+        if data.devices != devices:
+            raise ValueError(f"a tensor sharded over {data.devices} cannot be made on "
+                             f"{devices}: gather it with .to(device) first")
+        node = data if wanted is None else data.cast(wanted)
+    else:
+        node = shard_uop(_node_of(data, wanted, devices[0]), devices, None)
+    return cast(str, devices), cast(UOp, node)
 
 
 def _uop_from_data(data: Any, dtype: DType | None, device: str) -> UOp:

@@ -40,6 +40,7 @@ import numpy as np
 
 from tinyteach.dtype import DType, dtypes, truncate_to
 from tinyteach.helpers import prod
+from tinyteach.multi import shards_of
 from tinyteach.tensor_core import (
     ArgumentError,
     DTypeError,
@@ -929,7 +930,7 @@ def _true_quotient(x: TM, y: TM) -> TM:
 def _exact_reciprocal(y: TM) -> float | None:
     """1/c if y is a constant c (without a gradient) that is a power of two whose reciprocal
     is exactly representable in y's dtype, else None."""
-    node = y.uop
+    node = shards_of(y.uop)[0]  # (a replicated constant is the same on every device)
     while node.op in (Ops.RESHAPE, Ops.EXPAND):
         node = node.src[0]
     if y.requires_grad or node.op is not Ops.CONST or not math.isfinite(node.arg) or \
