@@ -18,8 +18,6 @@ TESTS = Path(__file__).parent
 
 # Not built yet, each with the reason.
 NOT_DONE = {
-    # one tensor split over several devices: tinyteach has no multi-device tensors
-    "shard", "shard_",
     # nn.state: the GGUF format of llama.cpp with its quantized block types; out of scope
     "gguf_load",
 }

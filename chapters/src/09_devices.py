@@ -15,13 +15,17 @@
 #   and freed when nothing refers to it; the host allocator keeps freed memory in a **pool**;
 # - a device with memory of its own, **OPENCL**: **copies** between host and device, an
 #   **asynchronous queue** (a launch returns at once, `synchronize()` waits), timing with the
-#   device's own **events**, and one expression walked from schedule to result.
+#   device's own **events**, and one expression walked from schedule to result;
+# - **several devices**: `CPU:1` is a second CPU; `shard` splits a tensor over devices, ops run
+#   per shard, a reduction over the split axis is a **ring all-reduce**, and data-parallel
+#   training on two devices gives one device's losses.
 #
 # Modules: [`tinyteach/device.py`](../tinyteach/device.py) (Allocator, Compiler, Buffer, Device),
 # [`tinyteach/realize.py`](../tinyteach/realize.py) (the engine),
 # [`runtime/numpy.py`](../tinyteach/runtime/numpy.py) (the interpreter, and the reference
-# meaning of every primitive op), [`runtime/cpu.py`](../tinyteach/runtime/cpu.py) (compiled C)
-# and [`runtime/opencl.py`](../tinyteach/runtime/opencl.py) (OpenCL C through pyopencl).
+# meaning of every primitive op), [`runtime/cpu.py`](../tinyteach/runtime/cpu.py) (compiled C),
+# [`runtime/opencl.py`](../tinyteach/runtime/opencl.py) (OpenCL C through pyopencl) and
+# [`tinyteach/multi.py`](../tinyteach/multi.py) (tensors over several devices).
 
 # %% id="dev-02"
 # %load_ext tinyteach
@@ -782,6 +786,179 @@ if opencl_here():
     np.testing.assert_allclose(on_opencl, on_numpy, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(on_numpy, np.maximum((x_data * w_data).sum(1) + 1, 0),
                                rtol=1e-5, atol=1e-5)
+
+# %% [markdown] id="dev-80"
+# ## Several devices: `shard`
+#
+# One device has only so much memory and so many cores. tinygrad goes past one device the
+# simplest way there is: a device name may carry an **index**. `CPU:1` is a second CPU device:
+# a Backend with an allocator of its own (its buffers are its own), and the first CPU's
+# renderer and compiler, so the same kernels run on it. `CPU:0` is `CPU`.
+
+# %% id="dev-81"
+print(Device.canonicalize("cpu:1"), Device.canonicalize("CPU:0"))
+second = Device["CPU:1"]
+print(second.name, "own allocator:", second.allocator is not Device["CPU"].allocator,
+      "same compiler:", second.compiler is Device["CPU"].compiler)
+on_second = Tensor([1.0, 2.0, 3.0], device="CPU:1")
+print(on_second.device, (on_second * 2).to("CPU").tolist())
+
+# %% [markdown] id="dev-82"
+# A tensor over several devices is a **sharded** tensor: `t.shard(devices, axis)` cuts `t` into
+# equal parts along `axis` and copies part i to `devices[i]` (`axis=None` copies all of it to
+# each: a *replicated* tensor). Its `.device` is the tuple of devices, and its graph is one UOp
+# graph per device, the **shards** ([`tinyteach/multi.py`](../tinyteach/multi.py)'s
+# `MultiUOp`). An op that needs nothing from another shard — elementwise ops, and movement
+# ops that leave the split axis alone — runs on each device by itself. `DEBUG=1` shows the
+# kernels on both devices:
+
+# %% id="dev-83"
+TWO = ("CPU", "CPU:1")
+x_data = np.arange(24, dtype=np.float32).reshape(4, 6)
+x_split = Tensor(x_data).shard(TWO, axis=0)
+print("device", x_split.device, "shape", x_split.shape, "split on axis", x_split.uop.axis)
+print("shards:", [shard.shape for shard in x_split.uop.shards])
+with Context(DEBUG=1):
+    y_split = (x_split * 2 + 1).relu().realize()
+np.testing.assert_array_equal(y_split.numpy(), np.maximum(x_data * 2 + 1, 0))
+
+# %% [markdown] id="dev-84"
+# The first half of `x` stays on `CPU` as it is (a view of its buffer); the second half is first
+# gathered into a buffer of its own (a copy moves whole buffers) and copied to `CPU:1`. Then the
+# same kernel runs once on each device.
+#
+# A **reduction over the split axis** cannot stay on one device: each device reduces its own
+# rows, and then the partial results must be combined. That is an **all-reduce**: afterwards
+# every device holds the whole sum. tinyteach does it as a **ring**, as NCCL and tinygrad do.
+# Each partial result is cut into one chunk per device. In the *reduce-scatter* rounds, chunk
+# c leaves device c and travels around the ring, and each device it reaches adds its own part
+# of chunk c; after n-1 rounds one device holds all of chunk c. In the *all-gather* rounds the
+# finished chunks travel n-1 more times, until every device has every chunk. Each device
+# sends 2(n-1)/n of one partial result in all, however many devices there are. Here are the
+# steps for three devices:
+
+# %% id="dev-85"
+from tinyteach.multi import ring_steps
+
+for step in ring_steps(3):
+    print(f"{step.phase:>14} round {step.round}: chunk {step.chunk}  "
+          f"device {step.source} -> device {step.dest}")
+
+# %% [markdown] id="dev-86"
+# Each step is a COPY between two devices and an ADD (or MAX) — ordinary graph nodes, which
+# the scheduler runs like any other. `DEBUG=1` prints the ring's steps, naming the devices,
+# when it is built, and then the kernels and copies as they run:
+
+# %% id="dev-87"
+with Context(DEBUG=1):
+    column_sums = x_split.sum(axis=0).realize()
+print("split on", column_sums.uop.axis, "(None: every device holds all of it)")
+np.testing.assert_array_equal(column_sums.numpy(), x_data.sum(0))
+for shard, device in zip(column_sums.uop.shards, TWO):  # each device's own copy of the sum
+    buffer = shard.toposort[0].arg
+    assert buffer.device == device
+    np.testing.assert_array_equal(buffer.numpy(), x_data.sum(0))
+
+# %% [markdown] id="dev-88"
+# `.to(device)` (and `.numpy()`) **gathers**: every shard is copied to the device and the
+# shards are concatenated along the axis. A reduction over another axis needs no all-reduce,
+# and stays split:
+
+# %% id="dev-89"
+row_sums = x_split.sum(axis=1)
+print("row sums split on", row_sums.uop.axis, "->", row_sums.to("CPU").tolist())
+np.testing.assert_array_equal(row_sums.numpy(), x_data.sum(1))
+
+# %% [markdown] id="dev-90"
+# **matmul** is built from a broadcast multiply and a sum (chapter 1), so it follows from the
+# rules above. A replicated input times a weight split on its columns (axis 1) gives a result
+# split on its columns: each device computes its own columns, with no communication at all.
+# A batch split on axis 0 times a replicated weight gives a batch-split result. (Split both on
+# the inner axis and the sum over it becomes an all-reduce.)
+
+# %% id="dev-91"
+a_data = rng.standard_normal((5, 8)).astype(np.float32)
+w_data = rng.standard_normal((8, 6)).astype(np.float32)
+by_columns = Tensor(a_data).shard(TWO) @ Tensor(w_data).shard(TWO, axis=1)
+print("replicated @ column-split: split on", by_columns.uop.axis,
+      "shards", [s.shape for s in by_columns.uop.shards])
+np.testing.assert_allclose(by_columns.numpy(), a_data @ w_data, rtol=1e-5, atol=1e-5)
+batch = rng.standard_normal((6, 8)).astype(np.float32)
+by_rows = Tensor(batch).shard(TWO, axis=0) @ Tensor(w_data).shard(TWO)
+print("batch-split @ replicated: split on", by_rows.uop.axis)
+np.testing.assert_allclose(by_rows.numpy(), batch @ w_data, rtol=1e-5, atol=1e-5)
+
+# %% [markdown] id="dev-92"
+# ### Data-parallel training
+#
+# Autograd needs nothing new: the shards are plain UOp graphs, joined by COPY nodes, and a
+# COPY's gradient is a copy back (chapter 2). The one new rule is for a **replicated**
+# parameter: each device used its own copy of it, on its own part of the batch, so its
+# gradient is the **sum** of its copies' gradients — one more all-reduce, on every step.
+# That is data-parallel training: replicate the parameters with `shard_` (in place: the model
+# keeps its tensors), split the batch on axis 0, and run the single-device code unchanged.
+# It gives the single-device losses:
+
+# %% id="dev-93"
+from tinyteach import nn
+from tinyteach.nn.state import get_parameters
+
+features = rng.standard_normal((16, 8)).astype(np.float32)
+targets = rng.standard_normal((16, 4)).astype(np.float32)
+
+
+def train(devices=None, steps=5):
+    Tensor.manual_seed(1)
+    layers = [nn.Linear(8, 16), nn.Linear(16, 4)]
+    params = get_parameters(layers)
+    x, y = Tensor(features), Tensor(targets)
+    if devices is not None:
+        for param in params:
+            param.shard_(devices)                                     # replicated
+        x, y = x.shard(devices, axis=0), y.shard(devices, axis=0)    # the batch, split
+    optimizer = nn.optim.SGD(params, lr=0.05, momentum=0.9)
+    losses = []
+    with Tensor.train():
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = ((layers[1](layers[0](x).relu()) - y) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
+one_device = train()
+two_devices = train(TWO)
+four_devices = train(("CPU", "CPU:1", "CPU:2", "CPU:3"))
+for step, losses in enumerate(zip(one_device, two_devices, four_devices)):
+    print(f"step {step}: " + "  ".join(f"{loss:.6f}" for loss in losses))
+np.testing.assert_allclose(two_devices, one_device, rtol=1e-5, atol=1e-5)
+np.testing.assert_allclose(four_devices, one_device, rtol=1e-5, atol=1e-5)
+
+# %% [markdown] id="dev-94"
+# The columns agree to every printed digit. They are not bit for bit the same: each device sums
+# its own rows first, and sums added in another order round a little differently (by about
+# 1e-7 here). Nothing in `train` names the hardware
+# but the tuple of devices. With several GPUs it would be `("CUDA", "CUDA:1")`: what a
+# backend must add for that is `Backend.another(index)`, which opens its index-th device
+# (tinyteach's OPENCL and CUDA backends open one device today, and say so for `OPENCL:1`).
+#
+# What a sharded tensor refuses, it refuses by name: an op that would mix the shards of the
+# split axis raises `ShardingError`, naming the op and the axis, and a split that is not even
+# is refused when it is made:
+
+# %% id="dev-95"
+from tinyteach.multi import ShardingError
+
+try:
+    x_split.pad(((1, 0), (0, 0)))
+except ShardingError as error:
+    print("ShardingError:", error)
+try:
+    Tensor(np.zeros((5, 2), dtype=np.float32)).shard(TWO, axis=0)
+except ValueError as error:
+    print("ValueError:", error)
 
 # %% [markdown] id="dev-33"
 # ## Try it
