@@ -10,7 +10,7 @@ import pytest
 from tinyteach import Tensor, nn
 from tinyteach.device import Buffer, Device, DeviceUnavailable
 from tinyteach.dtype import dtypes
-from tinyteach.multi import MultiUOp, ShardingError, ring_steps
+from tinyteach.multi import MultiUOp, OneGraphError, ShardingError, ring_steps
 from tinyteach.nn.state import get_parameters
 from tinyteach.settings import Context
 from tinyteach.uop import base_buffer
@@ -317,3 +317,18 @@ def test_a_gradient_of_a_split_tensor_needs_a_reduce_first():
     x = Tensor(data(4)).shard(TWO, axis=0).requires_grad_()
     with pytest.raises(ShardingError, match="reduce it"):
         (x * 2).backward(gradient=Tensor.ones(4).shard(TWO, axis=0))
+
+
+def test_code_that_reads_one_graph_is_told_the_tensor_is_sharded():
+    # TinyJit and viz read a tensor's one UOp graph; a MultiUOp has one per device
+    multi = Tensor(data(4)).shard(TWO, axis=0).uop
+    with pytest.raises(OneGraphError, match=r"UOp.op of a tensor sharded over \('CPU', 'CPU:1'\)"):
+        _ = multi.op
+    assert not hasattr(multi, "toposort")  # (an AttributeError as well)
+
+
+def test_a_tensor_can_be_sharded_over_devices_of_different_kinds():
+    a = data(4, 3)
+    t = Tensor(a).shard(("CPU", "NUMPY"), axis=0)
+    np.testing.assert_allclose(t.sum(0).numpy(), a.sum(0), rtol=1e-5)
+    np.testing.assert_allclose((t * t).sum().item(), (a * a).sum(), rtol=1e-5)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from tinyteach.device import Device
 from tinyteach.dtype import DType
@@ -52,6 +52,11 @@ from tinyteach.uop import Ops, UOp
 class ShardingError(NotImplementedError):
     """An op that a sharded tensor cannot do per shard (it would mix the shards of its split
     axis): the message names the op and the axis, and what to do instead."""
+
+
+class OneGraphError(ShardingError, AttributeError):
+    """Code that reads one UOp graph (`.op`, `.src`, `.toposort`) met a sharded tensor's
+    MultiUOp: it does not handle several devices (an AttributeError too, for `hasattr`)."""
 
 
 def canonical_devices(devices: Sequence[str]) -> tuple[str, ...]:
@@ -124,6 +129,15 @@ class MultiUOp:
         return self.shards[0].dtype
 
     has_symbols = False  # shard refuses symbolic shapes
+
+    def __getattr__(self, name: str) -> Any:
+        """Only for a name a MultiUOp lacks: a UOp's (`op`, `src`, `toposort`), asked by code
+        that handles one graph per tensor (TinyJit, viz) and not yet a tensor's shards."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise OneGraphError(f"UOp.{name} of a tensor sharded over {self.devices}: this code "
+                            f"works on one graph per tensor, not on one per device; gather "
+                            f"the tensor with .to(device) first")
 
     def _each(self, build: Callable[[UOp], UOp], axis: int | None = None) -> MultiUOp:
         return MultiUOp(tuple(build(s) for s in self.shards), self.devices, axis)
