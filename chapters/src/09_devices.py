@@ -859,6 +859,16 @@ for shard, device in zip(column_sums.uop.shards, TWO):  # each device's own copy
     assert buffer.device == device
     np.testing.assert_array_equal(buffer.numpy(), x_data.sum(0))
 
+# %% [markdown] id="dev-96"
+# viz draws the same all-reduce: `viz.schedule` takes the shards' graphs (a MultiUOp's
+# `shards`, one UOp graph per device) and shows every kernel and every copy, with its device
+# and the reason it is a step of its own:
+
+# %% id="dev-97"
+import viz
+
+viz.schedule(*x_split.sum(axis=0).uop.shards)
+
 # %% [markdown] id="dev-88"
 # `.to(device)` (and `.numpy()`) **gathers**: every shard is copied to the device and the
 # shards are concatenated along the axis. A reduction over another axis needs no all-reduce,
