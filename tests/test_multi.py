@@ -332,3 +332,19 @@ def test_a_tensor_can_be_sharded_over_devices_of_different_kinds():
     t = Tensor(a).shard(("CPU", "NUMPY"), axis=0)
     np.testing.assert_allclose(t.sum(0).numpy(), a.sum(0), rtol=1e-5)
     np.testing.assert_allclose((t * t).sum().item(), (a * a).sum(), rtol=1e-5)
+
+
+def test_creation_on_a_tuple_of_devices_replicates():
+    Tensor.manual_seed(5)
+    single = Tensor.rand(3, 4).numpy()
+    Tensor.manual_seed(5)
+    replicated = Tensor.rand(3, 4, device=TWO)
+    assert replicated.device == TWO and replicated.uop.axis is None
+    for shard, device in zip(replicated.realize().uop.shards, TWO):  # the same draw on each
+        base = base_buffer(shard)
+        assert base is not None and base.arg.device == device
+        np.testing.assert_array_equal(base.arg.numpy().reshape(3, 4), single)
+    np.testing.assert_array_equal(Tensor.arange(1, 7, 2, device=TWO).numpy(), [1, 3, 5])
+    np.testing.assert_array_equal(Tensor.eye(3, device=TWO).numpy(), np.eye(3))
+    assert Tensor.empty(2, device=TWO).device == TWO
+    assert sorted(Tensor.randperm(5, device=TWO).tolist()) == [0, 1, 2, 3, 4]

@@ -96,6 +96,8 @@ class TensorCreation(CoreTensor):
               **kwargs: Any) -> Self:
         """Memory that is allocated but not set: its contents are undefined (fresh memory is
         zero, reused memory keeps what its last owner wrote; see device.HostMemory)."""
+        if isinstance(device, (tuple, list)):  # made on the first device, replicated
+            return cls.empty(*shape, device=device[0], dtype=dtype, **kwargs).shard(device)
         dims = _shape_from(shape)
         wanted = dtypes.default_float if dtype is None else dtypes.as_dtype(dtype)
         name = Device.canonicalize(device)
@@ -135,7 +137,7 @@ class TensorCreation(CoreTensor):
         is_int = all(isinstance(v, int) for v in (start, stop, step))
         dtype = kwargs.pop("dtype", None) or (dtypes.default_int if is_int else
                                               dtypes.default_float)
-        index = cls._arange_int(count, Device.canonicalize(kwargs.get("device")))
+        index = cls._arange_int(count, _first_device(kwargs.get("device")))  # (_with moves it)
         result = (index * step + start) if (step, start) != (1, 0) else index
         return result.cast(dtypes.as_dtype(dtype))._with(**kwargs)
 
@@ -226,7 +228,10 @@ class TensorCreation(CoreTensor):
 
     @classmethod
     def _random_bits(cls, count: int, device: str | None) -> Self:
-        """`count` pseudo-random uint32s: hash(counter, seed), lowbias32 by Chris Wellons."""
+        """`count` pseudo-random uint32s: hash(counter, seed), lowbias32 by Chris Wellons. On
+        a tuple of devices: drawn on the first, and replicated (every device the same bits)."""
+        if isinstance(device, (tuple, list)):
+            return cls._random_bits(count, device[0]).shard(device)
         name = Device.canonicalize(device)
         state = cls._draw_state(count, name)
         counter = cls._arange_int(count, name).cast(dtypes.uint32)
@@ -323,6 +328,8 @@ class TensorCreation(CoreTensor):
             raise ValueError(f"randperm needs a non-negative int n, got {n!r}")
         if requires_grad:
             raise TypeError("randperm gives integers, which cannot require gradients")
+        if isinstance(device, (tuple, list)):  # drawn on the first device, replicated
+            return cls.randperm(n, device=device[0], dtype=dtype).shard(device)
         name = Device.canonicalize(device)
         keys = cls._random_bits(n, name)
         position = cls._arange_int(n, name)
@@ -386,6 +393,12 @@ class TensorCreation(CoreTensor):
         moved = tensor.to(device)
         tensor.uop, tensor.device, tensor._lazy = moved.uop, moved.device, None
         return tensor
+
+def _first_device(device: Any) -> str:
+    """The device to make a tensor on: `device`, or the first of a tuple of devices (the
+    caller then replicates it with `.to(devices)`)."""
+    return Device.canonicalize(device[0] if isinstance(device, (tuple, list)) else device)
+
 
 def _float_default(kwargs: dict[str, Any]) -> dict[str, Any]:
     kwargs.setdefault("dtype", dtypes.default_float)
