@@ -4,6 +4,11 @@ one device's losses. Every value is checked against numpy (or against the same c
 on one device)."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -61,10 +66,41 @@ def test_other_host_devices_have_an_index_too(kind):
 
 
 def test_a_second_device_that_does_not_exist_is_refused_clearly():
-    # OPENCL here opens one device (or none, where there is no OpenCL): OPENCL:1 says so
+    # no platform here has ten OpenCL devices (or there is no OpenCL at all): OPENCL:9 says so
     with pytest.raises(DeviceUnavailable, match="OPENCL"):
-        Tensor([1.0], device="OPENCL:1").realize()
-    assert "OPENCL" in (Device.why_unavailable("OPENCL:1") or "")
+        Tensor([1.0], device="OPENCL:9").realize()
+    assert "OPENCL" in (Device.why_unavailable("OPENCL:9") or "")
+
+
+# run with two pocl devices: POCL_DEVICES must be set before pocl loads, so in a process of its own
+TWO_OPENCL_DEVICES = """
+import json
+import numpy as np
+from tinyteach import Device, Tensor
+assert Device["OPENCL:1"].cl_device != Device["OPENCL"].cl_device
+a = np.arange(24, dtype=np.float32).reshape(4, 6)
+split = Tensor(a).shard(("OPENCL", "OPENCL:1"), axis=0)
+w = Tensor(a.T.copy()).shard(("OPENCL", "OPENCL:1"), axis=1)
+print(json.dumps({"sum": split.sum(0).tolist(), "matmul": (Tensor(a).shard(
+    ("OPENCL", "OPENCL:1")) @ w).tolist(), "moved": (Tensor(a, device="OPENCL:1") + 1).to(
+    "OPENCL").tolist()}))
+"""
+
+
+def test_two_opencl_devices_when_the_platform_has_two():
+    if Device.why_unavailable("OPENCL") is not None:
+        pytest.skip(f"no OpenCL here: {Device.why_unavailable('OPENCL')}")
+    env = dict(os.environ, POCL_DEVICES="pthread pthread")
+    run = subprocess.run([sys.executable, "-c", TWO_OPENCL_DEVICES], env=env,
+                         capture_output=True, text=True, timeout=600)
+    if "OPENCL:1 is not available" in run.stderr:  # not pocl: POCL_DEVICES means nothing
+        pytest.skip("the OpenCL platform here has one device")
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = json.loads(run.stdout.splitlines()[-1])
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    np.testing.assert_allclose(found["sum"], a.sum(0))
+    np.testing.assert_allclose(found["matmul"], a @ a.T, rtol=1e-5)
+    np.testing.assert_allclose(found["moved"], a + 1)
 
 
 # ---- shard, per-shard ops and gathering ----

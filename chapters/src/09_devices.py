@@ -950,9 +950,11 @@ np.testing.assert_allclose(four_devices, one_device, rtol=1e-5, atol=1e-5)
 # The columns agree to every printed digit. They are not bit for bit the same: each device sums
 # its own rows first, and sums added in another order round a little differently (by about
 # 1e-7 here). Nothing in `train` names the hardware
-# but the tuple of devices. With several GPUs it would be `("CUDA", "CUDA:1")`: what a
-# backend must add for that is `Backend.another(index)`, which opens its index-th device
-# (tinyteach's OPENCL and CUDA backends open one device today, and say so for `OPENCL:1`).
+# but the tuple of devices. With two OpenCL devices it is `("OPENCL", "OPENCL:1")`: the OPENCL
+# backend's `another(index)` opens its platform's index-th device, with a context and a queue
+# of its own (pocl gives a CPU two with `POCL_DEVICES="pthread pthread"`; without a second
+# device, `OPENCL:1` says how many there are). A backend for several GPUs adds the same
+# method; tinyteach's CUDA backend opens one device today.
 #
 # What a sharded tensor refuses, it refuses by name: an op that would mix the shards of the
 # split axis raises `ShardingError`, naming the op and the axis, and a split that is not even

@@ -272,6 +272,22 @@ class OpenCLBackend(Backend):
     def synchronize(self) -> None:
         self.queue.finish()
 
+    def another(self, index: int) -> Backend:
+        """OPENCL:index, the index-th device of this device's platform that passes the probe
+        (OPENCL itself is the first), with a context and queue of its own. pocl gives a CPU
+        several devices with POCL_DEVICES="pthread pthread"."""
+        platform = self.cl_device.platform
+        devices, _ = devices_of(platform)
+        others = [d for d in devices if d != self.cl_device and probe_device(d) is None]
+        if index > len(others):
+            raise DeviceUnavailable(
+                f"device OPENCL:{index} is not available: the OpenCL platform "
+                f"{platform.name!r} has {len(others) + 1} working device(s), OPENCL is the "
+                f"first (pocl makes more with POCL_DEVICES=\"pthread pthread\")")
+        backend = OpenCLBackend(others[index - 1])
+        backend.name = f"OPENCL:{index}"
+        return backend
+
 
 def make_backend() -> Backend:
     if cl is None:
