@@ -384,3 +384,45 @@ def test_creation_on_a_tuple_of_devices_replicates():
     np.testing.assert_array_equal(Tensor.eye(3, device=TWO).numpy(), np.eye(3))
     assert Tensor.empty(2, device=TWO).device == TWO
     assert sorted(Tensor.randperm(5, device=TWO).tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_data_parallel_adam_with_layernorm_and_cross_entropy_gives_one_devices_losses():
+    features = np.random.default_rng(2).standard_normal((16, 8)).astype(np.float32)
+    labels = np.random.default_rng(3).integers(0, 4, 16).astype(np.int32)
+
+    def train(devices: tuple[str, ...] | None) -> list[float]:
+        Tensor.manual_seed(1)
+        layers = [nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4)]
+        params = get_parameters(layers)
+        x, y = Tensor(features), Tensor(labels)
+        if devices is not None:
+            for p in params:
+                p.shard_(devices)
+            x, y = x.shard(devices, axis=0), y.shard(devices, axis=0)
+        optimizer = nn.optim.Adam(params, lr=0.01)
+        losses = []
+        with Tensor.train():
+            for _ in range(3):
+                optimizer.zero_grad()
+                out = layers[2](layers[1](layers[0](x)).gelu())
+                loss = out.sparse_categorical_crossentropy(y)
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+        return losses
+
+    np.testing.assert_allclose(train(TWO), train(None), rtol=1e-5, atol=1e-5)
+
+
+def test_host_data_on_a_tuple_of_devices_is_a_buffer_on_each():
+    t = Tensor([1.0, 2.0, 3.0], device=TWO)
+    bases = [base_buffer(s) for s in t.uop.shards]
+    assert [b.arg.device for b in bases if b is not None] == list(TWO)  # realized, as Tensor(data)
+    assert bases[0] is not None and bases[1] is not None and bases[0].arg is not bases[1].arg
+
+
+def test_equal_graphs_of_constants_get_a_buffer_on_each_device():
+    # zeros(3).contiguous() is one node on both devices (hash-consed): each must get its own
+    t = Tensor.zeros(3, device=TWO).contiguous().realize()
+    bases = [base_buffer(s) for s in t.uop.shards]
+    assert [b.arg.device for b in bases if b is not None] == list(TWO)

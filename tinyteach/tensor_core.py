@@ -1015,18 +1015,18 @@ def _distinct(graphs: list[UOp], devices: list[str], results: list[UOp],
     the same buffer is the same node again, so they are realized one at a time.) Given the
     `items` of a `schedule()`, the copies are scheduled after them instead of run.
     (`graphs[i]`, on `devices[i]`, was computed into `results[i]`.)"""
-    first_of: dict[UOp, UOp] = {}
+    first_of: dict[tuple[UOp, str], UOp] = {}  # (a graph of constants may be on two devices)
     distinct = []
     for graph, device, result in zip(graphs, devices, results):
-        if graph in first_of:
-            copy = UOp(Ops.CONTIGUOUS, result.dtype, (first_of[graph],))
+        if (graph, device) in first_of:
+            copy = UOp(Ops.CONTIGUOUS, result.dtype, (first_of[graph, device],))
             if items is None:
                 result = realize_uops([copy], device)[0]
             else:
                 copy_items, (result,) = schedule_uops([copy], device)
                 items.extend(copy_items)
         else:
-            first_of[graph] = result
+            first_of[graph, device] = result
         distinct.append(result)
     return distinct
 
@@ -1402,8 +1402,12 @@ def _node_of(data: Any, wanted: DType | None, device: str) -> UOp:
 
 def _sharded_node(data: Any, devices: tuple[str, ...],
                   wanted: DType | None) -> tuple[str, UOp]:
-    """(device, graph) of `Tensor(data, devices)`: a sharded graph as it is, anything else
-    made on the first device and replicated on each (constants need no copy)."""
+    """(device, graph) of `Tensor(data, devices)`: a sharded graph as it is, host data copied
+    into a buffer on each device (realized, as `Tensor(data)` is), a graph made on the first
+    device and replicated on each (constants need no copy)."""
+    if isinstance(data, (list, tuple, np.ndarray, bytes)):
+        buffers = tuple(_uop_from_data(data, wanted, device) for device in devices)
+        return cast(str, devices), cast(UOp, MultiUOp(buffers, devices, None))
     if isinstance(data, CoreTensor):
         data = data.to(cast(str, devices)).uop
     if isinstance(data, MultiUOp):
