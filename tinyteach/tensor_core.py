@@ -354,6 +354,19 @@ class CoreTensor:
             if result is not None:
                 self._point_at(result)
                 return self
+        if sharded or (others and any(isinstance(t.uop, MultiUOp) for t in others)):
+            return self._realize_sharded(*others)
+        pending = _still_lazy(list({id(t): t for t in (self, *others)}.values()))
+        _refuse_unrun([self.uop, *(t.uop for t in others)])
+        if pending:
+            graphs, devices = [t.uop for t in pending], [t.device for t in pending]
+            results = realize_uops(graphs, self.device)
+            for tensor, result in zip(pending, _distinct(graphs, devices, results)):
+                tensor._point_at(result)
+        return self
+
+    def _realize_sharded(self, *others: Self) -> Self:
+        """`realize` where a tensor is sharded (multi.py): the same steps, over every shard."""
         pending = _still_lazy(list({id(t): t for t in (self, *others)}.values()))
         _refuse_unrun([graph for t in (self, *others) for graph in shards_of(t.uop)])
         if pending:
@@ -1032,13 +1045,11 @@ def _distinct(graphs: list[UOp], devices: list[str], results: list[UOp],
 
 
 def _realize_tensors(tensors: list[CoreTensor], default_device: str) -> list[UOp]:
-    """The computed node of each tensor, all in one schedule; a sharded tensor's graphs are
-    its shards (a shard of constants alone is computed on its own device: nothing else in it
-    says which device that is)."""
-    if not any(isinstance(t.uop, MultiUOp) for t in tensors):
-        graphs, devices = [t.uop for t in tensors], [t.device for t in tensors]
-        return _distinct(graphs, devices, realize_uops(graphs, default_device))
-    graphs, devices = [], []
+    """The computed node of each tensor, all in one schedule, where some are sharded: a
+    sharded tensor's graphs are its shards (a shard of constants alone is computed on its own
+    device: nothing else in it says which device that is)."""
+    graphs: list[UOp] = []
+    devices: list[str] = []
     for tensor in tensors:
         graphs.extend(shards_of(tensor.uop))
         devices.extend(tensor.uop.devices if isinstance(tensor.uop, MultiUOp) else
