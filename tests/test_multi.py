@@ -426,3 +426,16 @@ def test_equal_graphs_of_constants_get_a_buffer_on_each_device():
     t = Tensor.zeros(3, device=TWO).contiguous().realize()
     bases = [base_buffer(s) for s in t.uop.shards]
     assert [b.arg.device for b in bases if b is not None] == list(TWO)
+
+
+def test_gradients_flow_back_through_shard_and_through_a_gather():
+    a = data(4, 3)
+    x = Tensor(a).shard(TWO, axis=0)
+    w = Tensor(np.ones(3, dtype=np.float32), requires_grad=True)  # on one device, sharded inside
+    (w.shard(TWO) * x).sum().backward()
+    assert w.grad is not None and w.grad.device == "CPU"
+    np.testing.assert_allclose(w.grad.numpy(), a.sum(0), rtol=1e-5)
+    p = Tensor(np.ones(3, dtype=np.float32)).shard_(TWO).requires_grad_()
+    ((x * p).to("CPU") ** 2).sum().backward()  # the loss on one device, after a gather
+    assert p.grad is not None and p.grad.device == TWO
+    np.testing.assert_allclose(p.grad.numpy(), (2 * a * a).sum(0), rtol=1e-5)
