@@ -49,7 +49,8 @@ lower: plan.py holds what lower reads, opt.py the actions that build it, above l
 search, which compile and run kernels, with realize).
 The tensor layer is tensor_core (the core: graph, realize, primitive ops, autograd), the parts
 on it in order (tensor_create, tensor_movement, tensor_math, tensor_nn) and indexing, with
-tensor.py on top assembling them into Tensor.
+tensor.py on top assembling them into Tensor; multi.py, the graphs of a tensor sharded over
+several devices, sits below tensor_core, which holds one as a tensor's `uop`.
 """
 from tinyteach import nn  # noqa: E402  # chapter 11 builds on everything above
 from tinyteach.device import Device
