@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from tinyteach.dtype import DType, dtypes
+from tinyteach.helpers import GlobalCounters
 from tinyteach.settings import chosen_device
 
 # every device tinyteach knows, with the module that implements it
@@ -50,7 +51,11 @@ class DeviceUnavailable(RuntimeError):
 
 
 class Allocator:
-    """Device memory: `alloc` returns an opaque handle; copies go through host numpy arrays."""
+    """Device memory: `alloc` returns an opaque handle; copies go through host numpy arrays.
+    `holds_bytes`: memory is plain bytes, so a buffer of any dtype may use memory allocated
+    for another of as many bytes or more (TinyJit's memory planner shares it so)."""
+
+    holds_bytes = True
 
     def alloc(self, nbytes: int) -> Any:
         raise NotImplementedError
@@ -316,22 +321,54 @@ class _DeviceRegistry:
 Device = _DeviceRegistry()
 
 
+class Allocation:
+    """One piece of device memory: the allocator's handle and its size in bytes. It is counted
+    in `GlobalCounters.mem_used` from the moment it is allocated until it is freed, which is
+    when the last Buffer on it is gone (a Buffer's alias and the buffers TinyJit's memory
+    planner puts into one piece of memory share one Allocation)."""
+
+    __slots__ = ("handle", "nbytes", "device", "__weakref__")
+
+    def __init__(self, device: str, nbytes: int):
+        self.handle: Any = Device[device].allocator.alloc(nbytes)
+        self.nbytes, self.device = nbytes, device
+        GlobalCounters.mem_used += nbytes
+
+    def __del__(self) -> None:
+        GlobalCounters.mem_used -= self.nbytes
+
+    def __repr__(self) -> str:
+        return f"<Allocation {self.device} {self.nbytes} bytes>"
+
+
 class Buffer:
     """`size` elements of `dtype` on `device`; memory is allocated on first use."""
 
     def __init__(self, device: str, size: int, dtype: DType, allocate: bool = False):
         self.device, self.size, self.dtype = device, size, dtype
-        self._storage: Any = None
+        self._storage: Any = None  # the allocator's handle (read by every launch: kept here)
+        self._allocation: Allocation | None = None
         self.overwritten = False  # set once assign() wrote new contents into this memory
         if allocate:  # now, not at first use (the engine allocates before it times a launch)
-            self._storage = Device[device].allocator.alloc(size * dtype.itemsize)
+            self._allocate()
+
+    @staticmethod
+    def in_memory(allocation: Allocation, size: int, dtype: DType) -> Buffer:
+        """A buffer in the first bytes of memory allocated already, big enough for it: an
+        alias, or TinyJit's memory plan (buffers whose lifetimes do not overlap share
+        memory). On a device whose memory is typed (`Allocator.holds_bytes` False) the dtype
+        must be the one the memory was used for: that is the caller's to keep."""
+        if size * dtype.itemsize > allocation.nbytes:
+            raise ValueError(f"a buffer of {size} x {dtype.name} ({size * dtype.itemsize} "
+                             f"bytes) does not fit in {allocation!r}")
+        buffer = Buffer(allocation.device, size, dtype)
+        buffer._storage, buffer._allocation = allocation.handle, allocation
+        return buffer
 
     def alias(self) -> Buffer:
         """A new handle on the same memory: what a tensor holds after assign() wrote into it,
         so graphs built before the write (on the old handle) can be told apart."""
-        twin = Buffer(self.device, self.size, self.dtype)
-        twin._storage = self.storage
-        return twin
+        return Buffer.in_memory(self.allocation, self.size, self.dtype)
 
     def __repr__(self) -> str:
         state = "allocated" if self.is_allocated else "not allocated"
@@ -345,11 +382,23 @@ class Buffer:
     def is_allocated(self) -> bool:
         return self._storage is not None
 
+    def _allocate(self) -> None:
+        self._allocation = Allocation(self.device, self.nbytes)
+        self._storage = self._allocation.handle
+
+    @property
+    def allocation(self) -> Allocation:
+        """The memory this buffer uses (allocating it if needed), shared with its aliases."""
+        if self._allocation is None:
+            self._allocate()
+        assert self._allocation is not None
+        return self._allocation
+
     @property
     def storage(self) -> Any:
         """The device's handle for this memory, allocating it if needed."""
         if self._storage is None:
-            self._storage = Device[self.device].allocator.alloc(self.nbytes)
+            self._allocate()
         return self._storage
 
     def copyin(self, data: np.ndarray) -> Buffer:

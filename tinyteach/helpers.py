@@ -39,15 +39,20 @@ M = TypeVar("M")
 
 
 class GlobalCounters:
-    """Counts every kernel launched: how many, how many ops and bytes, and the time they took."""
+    """Counts every kernel launched: how many, how many ops and bytes, and the time they took.
+    `mem_used` is a gauge, not a count: the bytes of device memory allocated now, on every
+    device (device.Allocation adds a buffer's bytes when its memory is allocated and takes them
+    off when the last buffer on it is freed), so `reset()` leaves it alone, as tinygrad does."""
 
     kernel_count: int = 0
     global_ops: int = 0
     global_mem: int = 0
     time_sum_s: float = 0.0
+    mem_used: int = 0
 
     @staticmethod
     def reset() -> None:
+        """Zero the counts of launches (not `mem_used`: memory still allocated stays counted)."""
         GlobalCounters.kernel_count, GlobalCounters.global_ops = 0, 0
         GlobalCounters.global_mem, GlobalCounters.time_sum_s = 0, 0.0
 

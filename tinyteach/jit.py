@@ -13,6 +13,12 @@ What this teaches:
 - the JIT is honest: DEBUG>=1 says when it captured and how many kernels it replays, and an
   input of another shape, dtype or device than the captured one is an error, never a silent
   wrong result;
+- memory planning: a capture holds the buffers of its launches between calls, but most are
+  intermediates, each needed only from the launch that writes it to the last that reads it.
+  `plan_memory` finds each one's lifetime and lets buffers whose lifetimes do not overlap
+  share memory (greedy, largest first, as tinygrad's memory planner does): a 16-layer MLP's
+  capture holds two activations' memory for its 15 intermediates, not 15
+  (`GlobalCounters.mem_used` shows it; `MEMORY_PLANNER=0` turns it off);
 - symbolic sizes: a bound Variable passed as an argument (`step(x, v.bind(n))`), or an input
   whose shape holds one, may take a new value at every call. Its kernels were compiled for
   the variable, not the value, so one capture replays for every value: the new values are
@@ -29,17 +35,20 @@ Builds on: realize.py (record_launches), device.py, tensor.py. Used by: nn train
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
-from tinyteach.device import Buffer, Device
-from tinyteach.helpers import GlobalCounters
+from tinyteach.device import Allocation, Buffer, Device
+from tinyteach.dtype import DType
+from tinyteach.helpers import GlobalCounters, format_bytes
 from tinyteach.realize import Launch, launch_kernel, record_launches
-from tinyteach.schedule import is_contiguous_buffer
-from tinyteach.settings import DEBUG
+from tinyteach.schedule import ScheduleItem, is_contiguous_buffer
+from tinyteach.settings import DEBUG, MEMORY_PLANNER
 from tinyteach.tensor import Tensor
 from tinyteach.uop import (
     Ops,
@@ -140,13 +149,250 @@ def _returned_tensors(result: Any) -> list[Tensor]:
     return []
 
 
+# ---- memory planning: intermediates share memory by lifetime ----
+
+@dataclass(eq=False)  # (one is itself only: compared by identity)
+class BufferLifetime:
+    """One piece of memory the captured launches use, and when: from launch `first`, the first
+    that touches it, to launch `last`, the last. `written_first`: that first launch writes it
+    and reads it nowhere, so the capture needs nothing it held before. `memory` is a weak
+    reference: the planner must see whether anything but the launches holds it."""
+
+    memory: weakref.ref[Allocation]
+    device: str
+    nbytes: int
+    dtype: DType  # of the first buffer on it
+    first: int
+    last: int
+    written_first: bool
+
+    def overlaps(self, other: BufferLifetime) -> bool:
+        return self.first <= other.last and other.first <= self.last
+
+
+def buffer_lifetimes(launches: list[Launch]) -> list[BufferLifetime]:
+    """The lifetime of every piece of memory the launches touch, in order of first use (a
+    launch writes its argument 0 and reads the others)."""
+    found: dict[int, BufferLifetime] = {}
+    for step, launch in enumerate(launches):
+        for position, buffer in enumerate(launch.buffers):
+            memory = buffer.allocation
+            lifetime = found.get(id(memory))
+            if lifetime is not None:
+                lifetime.last = step
+                continue
+            only_written = position == 0 and not _reads_its_output(launch) and \
+                sum(other.allocation is memory for other in launch.buffers) == 1
+            found[id(memory)] = BufferLifetime(weakref.ref(memory), buffer.device,
+                                               memory.nbytes, buffer.dtype, step, step,
+                                               only_written)
+    return list(found.values())
+
+
+def _reads_its_output(launch: Launch) -> bool:
+    """Whether a kernel reads the buffer it writes (an in-place assign, `t.assign(t * 2)`):
+    then what that buffer held before matters. A copy writes all of its output."""
+    if launch.runner is None:
+        return False
+    for node in launch.item.ast.toposort:
+        sources = node.src[1:] if node.op is Ops.STORE else node.src
+        if any(source.op is Ops.DEFINE_GLOBAL and source.arg[0] == 0 for source in sources):
+            return True
+    return False
+
+
+@dataclass(eq=False)  # (one is itself only: compared by identity)
+class SharedMemory:
+    """One piece of memory of a memory plan, and the intermediates that take turns in it.
+    `dtype` is None where memory is plain bytes (any dtype may use it), else the one dtype
+    its device's typed memory holds (`Allocator.holds_bytes`)."""
+
+    device: str
+    nbytes: int
+    dtype: DType | None
+    tenants: list[BufferLifetime]
+
+    def fits(self, lifetime: BufferLifetime) -> bool:
+        """Same device, big enough, a dtype it holds, and free for the whole lifetime."""
+        return lifetime.device == self.device and lifetime.nbytes <= self.nbytes and \
+            self.dtype in (None, lifetime.dtype) and \
+            not any(lifetime.overlaps(tenant) for tenant in self.tenants)
+
+
+def assign_memory(lifetimes: list[BufferLifetime]) -> list[SharedMemory]:
+    """Greedy, largest first (tinygrad's planner does the same): each intermediate goes into
+    the first piece of memory that fits it (`SharedMemory.fits`), or into a new piece of its
+    own size. Largest first, so every piece is as big as its first, largest, tenant."""
+    pieces: list[SharedMemory] = []
+    for lifetime in sorted(lifetimes, key=lambda each: (-each.nbytes, each.first)):
+        piece = next((p for p in pieces if p.fits(lifetime)), None)
+        if piece is None:
+            typed = not Device[lifetime.device].allocator.holds_bytes
+            piece = SharedMemory(lifetime.device, lifetime.nbytes,
+                                 lifetime.dtype if typed else None, [])
+            pieces.append(piece)
+        piece.tenants.append(lifetime)
+    return pieces
+
+
+@dataclass
+class MemoryPlan:
+    """What `plan_memory` did to a capture of `steps` launches: the `lifetimes` of every piece
+    of memory they use, and the intermediates it `moved`, each into one of the shared
+    `pieces`. The rest of `lifetimes` kept its memory: inputs, outputs, and memory that lives
+    on after the call (a weight, an optimizer's state, a tensor the function kept)."""
+
+    steps: int
+    lifetimes: list[BufferLifetime]
+    moved: list[BufferLifetime]
+    pieces: list[SharedMemory]
+
+    @property
+    def bytes_before(self) -> int:
+        """The intermediates' bytes, a buffer each."""
+        return sum(lifetime.nbytes for lifetime in self.moved)
+
+    @property
+    def bytes_after(self) -> int:
+        """Their bytes in the shared pieces."""
+        return sum(piece.nbytes for piece in self.pieces)
+
+    def chart(self) -> str:
+        """The plan as text, a column per launch. A row per intermediate (numbered in order of
+        first use): `#` from the launch that writes it to the last that reads it, and the
+        piece it went into. Then a row per piece: which intermediate it holds at each launch
+        (`.`: none)."""
+        width = len(f"intermediate {max(len(self.moved) - 1, 0)}")
+        ruler = "".join(str(step % 10) for step in range(self.steps))
+        piece_of = {id(t): j for j, piece in enumerate(self.pieces) for t in piece.tenants}
+        lines = [f"{'launch':{width}} {'':9}  {ruler}"]
+        for k, lifetime in enumerate(self.moved):
+            bar = "".join("#" if lifetime.first <= step <= lifetime.last else "."
+                          for step in range(self.steps))
+            lines.append(f"{f'intermediate {k}':{width}} {format_bytes(lifetime.nbytes):>9}  "
+                         f"{bar}  in {_letter(piece_of[id(lifetime)])}")
+        number = {id(lifetime): k for k, lifetime in enumerate(self.moved)}
+        for j, piece in enumerate(self.pieces):
+            row = ["."] * self.steps
+            for tenant in piece.tenants:
+                for step in range(tenant.first, tenant.last + 1):
+                    row[step] = _symbol(number[id(tenant)])
+            lines.append(f"{f'shared {_letter(j)}':{width}} {format_bytes(piece.nbytes):>9}  "
+                         f"{''.join(row)}")
+        return "\n".join(lines)
+
+
+def _letter(number: int) -> str:
+    """A piece of shared memory's name: A, B, ..., Z, then A26, A27, ..."""
+    return chr(ord("A") + number) if number < 26 else f"A{number}"
+
+
+def _symbol(number: int) -> str:
+    """An intermediate in one character: 0-9, a-z, then the same again."""
+    return "0123456789abcdefghijklmnopqrstuvwxyz"[number % 36]
+
+
+def plan_memory(launches: list[Launch], kept: list[Buffer]) -> MemoryPlan:
+    """Give the intermediates of captured launches shared memory by lifetime, in place.
+
+    An intermediate is memory that the launches write before they read it and that nothing
+    but the launches holds: not `kept` (the inputs, the outputs), and not memory a tensor or
+    any other object still refers to (a weight or an optimizer's state that `assign` writes,
+    a random state, a tensor the function stored). That last test takes the launches' own
+    buffers out and sees which memory stays allocated (a weak reference). Each intermediate's
+    lifetime runs from the launch that writes it to the last that touches it
+    (`buffer_lifetimes`); intermediates whose lifetimes do not overlap get the same memory
+    (`assign_memory`), on the same device only, and by bytes, whatever their dtypes. The
+    launches then run on buffers in that memory, and the intermediates' own is freed."""
+    lifetimes = buffer_lifetimes(launches)
+    kept_memory = {id(buffer.allocation) for buffer in kept}
+    candidates = [lifetime for lifetime in lifetimes
+                  if lifetime.written_first and id(lifetime.memory()) not in kept_memory]
+    holes = _take_out(launches, candidates)
+    moved = [lifetime for lifetime in candidates if lifetime.memory() is None]
+    pieces = assign_memory(moved)
+    memory_of: dict[int, Allocation] = {}  # an intermediate's lifetime -> its piece's
+    for piece in pieces:
+        allocation = Allocation(piece.device, piece.nbytes)
+        memory_of.update((id(tenant), allocation) for tenant in piece.tenants)
+    handles: dict[tuple[int, int, DType], Buffer] = {}  # one Buffer per buffer taken out
+    for k, position, lifetime in holes:
+        placeholder = launches[k].buffers[position]
+        key = (id(lifetime), placeholder.size, placeholder.dtype)
+        if key not in handles:
+            memory = lifetime.memory() or memory_of[id(lifetime)]  # held elsewhere: as it was
+            handles[key] = Buffer.in_memory(memory, placeholder.size, placeholder.dtype)
+        launches[k].buffers[position] = handles[key]
+    for launch in launches:  # (each item shares its launch's list of buffers)
+        if launch.item.old_contents_read:
+            launch.item.old_contents_read = launch.buffers[:1]
+    return MemoryPlan(len(launches), lifetimes, moved, pieces)
+
+
+def _take_out(launches: list[Launch], candidates: list[BufferLifetime]) -> list[
+        tuple[int, int, BufferLifetime]]:
+    """Replace each buffer on a candidate's memory, in the launches and in their items, by an
+    unallocated buffer of its size and dtype (`_item_on`); (launch, position, lifetime) of
+    each hole. Once this returns, a candidate's memory is allocated only if something else
+    holds it."""
+    by_memory = {id(lifetime.memory()): lifetime for lifetime in candidates}
+    holes = []
+    for k, launch in enumerate(launches):
+        for position, buffer in enumerate(launch.buffers):
+            lifetime = by_memory.get(id(buffer.allocation))
+            if lifetime is not None:
+                holes.append((k, position, lifetime))
+                launch.buffers[position] = Buffer(buffer.device, buffer.size, buffer.dtype)
+        launch.item = _item_on(launch.item, launch.buffers)
+    return holes
+
+
+def _item_on(item: ScheduleItem, buffers: list[Buffer]) -> ScheduleItem:
+    """The item on `buffers` instead of its own, and without what would hold the capture
+    call's buffers: the graph it was scheduled from (a replay needs the kernel and its
+    buffers only), and of the buffers it reads before an assign, all but its output (viz
+    asks whether an assign reads what it overwrites). It takes the launch's list itself, so
+    that the inputs a replay swaps into the launch are the item's too."""
+    output = item.buffers[0].allocation if item.buffers else None  # (all are allocated)
+    reads_own_output = any(b.allocation is output for b in item.old_contents_read)
+    return dataclasses.replace(item, buffers=buffers, node=None, input_nodes=[],
+                               old_contents_read=buffers[:1] if reads_own_output else [])
+
+
+def _without_graphs(result: Any) -> Any:
+    """A function's result with each tensor replaced by a tensor of the same node that keeps
+    no graph for backward (`_lazy`)."""
+    def lean(value: Any) -> Any:
+        return Tensor._from_uop(value.uop, value.device) if isinstance(value, Tensor) else value
+    if isinstance(result, (tuple, list)):
+        return type(result)(lean(r) for r in result)
+    if isinstance(result, dict):
+        return {key: lean(value) for key, value in result.items()}
+    return lean(result)
+
+
+def _buffers_of(outputs: list[Tensor]) -> list[Buffer]:
+    """Every buffer the returned tensors read."""
+    nodes = toposort_of([t.uop for t in outputs]) if outputs else []
+    return [node.arg for node in nodes if node.op is Ops.BUFFER]
+
+
 class CapturedJit:
-    """The launches recorded during the capture call, ready to replay with new inputs."""
+    """The launches recorded during the capture call, ready to replay with new inputs. With
+    MEMORY_PLANNER on, `plan_memory` has given their intermediates shared memory first
+    (`memory_plan` says how). The list of launches is rewritten in place, and each launch's
+    item keeps no graph (`_item_on`)."""
 
     def __init__(self, launches: list[Launch], input_buffers: list[Buffer], result: Any,
                  outputs: list[Tensor]):
         self.launches = launches
-        self.result = result
+        self.memory_plan: MemoryPlan | None = None
+        if MEMORY_PLANNER:
+            self.memory_plan = plan_memory(launches, input_buffers + _buffers_of(outputs))
+        else:  # each buffer as it was, and items that hold nothing of the capture call
+            for launch in launches:
+                launch.item = _item_on(launch.item, launch.buffers)
+        self.result = result  # (its structure, and the devices, `outputs()` rebuilds)
         self.output_uops = [t.uop for t in outputs]
         self.input_slots = self._find_input_slots(input_buffers)
         self.changed = [(k, position) for k, position, _ in self.input_slots]  # for the graph
@@ -304,8 +550,14 @@ class TinyJit(Generic[ReturnType]):
                 Tensor.realize(*outputs)
         # (random numbers need nothing here: each draw is kernels that copy and advance the
         # device's RNG state buffer, recorded with the rest, so a replay draws new numbers)
+        # the result as a replay returns it, without the graphs its tensors were computed
+        # from: those hold buffers the launches write, which could then not be planned
+        result = _without_graphs(result)
+        outputs = _returned_tensors(result)
         input_buffers = [_buffer_of(t) for _, t in tensors]
-        self.captured = CapturedJit(list(launches), input_buffers, result, outputs)
+        # (the recorded list itself: the memory planner rewrites it, so that the capture's
+        # intermediates are held by nothing once it has moved them)
+        self.captured = CapturedJit(launches, input_buffers, result, outputs)
         self.signature, self.fixed_arguments, self.calls = signature, others, 2
         plain = [(t.uop.shape, t.dtype, t.device) for _, t in tensors]
         if not others and not kwargs and not self.captured.symbolic and \
@@ -315,6 +567,11 @@ class TinyJit(Generic[ReturnType]):
             symbolic = " (over symbolic sizes: one capture for every value)" \
                 if self.captured.symbolic else ""
             print(f"TinyJit: captured {len(launches)} kernels of {self.fn.__name__}{symbolic}")
+            plan = self.captured.memory_plan
+            if plan is not None and plan.bytes_after < plan.bytes_before:
+                print(f"TinyJit: memory plan: {len(plan.moved)} intermediates in "
+                      f"{len(plan.pieces)} shared buffers, {format_bytes(plan.bytes_before)} "
+                      f"-> {format_bytes(plan.bytes_after)}")
         return result
 
     def _plain_buffers(self, args: tuple[Any, ...]) -> list[Buffer] | None:

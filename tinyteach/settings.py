@@ -177,6 +177,9 @@ CPU_TIERED = ContextVar("CPU_TIERED", 1, meaning="0: no fast tier, every CPU ker
                                                  "gcc -O2 (runtime/cpu.py)")
 PLAN_CACHE = ContextVar("PLAN_CACHE", 1, compiles=False,
                         meaning="0: schedule every graph afresh, no plan cache (realize.py)")
+MEMORY_PLANNER = ContextVar("MEMORY_PLANNER", 1, compiles=False,
+                            meaning="0: a TinyJit capture keeps a buffer for every intermediate "
+                                    "(tinygrad's NO_MEMORY_PLANNER=1) (jit.py)")
 
 # ---- the environment variables ----
 

@@ -13,9 +13,12 @@
 #   another shape, dtype or device is an error with a clear message, never a silent wrong result;
 # - **graph execution**: on the CPU a replay is one native call — a small generated C function
 #   calls every kernel in turn;
-# - **memory**: a capture keeps every buffer its launches use, so a replay allocates nothing —
-#   and writes into the *same* output buffers each time: a result you keep is overwritten by the
-#   next call unless you copy it.
+# - **memory**: a capture keeps memory for every buffer its launches use, so a replay allocates
+#   nothing — and writes into the *same* output buffers each time: a result you keep is
+#   overwritten by the next call unless you copy it;
+# - **memory planning**: most of those buffers are intermediates, each needed from the launch
+#   that writes it to the last that reads it. Intermediates whose lifetimes do not overlap
+#   share memory, so a deep network's capture holds a few activations, not one per layer.
 #
 # Modules: [`tinyteach/jit.py`](../tinyteach/jit.py) (`TinyJit`, `CapturedJit`) and
 # `CPUGraph` in [`tinyteach/runtime/cpu.py`](../tinyteach/runtime/cpu.py).
@@ -250,9 +253,10 @@ assert [float(result.numpy()[0]) for result in kept] == [2.0, 4.0, 6.0, 8.0]
 # An eager call allocates a fresh buffer for every result the scheduler stores (chapter 6), and
 # frees each one as soon as nothing refers to it: the product `x @ weight` (the softmax's input)
 # dies when the call returns, and its memory goes back to the allocator's pool (chapter 9) for
-# the next call to reuse. A capture keeps them all alive for as long as the JIT lives: memory held between calls, in
-# exchange for replays that allocate nothing. Here is what `layer`'s capture holds, besides the
-# input it swaps in (each launch's argument 0 is the buffer it writes):
+# the next call to reuse. A capture keeps memory for them all for as long as the JIT lives:
+# memory held between calls, in exchange for replays that allocate nothing (how little of it
+# a deep network needs is the next section's subject). Here is what `layer`'s capture holds,
+# besides the input it swaps in (each launch's argument 0 is the buffer it writes):
 
 # %% id="jit-41"
 from tinyteach.realize import record_launches
@@ -283,6 +287,137 @@ first, second = layer(x), layer(x)
 print("two replays return the same buffer:", buffer_of(first) is buffer_of(second))
 assert len(held) == 3 and buffer_of(first) is buffer_of(second)
 
+
+# %% [markdown] id="jit-46"
+# ## Memory planning
+#
+# A 16-layer MLP (each layer `relu(x @ W + b)`, 256 wide, a batch of 64) is 16 kernels, and
+# the capture holds an output buffer for each: 16 activations of 64 KB. But activation 3 is
+# needed only while launch 3 writes it and launch 4 reads it; from launch 5 on, its memory
+# could hold activation 5. That span — from the first launch that touches a buffer to the
+# last — is the buffer's **lifetime**, and two buffers whose lifetimes do not overlap can
+# share memory. tinygrad's JIT plans memory this way; ours is `plan_memory` in jit.py:
+#
+# 1. `buffer_lifetimes`: walk the launches once and note, for each piece of memory, the
+#    first and last launch that use it, and whether the first one *writes* it (argument 0);
+# 2. pick the **intermediates**: memory written before it is read, and held by nothing but
+#    the launches. Inputs and outputs are not, and neither is memory that lives on after the
+#    call: a weight, an optimizer's state that `assign` writes, a tensor the function stored
+#    somewhere. The planner finds those by taking the launches' own buffers out and seeing
+#    which memory stays allocated;
+# 3. `assign_memory`: largest first, put each intermediate into the first piece of shared
+#    memory on its device that is big enough and free for its whole lifetime, else into a new
+#    piece. Memory is bytes, so buffers of any dtypes may share it (WebGPU's is typed: there
+#    only buffers of one dtype share).
+#
+# `GlobalCounters.mem_used` is the bytes of device memory allocated right now, on every
+# device: a buffer's memory is counted when it is allocated and uncounted when it is freed.
+# With it we measure what each capture holds, with the planner off (`MEMORY_PLANNER=0`,
+# tinygrad's `NO_MEMORY_PLANNER=1`) and on:
+
+# %% id="jit-47"
+import gc
+
+from tinyteach import GlobalCounters
+
+BATCH, WIDTH, DEPTH = 64, 256, 16
+ACTIVATION = BATCH * WIDTH * 4  # bytes of one float32 activation
+mlp_weights = [(Tensor((rng.standard_normal((WIDTH, WIDTH)) / 16).astype(np.float32)).realize(),
+                Tensor((rng.standard_normal(WIDTH) / 16).astype(np.float32)).realize())
+               for _ in range(DEPTH)]
+
+
+def deep_mlp(x: Tensor) -> Tensor:
+    for w_layer, b_layer in mlp_weights:
+        x = (x @ w_layer + b_layer).relu()
+    return x.realize()
+
+
+mlp_inputs = [rng.standard_normal((BATCH, WIDTH)).astype(np.float32) for _ in range(4)]
+held, results = {}, {}
+for planner in (0, 1):
+    with Context(MEMORY_PLANNER=planner):
+        jitted_mlp = TinyJit(deep_mlp)
+        x = Tensor(mlp_inputs[0]).realize()
+        gc.collect()
+        before = GlobalCounters.mem_used  # the weights and an input
+        results[planner] = []
+        for data in mlp_inputs:
+            x = Tensor(data).realize()
+            results[planner].append(jitted_mlp(x).numpy())
+        held[planner] = GlobalCounters.mem_used - before
+    print(f"MEMORY_PLANNER={planner}: the capture holds {held[planner]:8,} bytes = "
+          f"{held[planner] // ACTIVATION:2} activations")
+for planned, unplanned, data in zip(results[1], results[0], mlp_inputs):
+    np.testing.assert_array_equal(planned, unplanned)            # the same bits
+    np.testing.assert_array_equal(planned, deep_mlp(Tensor(data)).numpy())  # as eager too
+assert held[0] == DEPTH * ACTIVATION and held[1] <= 6 * ACTIVATION
+
+# %% [markdown] id="jit-48"
+# Without the planner the capture holds all 16 activations: 15 intermediates and the output.
+# With it, three: the output and two pieces of shared memory. Every replay gave the same bits
+# as without the planner and as the eager call: the kernels are the same, only the addresses
+# they write to changed. `captured.memory_plan` says what the planner did, and `chart()` draws
+# it, a column per launch: a row per intermediate (`#` from the launch that writes it to the
+# last that reads it), then a row per piece of shared memory, naming the intermediate it holds
+# at each launch:
+
+# %% id="jit-49"
+plan = jitted_mlp.captured.memory_plan
+print(plan.chart())
+print(f"{len(plan.moved)} intermediates, {plan.bytes_before:,} bytes with a buffer each, "
+      f"{plan.bytes_after:,} bytes in {len(plan.pieces)} shared pieces")
+assert len(plan.moved) == DEPTH - 1 and len(plan.pieces) == 2
+
+# %% [markdown] id="jit-50"
+# Activation *k* is written by launch *k* and read by launch *k+1*, so at every launch two are
+# alive, one being read and one being written: A and B take turns. The weights, the biases and
+# the input are only read, and the output is returned: they keep their own memory. So does the
+# state of a training step, written with `assign` and alive after the call. A two-layer MLP
+# trained with Adam (chapter 11), jitted: its parameters and Adam's moments keep their memory,
+# the forward and backward intermediates share, and the losses are the eager run's, bit for bit:
+
+# %% id="jit-51"
+from typing import Any
+
+from tinyteach import nn
+
+
+def train(jit: bool) -> tuple[list[float], Any]:
+    """Six Adam steps of a small MLP from the same start: the losses, and the jitted step."""
+    start = np.random.default_rng(7)
+    params = [Tensor(start.uniform(-0.3, 0.3, shape).astype(np.float32)).realize()
+              for shape in [(16, 32), (32,), (32, 10)]]
+    optimizer = nn.optim.Adam(params, lr=0.01)
+
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        optimizer.zero_grad()
+        hidden = (x @ params[0] + params[1]).relu()
+        loss = (hidden @ params[2]).sparse_categorical_crossentropy(y).backward()
+        Tensor.realize(loss, *optimizer.schedule_step())
+        return loss
+
+    run = TinyJit(step) if jit else step
+    batches = np.random.default_rng(8)
+    x, y = batches.random((8, 16), dtype=np.float32), batches.integers(0, 10, 8).astype(np.int32)
+    with Tensor.train():
+        losses = [run(Tensor(x), Tensor(y)).item() for _ in range(6)]
+    state = [params, optimizer.m, optimizer.v]
+    return losses, (run, [buffer_of(t).allocation for group in state for t in group])
+
+
+eager_losses, _ = train(jit=False)
+jit_losses, (train_step, state_memory) = train(jit=True)
+step_plan = train_step.captured.memory_plan
+print("losses:", [round(loss, 4) for loss in jit_losses])
+print(f"{step_plan.steps} launches use {len(step_plan.lifetimes)} pieces of memory; "
+      f"{len(step_plan.moved)} intermediates moved into {len(step_plan.pieces)} shared pieces "
+      f"({step_plan.bytes_before:,} -> {step_plan.bytes_after:,} bytes)")
+written = {id(launch.buffers[0].allocation) for launch in train_step.captured.launches}
+print("the launches write into each parameter's and each moment's own memory:",
+      all(id(memory) in written for memory in state_memory))
+assert jit_losses == eager_losses and step_plan.bytes_after < step_plan.bytes_before
+assert all(id(memory) in written for memory in state_memory)
 
 # %% [markdown] id="jit-42"
 # ## What an eager call costs, and the lean path
@@ -451,6 +586,7 @@ for _ in range(2):
     sgd_step(Tensor(target))
 launches = sgd_step.captured.launches
 print(len(launches), "launches:", [launch.item.name for launch in launches])
-writers = [launch.item.name for launch in launches if launch.item.node.op.name == "ASSIGN"]
+w_memory = buffer_of(w).allocation  # the launch whose output is w's memory
+writers = [launch.item.name for launch in launches if launch.buffers[0].allocation is w_memory]
 print("writes into w:", writers)
 assert len(writers) == 1

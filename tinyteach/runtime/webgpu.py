@@ -87,6 +87,10 @@ def to_storage(array: np.ndarray, dtype: DType) -> bytes:
 
 
 class WebGPUAllocator(Allocator):
+    # a GPU buffer is made, in its dtype's width, when a first dtype uses the memory: memory
+    # used for one dtype cannot serve another
+    holds_bytes = False
+
     def __init__(self, device: Any, max_bytes: int):
         self.device, self.max_bytes = device, max_bytes
 
