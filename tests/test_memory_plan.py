@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from helpers import test_devices
 
 from tinyteach import Context, Device, GlobalCounters, Tensor, TinyJit, nn
 from tinyteach.device import Allocation, Backend, Buffer, HostAllocator
@@ -40,7 +41,7 @@ def buffer_of(tensor: Tensor) -> Buffer:
 
 # ---- GlobalCounters.mem_used ----
 
-@pytest.mark.parametrize("device", ["CPU", "NUMPY", "CPU:1"])
+@pytest.mark.parametrize("device", [*test_devices(), "CPU:1"])
 def test_mem_used_counts_allocation_and_free(device: str) -> None:
     gc.collect()
     before = GlobalCounters.mem_used
@@ -356,6 +357,43 @@ def test_training_step_with_an_optimizer_gives_the_eager_losses() -> None:
         np.testing.assert_array_equal(a, b)
         np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-7)
     assert planned_losses[3] < planned_losses[0]  # it trains (the same batch, later)
+
+
+@pytest.mark.parametrize("device", test_devices())
+def test_planned_replays_on_every_device(device: str) -> None:
+    """A small chain whose intermediates are float32 and int32 (of the same bytes) in turn:
+    on every device the planned replays give the unplanned ones' bits; where memory is typed
+    (WebGPU), a piece of shared memory holds one dtype only."""
+    rng = np.random.default_rng(4)
+    weights = [Tensor(rng.standard_normal((16, 16)).astype(np.float32) / 4, device=device)
+               .realize() for _ in range(4)]
+
+    def forward(x: Tensor) -> Tensor:
+        for weight in weights:
+            x = (x @ weight).relu().realize()
+            x = (x * 64).cast(dtypes.int32).realize()  # an int32 intermediate
+            x = (x.cast(dtypes.float32) / 64).realize()
+        return x
+
+    inputs = [rng.standard_normal((4, 16)).astype(np.float32) for _ in range(4)]
+    outputs = []
+    for planner in (0, 1):
+        jit = TinyJit(forward)
+        with Context(MEMORY_PLANNER=planner):
+            outputs.append([jit(Tensor(data, device=device)).numpy() for data in inputs])
+    for planned, unplanned, data in zip(outputs[1], outputs[0], inputs):
+        np.testing.assert_array_equal(planned, unplanned)
+        np.testing.assert_array_equal(planned, forward(Tensor(data, device=device)).numpy())
+    assert jit.captured is not None and jit.captured.memory_plan is not None
+    plan = jit.captured.memory_plan
+    assert len(plan.moved) == 3 * len(weights) - 1 and len(plan.pieces) < len(plan.moved)
+    typed = not Device[device].allocator.holds_bytes
+    for piece in plan.pieces:
+        assert (piece.dtype is not None) == typed
+        if typed:
+            assert {tenant.dtype for tenant in piece.tenants} == {piece.dtype}
+    mixed = any(len({tenant.dtype for tenant in piece.tenants}) > 1 for piece in plan.pieces)
+    assert mixed != typed  # bytes are bytes: a float32 and an int32 buffer share
 
 
 def test_buffers_on_two_devices_never_share() -> None:
