@@ -420,3 +420,36 @@ def test_seed_example_model(device):
     expected.backward()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     _compare_parameters([l1, l2], [t1, t2], rtol=1e-5)
+
+
+# ---- composite ops that state their own gradient (gradient.register_gradient) ----
+
+def test_a_registered_rule_is_used_instead_of_the_primitive_rules():
+    """The walk sends a registered node's gradient straight to its inputs, by the rule (a rule
+    that gives another number than the primitive rules shows which one ran)."""
+    from tinyteach.gradient import register_gradient
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = x * 2
+    register_gradient(y.uop, (x.uop,), lambda grad, source: (grad * 3,))
+    (y * 1).sum().backward()
+    assert x.grad is not None and x.grad.tolist() == [3.0, 3.0]
+    z = Tensor([1.0, 2.0], requires_grad=True)
+    (z * 2).sum().backward()  # an unregistered node: the rules
+    assert z.grad is not None and z.grad.tolist() == [2.0, 2.0]
+
+
+def test_conv2d_keeps_its_rule_when_its_input_was_realized():
+    """backward() rebuilds a realized input's graph (graph_before_realize); the conv rebuilt on
+    it keeps its rule: its input gradient is one convolution, and equals PyTorch's."""
+    from tinyteach.realize import build_schedule
+    x_np, w_np = uniform(2, 3, 8, 8).astype(np.float32), uniform(4, 3, 3, 3).astype(np.float32)
+    x = Tensor(x_np, requires_grad=True)
+    hidden = (x * 2).realize()
+    hidden.conv2d(Tensor(w_np)).sum().backward()
+    assert x.grad is not None
+    kernels = [i for i in build_schedule([x.grad.uop], "CPU").items if i.kind == "kernel"]
+    sums = [k for k in kernels if any(n.op is Ops.REDUCE_AXIS for n in k.ast.toposort)]
+    assert len(sums) == 1, [k.name for k in kernels]
+    tx = torch.tensor(x_np, requires_grad=True)
+    F.conv2d(tx * 2, torch.tensor(w_np)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)

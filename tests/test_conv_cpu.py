@@ -14,6 +14,7 @@ from tinyteach.lower import lower
 from tinyteach.opt import choose_options
 from tinyteach.pack import pack_operands, plan_channel_tile
 from tinyteach.realize import build_schedule
+from tinyteach.uop import Ops
 
 torch = pytest.importorskip("torch")
 
@@ -123,18 +124,35 @@ def test_short_sums_get_no_channel_tile():
     assert all(plan_channel_tile(item.ast, 8) is None for item in raw)
 
 
-def test_window_gradient_stores_blocks_of_consecutive_outputs():
-    """The gradient of a conv's window view (a sum over 16 output channels per element) has
-    its 3x3 taps upcast whole: each iteration writes 9 consecutive outputs."""
-    x, w, _ = _arrays(CASES[0])
+def _stored_elements(kernel) -> int:
+    """The elements a kernel writes: its output buffer's size (DEFINE_GLOBAL 0)."""
+    return next(n.arg[1] for n in kernel.ast.toposort
+                if n.op is Ops.DEFINE_GLOBAL and n.arg[0] == 0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_input_gradient_is_a_transposed_convolution(case):
+    """conv2d states its gradient as a whole (gradient.register_gradient): the input's is
+    conv_transpose2d of the output's gradient, a gather. The primitive rules stored every
+    window's gradient (batch x channels x output pixels x taps floats) and summed it into the
+    pixels: now one kernel sums (besides the copy of the padded gradient), and the gradient
+    still equals PyTorch's."""
+    x, w, _ = _arrays(case)
+    _, cin, cout, _, _, kernel, stride, padding, dilation, groups = case
     tx = Tensor(x, requires_grad=True)
-    tx.conv2d(Tensor(w)).sum().backward()
+    out = tx.conv2d(Tensor(w), stride=stride, padding=padding, dilation=dilation, groups=groups)
+    out.sum().backward()
+    taps = int(np.prod(w.shape[2:]))
+    window_elements = int(np.prod(out.shape)) // cout * cin * taps
     assert tx.grad is not None
-    kernels = _kernels([tx.grad])
-    window = [k for k in kernels if k.ast.src[0].src[1].shape[-2:] == (3, 3)]
-    assert window, [k.name for k in kernels]
-    options = choose_options(window[0].ast, Device["CPU"].renderer.vector_width)
-    assert dict(options.upcasts).get(len(window[0].ast.src[0].src[1].shape) - 1) == 3
+    kernels = [k for k in _kernels([tx.grad]) if not k.name.startswith(("pack", "unpack"))]
+    sums = [k for k in kernels if any(n.op is Ops.REDUCE_AXIS for n in k.ast.toposort)]
+    assert len(sums) == 1, [k.name for k in kernels]  # one convolution, no window buffer
+    assert window_elements not in [_stored_elements(k) for k in kernels]
+    gx = torch.tensor(x, requires_grad=True)
+    torch.nn.functional.conv2d(gx, torch.tensor(w), stride=stride, padding=padding,
+                               dilation=dilation, groups=groups).sum().backward()
+    np.testing.assert_allclose(tx.grad.numpy(), gx.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_x_times_w_transposed_gets_a_channel_tile():

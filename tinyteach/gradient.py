@@ -8,7 +8,10 @@ What this teaches:
 - backpropagation walks the graph from the loss down, in reverse topological order, summing
   the gradients that reach each node from its users;
 - gradients are themselves lazy UOp graphs: `backward()` builds more graph, and the scheduler
-  fuses forward and backward work when the result is realized.
+  fuses forward and backward work when the result is realized;
+- a composite op may state its gradient as a whole (`register_gradient`): the rules would give
+  the same numbers, but a cheaper graph exists. conv2d's input gradient is a transposed
+  convolution (one gather) where the rules scatter through the window view.
 
 Builds on: uop.py. Used by: tensor.py (`backward`, `Tensor.gradient`).
 
@@ -21,6 +24,7 @@ Builds on: uop.py. Used by: tensor.py (`backward`, `Tensor.gradient`).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Mapping
 
 from tinyteach.helpers import argsort
@@ -144,6 +148,36 @@ GRADIENT_RULES: dict[Ops, Callable[[UOp, UOp], Grads]] = {
 }
 
 
+# ---- composite ops that state their own gradient ----
+#
+# A few composite ops are cheaper to differentiate as a whole than op by op. conv2d is the one:
+# the primitive rules send its input's gradient back through the window view, which scatters
+# (every window's gradient is stored, then summed into the pixels: two kernels and a buffer of
+# N x C x out x k floats), while the same gradient is a transposed convolution, a gather (one
+# kernel). Such an op registers its result node with its inputs and a rule (PyTorch calls this
+# an autograd.Function): the walk below then sends the gradient straight to the inputs, and the
+# nodes inside the op get none from this use.
+
+Rule = Callable[..., Grads]  # rule(gradient of the result, *inputs) -> one gradient per input
+_custom_gradients: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Rule]] = \
+    weakref.WeakKeyDictionary()
+
+
+def register_gradient(result: UOp, inputs: tuple[UOp, ...], rule: Rule) -> None:
+    """Differentiate `result` as a whole: its gradient goes to `inputs` by `rule`, not
+    through the ops that compute it (which must give the same gradient: the rule is a faster
+    way to the same numbers). Kept while `result` lives."""
+    _custom_gradients[result] = (inputs, rule)
+
+
+def _sources_and_grads(node: UOp, grad: UOp) -> tuple[tuple[UOp, ...], Grads]:
+    custom = _custom_gradients.get(node)
+    if custom is not None:
+        inputs, rule = custom
+        return inputs, rule(grad, *inputs)
+    return node.src, GRADIENT_RULES[node.op](grad, node)
+
+
 def stops_gradient(node: UOp) -> bool:
     """Does no gradient pass through `node` to its sources? (detach(), comparisons, integer
     ops, bitcasts; not a contiguous_backward(), a DETACH that lets the gradient through)."""
@@ -177,7 +211,15 @@ def graph_before_realize(root: UOp, graph_behind: Mapping[UOp, UOp]) -> UOp:
         else:
             sources = tuple(rebuilt[s] for s in node.src)
             rebuilt[node] = node if sources == node.src else node.replace(src=sources)
+            _carry_custom_gradient(node, rebuilt[node], rebuilt)
     return rebuilt[root]
+
+
+def _carry_custom_gradient(node: UOp, new: UOp, rebuilt: Mapping[UOp, UOp]) -> None:
+    """A composite op rebuilt on the graphs behind its realized inputs keeps its own rule."""
+    custom = _custom_gradients.get(node) if new is not node else None
+    if custom is not None and all(i in rebuilt for i in custom[0]):
+        register_gradient(new, tuple(rebuilt[i] for i in custom[0]), custom[1])
 
 
 def reachable_by_gradient(root: UOp) -> set[UOp]:
@@ -211,11 +253,12 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp],
             continue
         if node.op is Ops.COPY:
             source_grads: Grads = (copy_back(grads[node], node.src[0]),)
-        elif node.op in GRADIENT_RULES:
-            source_grads = GRADIENT_RULES[node.op](grads[node], node)
+            sources = node.src
+        elif node.op in GRADIENT_RULES or node in _custom_gradients:
+            sources, source_grads = _sources_and_grads(node, grads[node])
         else:
             raise NotImplementedError(f"no gradient rule for {node.op.name}")
-        for source, grad in zip(node.src, source_grads):
+        for source, grad in zip(sources, source_grads):
             if grad is None or source not in needed:
                 continue
             grads[source] = grads[source] + grad if source in grads else grad

@@ -49,6 +49,7 @@ from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
 from tinyteach.view import view_index
 
 PACK_MIN_ELEMENTS = 1 << 20   # 4 MB of float32: smaller operands stay in cache unpacked
+MAX_PACK_GROWTH = 2           # a channel tile's copy holds at most twice what it reads
 PACK_MIN_ROW_BYTES = 1024     # a row step this long strides across cache sets
 
 
@@ -164,6 +165,8 @@ def _channel_plan(ast: UOp, width: int) -> ChannelPlan | None:
         if packed_axes is None or other_axes is None:
             continue
         cost = prod(shape[a] for a in packed_axes)  # the packed copy's elements
+        if cost > MAX_PACK_GROWTH * _elements_read(packed):
+            continue  # a convolution's windows: the copy would hold each pixel k*k times
         for axis, size in enumerate(reduce.shape):
             if size > 1 and size % width == 0 and axis not in reduce.arg[1] and \
                     axis in packed_axes and axis not in other_axes and \
@@ -173,6 +176,11 @@ def _channel_plan(ast: UOp, width: int) -> ChannelPlan | None:
         return None
     _, axis, packed, other_axes = best
     return _build_channel_plan(ast, value, reduce, axis, packed, other_axes)
+
+
+def _elements_read(factor: UOp) -> int:
+    """How many elements the buffers a factor loads hold (DEFINE_GLOBAL's arg: index, size)."""
+    return sum(n.arg[1] for n in factor.toposort if n.op is Ops.DEFINE_GLOBAL)
 
 
 def _product_reduction(value: UOp) -> tuple[UOp, UOp, UOp] | None:

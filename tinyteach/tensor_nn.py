@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Self, TypeVar
 
 from tinyteach.dtype import DType, dtypes, least_upper_dtype
+from tinyteach.gradient import register_gradient
 from tinyteach.settings import TRAINING
 from tinyteach.tensor_core import ArgumentError, ShapeError, padding_pairs, pool
 from tinyteach.tensor_math import TensorMath, in_float32_for_bfloat16
@@ -191,22 +192,44 @@ class TensorNN(TensorMath):
         tinygrad: input (N, C, *spatial), weight (O, C/groups, *kernel). Windows from `pool`,
         then one multiply and one sum over (C/groups, *kernel), in `dtype` if given.
         `padding` is as in PyTorch: an int, one per axis, (left, right, top, bottom, ...),
-        "valid" (none) or "same" (the output keeps the input's size; stride 1 only)."""
+        "valid" (none) or "same" (the output keeps the input's size; stride 1 only).
+        Its gradient is stated as a whole (`_conv_gradient_rule`): the input's is a
+        transposed convolution."""
         dims = _check_conv(self, weight, bias, groups)
         batch = self.shape[0]
         out_channels, group_channels, *kernel = weight.shape
         dilations = _ints(dilation, dims, "dilation")
-        pad_pairs = _named_padding(padding, kernel, dilations, _ints(stride, dims, "stride"))
-        x = self.pad([(0, 0), (0, 0), *pad_pairs])
+        strides = _ints(stride, dims, "stride")
+        pad_pairs = _named_padding(padding, kernel, dilations, strides)
+        padded = x = self.pad([(0, 0), (0, 0), *pad_pairs])
         _check_window_fits("conv2d", x.shape[2:], kernel, dilations)
-        windows = pool(x, kernel, _ints(stride, dims, "stride"), dilations)  # (N, C, *out, *k)
+        windows = pool(x, kernel, strides, dilations)  # (N, C, *out, *k)
         out = windows.shape[2:2 + dims]
         per_group = out_channels // groups
         x = windows.reshape(batch, groups, 1, group_channels, *out, *kernel)
         w = weight.reshape(1, groups, per_group, group_channels, *[1] * dims, *kernel)
         summed = (3, *range(4 + dims, 4 + 2 * dims))
         result = (x * w).sum(summed, dtype=dtype).reshape(batch, out_channels, *out)
+        if dtype is None and all(isinstance(n, int) for n in (*padded.shape, *weight.shape)):
+            register_gradient(result.uop, (padded.uop, weight.uop),
+                              _conv_gradient_rule(type(self), padded.device, groups, strides,
+                                                  dilations))
         return result if bias is None else result + bias.reshape(1, -1, *[1] * dims)
+
+    def _conv_weight_gradient(self, grad: Self, kernel: Sequence[int], groups: int,
+                              strides: Sequence[int], dilations: Sequence[int]) -> Self:
+        """d conv2d / d weight, for this padded input and the output's gradient `grad`
+        (N, O, *out): each weight tap sums, over the batch and the output pixels, the
+        gradient times the input pixel it saw — the same product as the forward, summed over
+        other axes."""
+        dims = len(kernel)
+        batch, out_channels, *out = grad.shape
+        windows = pool(self, kernel, strides, dilations)
+        group_channels = self.shape[1] // groups
+        x = windows.reshape(batch, groups, 1, group_channels, *out, *kernel)
+        g = grad.reshape(batch, groups, out_channels // groups, 1, *out, *[1] * dims)
+        summed = (0, *range(4, 4 + dims))
+        return (x * g).sum(summed).reshape(out_channels, group_channels, *kernel)
 
     def conv_transpose2d(self, weight: Self, bias: Self | None = None, groups: int = 1,
                          stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
@@ -227,7 +250,8 @@ class TensorNN(TensorMath):
         3. flip the kernel in space (scattering with tap i is gathering with tap k-1-i) and,
            within each group, swap its two channel axes: (C_in, C_out/groups) becomes the
            (C_out, C_in/groups) that conv2d expects;
-        4. run conv2d with stride 1 and the same dilation.
+        4. run conv2d with stride 1 and the same dilation, on the spread and padded input
+           stored as a buffer of its own.
 
         Each output axis has (H-1)*stride - 2*padding + dilation*(k-1) + output_padding + 1
         pixels. Every step is a movement op or conv2d, so autograd needs nothing new.
@@ -244,7 +268,9 @@ class TensorNN(TensorMath):
         in_channels, per_group, *kernel = weight.shape
         pairs = [(d * (k - 1) - p, d * (k - 1) - p + extra)
                  for k, d, p, extra in zip(kernel, dilations, paddings, extras)]
-        x = _spread(x, strides).pad([(0, 0), (0, 0), *pairs])  # negative pads crop
+        # (stored once: a convolution reading through the zeros would test every load, and
+        # a load that is tested does not vectorize)
+        x = _spread(x, strides).pad([(0, 0), (0, 0), *pairs]).contiguous()  # (negative: crop)
         w = weight.reshape(groups, in_channels // groups, per_group, *kernel).transpose(1, 2)
         w = w.flip(tuple(range(3, 3 + dims)))
         w = w.reshape(groups * per_group, in_channels // groups, *kernel)
@@ -940,6 +966,26 @@ def _check_conv_transpose_sizes(image: Sequence[int], kernel: Sequence[int],
     if min(sizes) < 1:
         raise ValueError(f"conv_transpose2d: input {tuple(image)} with padding "
                          f"{tuple(paddings)} gives an empty output {tuple(sizes)}")
+
+
+def _conv_gradient_rule(cls: type, device: str, groups: int, strides: Sequence[int],
+                        dilations: Sequence[int]) -> Callable[..., tuple[Any, Any]]:
+    """conv2d's gradient as a whole (gradient.register_gradient), for its padded input and its
+    weight: the input's is conv_transpose2d of the output's gradient with the same weight,
+    stride, dilation and groups (a gather: one kernel, where the primitive rules store every
+    window's gradient and then sum them into the pixels); `output_padding` adds the input's
+    last rows that no window's first tap reached. The weight's is `_conv_weight_gradient`."""
+    def rule(grad: Any, padded: Any, weight: Any) -> tuple[Any, Any]:
+        g, x, w = (cls(node, device) for node in (grad, padded, weight))
+        kernel = w.shape[2:]
+        reached = [(o - 1) * s + d * (k - 1) + 1
+                   for o, s, d, k in zip(g.shape[2:], strides, dilations, kernel)]
+        extras = [size - r for size, r in zip(x.shape[2:], reached)]
+        grad_x = g.conv_transpose2d(w, groups=groups, stride=strides, dilation=dilations,
+                                    output_padding=extras)
+        grad_w = x._conv_weight_gradient(g, kernel, groups, strides, dilations)
+        return grad_x.uop, grad_w.uop
+    return rule
 
 
 def _spread(x: N, strides: Sequence[int]) -> N:
