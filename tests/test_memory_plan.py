@@ -419,3 +419,27 @@ def test_buffers_on_two_devices_never_share() -> None:
         for buffer in launch.buffers:
             assert buffer.allocation.device == buffer.device
     assert {p.device for p in jit.captured.memory_plan.pieces} == {"CPU", "CPU:1"}
+
+
+def test_a_sharded_result_keeps_its_shards() -> None:
+    """A function that shards its input over CPU and CPU:1 and returns a sharded tensor: each
+    shard of the result keeps its memory, and the replays equal the unplanned ones."""
+    weight = Tensor(np.eye(8, dtype=np.float32) * 2).shard(("CPU", "CPU:1")).realize()
+
+    def forward(x: Tensor) -> Tensor:
+        return ((x.shard(("CPU", "CPU:1"), axis=0) @ weight).relu() + 1).realize()
+
+    outputs = []
+    for planner in (0, 1):
+        jit = TinyJit(forward)
+        with Context(MEMORY_PLANNER=planner):
+            outputs.append([jit(Tensor(np.full((4, 8), k - 1.5, dtype=np.float32))).numpy()
+                            for k in range(4)])
+    for k, (planned, unplanned) in enumerate(zip(outputs[1], outputs[0])):
+        np.testing.assert_array_equal(planned, unplanned)
+        np.testing.assert_array_equal(planned, np.full((4, 8), max(2 * (k - 1.5), 0) + 1))
+    assert jit.captured is not None and jit.captured.memory_plan is not None
+    result = jit.captured.outputs()
+    shard_memory = {id(buffer_of(Tensor(shard)).allocation) for shard in result.uop.shards}
+    written = {id(launch.buffers[0].allocation) for launch in jit.captured.launches}
+    assert len(shard_memory) == 2 and shard_memory <= written  # the launches write into them

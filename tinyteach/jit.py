@@ -46,6 +46,7 @@ from typing import Any, Generic, TypeVar, cast
 from tinyteach.device import Allocation, Buffer, Device
 from tinyteach.dtype import DType
 from tinyteach.helpers import GlobalCounters, format_bytes
+from tinyteach.multi import shards_of
 from tinyteach.realize import Launch, launch_kernel, record_launches
 from tinyteach.schedule import ScheduleItem, is_contiguous_buffer
 from tinyteach.settings import DEBUG, MEMORY_PLANNER
@@ -372,8 +373,9 @@ def _without_graphs(result: Any) -> Any:
 
 
 def _buffers_of(outputs: list[Tensor]) -> list[Buffer]:
-    """Every buffer the returned tensors read."""
-    nodes = toposort_of([t.uop for t in outputs]) if outputs else []
+    """Every buffer the returned tensors read (each shard's, for a sharded one)."""
+    graphs = [shard for t in outputs for shard in shards_of(t.uop)]
+    nodes = toposort_of(graphs) if graphs else []
     return [node.arg for node in nodes if node.op is Ops.BUFFER]
 
 
