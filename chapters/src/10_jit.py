@@ -292,7 +292,7 @@ assert len(held) == 3 and buffer_of(first) is buffer_of(second)
 # ## Memory planning
 #
 # A 16-layer MLP (each layer `relu(x @ W + b)`, 256 wide, a batch of 64) is 16 kernels, and
-# the capture holds an output buffer for each: 16 activations of 64 KB. But activation 3 is
+# the capture holds an output buffer for each: 16 activations of 65,536 bytes. But activation 3 is
 # needed only while launch 3 writes it and launch 4 reads it; from launch 5 on, its memory
 # could hold activation 5. That span — from the first launch that touches a buffer to the
 # last — is the buffer's **lifetime**, and two buffers whose lifetimes do not overlap can
