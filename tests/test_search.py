@@ -212,7 +212,8 @@ def test_every_timed_candidate_is_what_its_actions_build(device, workload, monke
         pytest.skip(f"no {device} device here")
     backend = Device[device]
     ours, _ = WORKLOADS[workload]
-    a, b = Tensor.ones(16, 16, device=device).realize(), Tensor.ones(16, 16, device=device).realize()
+    a = Tensor.ones(16, 16, device=device).realize()
+    b = Tensor.ones(16, 16, device=device).realize()
     item = create_schedule([ours(a, b).uop], device)[0][0]
     monkeypatch.setattr(search, "time_candidate", fake_timer(lambda o: False))
     monkeypatch.setattr(search, "emulator_cost_of", lambda candidate, scratch: 1.0)

@@ -642,8 +642,8 @@ def vectorize(lowered: UOp) -> UOp | None:
 
 def _has_vector_form(node: UOp) -> bool:
     """Float math, and the masks that choose between floats: a comparison of floats gives a
-    vector of bools (one per lane), and AND, OR, XOR and comparisons combine such masks. WHERE with a mask
-    vector picks lane by lane. Integers stay scalar: they are positions."""
+    vector of bools (one per lane), and AND, OR, XOR and comparisons combine such masks.
+    WHERE with a mask vector picks lane by lane. Integers stay scalar: they are positions."""
     if node.op in VECTOR_ALU | {Ops.REDUCE}:
         return dtypes.is_float(node.dtype)
     if node.op in COMPARISONS:  # (of two masks: `mask != True` is NOT)

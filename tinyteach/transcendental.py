@@ -98,9 +98,9 @@ def _nearest_integer(x: UOp) -> tuple[UOp, UOp]:
 
 
 def horner(x: UOp, coefficients: tuple[float, ...]) -> UOp:
-    """c0 + x*(c1 + x*(c2 + ...)): one multiplication and one addition per coefficient (x is
-    the left operand of the first: a vector x makes every step a vector)."""
-    result = x * _const(x, coefficients[-1]) + _const(x, coefficients[-2])
+    """c0 + x*(c1 + x*(c2 + ...)): one multiplication and one addition per coefficient. (The
+    first product is built with x's dtype: for a vector x, every step is a vector.)"""
+    result = UOp(Ops.MUL, x.dtype, (_const(x, coefficients[-1]), x)) + _const(x, coefficients[-2])
     for coefficient in reversed(coefficients[:-2]):
         result = result * x + _const(x, coefficient)
     return result

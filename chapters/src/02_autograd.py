@@ -58,7 +58,10 @@ print(x.grad.uop)
 #
 # `GRADIENT_RULES` maps each op to a function `(grad, node) -> gradients of node.src`. There
 # is one per primitive op that computes something, because only primitive ops need one:
-# `softmax`, `conv2d` and cross-entropy get their gradients by composition.
+# `softmax`, `conv2d` and cross-entropy get their gradients by composition. (One composite op
+# also states its gradient as a whole, for speed, not for correctness: `conv2d` registers a rule
+# (`register_gradient`) that gives its input the same numbers as a transposed convolution, one
+# gather, where composition would store every window's gradient and then sum it.)
 
 # %% id="autograd-08"
 from tinyteach.gradient import GRADIENT_RULES

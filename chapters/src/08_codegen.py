@@ -358,12 +358,13 @@ for label, items in (("one kernel, scalar tile", plain),
 # The same plan serves both gradients of a convolution. For the weights' gradient the channel
 # axis is again `co`, and the packed factor is the upstream gradient (with the ReLU's and the
 # pooling's backward fused into it: the copy evaluates them once, where the kernel would redo
-# them for each of the 9 taps). The input's gradient is different: tinyteach computes it as the
-# gradient of the window view, a sum over the output channels for each pixel of each window,
-# whose time goes to *writing* 9 (or 25) numbers per input pixel. There the optimizer upcasts
-# the short tap axes whole, so each iteration stores a block of consecutive outputs (opt.py's
-# `_output_block`). `NOOPT=1` turns all of this off, `CHANNEL_TILES=0` only the channel tiles,
-# and `DEBUG=3` names the packing kernels and why they are there.
+# them for each of the 9 taps). The input's gradient is a convolution too: conv2d states its
+# gradient as a whole (chapter 2, `register_gradient`), and the input's is a *transposed*
+# convolution of the upstream gradient with the same filters — a gather, one more convolution
+# kernel. The primitive rules would go through the window view instead: a sum over the output
+# channels for each tap of each window, stored (9 or 25 numbers per input pixel), then summed
+# into the pixels. `NOOPT=1` turns the optimizations off, `CHANNEL_TILES=0` only the channel
+# tiles, and `DEBUG=3` names the packing kernels and why they are there.
 
 # %% [markdown] id="codegen-48"
 # ## Pooling: a window view that is only a reshape
