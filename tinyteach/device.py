@@ -8,7 +8,8 @@ What this teaches:
 - a `Buffer` is device memory of a size and dtype, allocated only when a kernel first needs it
   and freed when nothing refers to it any more (Python's garbage collector does the bookkeeping);
 - `Device["CPU"]` loads a backend by name; `Device.DEFAULT` is the best one available, and
-  `DEV=NAME` (or `NAME=1`, as in tinygrad) chooses another;
+  `DEV=NAME` (or `NAME=1`, as in tinygrad) chooses another. tinygrad's names are aliases:
+  `CL` is OPENCL (and `GPU`, `CLANG` are older tinygrad's OPENCL and CPU);
 - a name may carry an index, as in tinygrad: `CPU:1` is a second CPU device with buffers of its
   own and the first one's compiler (`Backend.another`), and `CPU:0` is `CPU`. A tensor sharded
   over several devices is multi.py's.
@@ -44,6 +45,9 @@ KNOWN_DEVICES = {
     "PYTHON": "tinyteach.runtime.python",  # a GPU emulator in numpy (slow; checks kernels)
 }
 PREFERENCE = ["CPU", "NUMPY"]  # Device.DEFAULT picks the first that works
+# tinygrad's names for the same devices: `DEV=CL`, `CL=1`, `device="CL"` mean OPENCL. GPU and
+# CLANG are the names older tinygrad releases used for OpenCL and the CPU.
+DEVICE_ALIASES = {"CL": "OPENCL", "GPU": "OPENCL", "CLANG": "CPU"}
 
 
 class DeviceUnavailable(RuntimeError):
@@ -212,16 +216,18 @@ class _DeviceRegistry:
         self._unavailable: dict[str, str] = {}  # why a device cannot run (each is tried once)
 
     def canonicalize(self, name: str | None) -> str:
-        """The device's own name: upper case, and an index only past the first device of its
-        kind ("cpu" -> "CPU", "CPU:0" -> "CPU", "cpu:1" -> "CPU:1"), as tinygrad names them."""
+        """The device's own name: upper case, tinygrad's aliases resolved, and an index only past
+        the first device of its kind ("cpu" -> "CPU", "CPU:0" -> "CPU", "cpu:1" -> "CPU:1",
+        "CL" -> "OPENCL"), as tinygrad names them."""
         if name is None:
             return self.DEFAULT
         if not isinstance(name, str):
             raise TypeError(f"a device name is a string such as 'CPU' or 'CPU:1', not {name!r}")
         kind, _, index = name.partition(":")
-        upper = kind.upper()
+        upper = DEVICE_ALIASES.get(kind.upper(), kind.upper())
         if upper not in KNOWN_DEVICES and upper not in self._registered:
-            raise ValueError(f"unknown device {name!r}; known devices: {list(KNOWN_DEVICES)}, "
+            raise ValueError(f"unknown device {name!r}; known devices: {list(KNOWN_DEVICES)} "
+                             f"(also tinygrad's {list(DEVICE_ALIASES)}), "
                              f"available here: {self.available()}")
         if not index:
             return upper
@@ -263,8 +269,8 @@ class _DeviceRegistry:
         """Add a device built in Python (the exercises' student backends), so that
         `Tensor(..., device=name)` runs on it. Registering a name again replaces its backend."""
         upper = name.upper()
-        if upper in KNOWN_DEVICES:
-            raise ValueError(f"{upper} is a built-in device; register under another name")
+        if upper in KNOWN_DEVICES or upper in DEVICE_ALIASES:
+            raise ValueError(f"{upper} is a built-in device's name; register under another name")
         self._registered[upper] = make_backend
         self._backends.pop(upper, None)
         self._unavailable.pop(upper, None)
@@ -310,7 +316,7 @@ class _DeviceRegistry:
         self._default = self.canonicalize(name)
 
     def _choose_default(self) -> str:
-        wanted = chosen_device(KNOWN_DEVICES)
+        wanted = chosen_device([*KNOWN_DEVICES, *DEVICE_ALIASES])  # CL=1 as well as OPENCL=1
         if wanted is not None:
             name = self.canonicalize(wanted)
             self[name]  # raises a clear error if it cannot run here
