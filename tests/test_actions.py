@@ -214,3 +214,16 @@ def test_the_beam_cache_holds_actions(tmp_path, monkeypatch):
     search.write_cached(key, item.ast, search.SearchResult(plan, 1.0, 1.0, 1))
     stored = json.loads((tmp_path / "beam" / f"{key}.json").read_text())["actions"]
     assert [Opt(OptOps[o], a, g) for o, a, g in stored] == actions_of(item.ast, plan)
+
+
+def test_debug_3_prints_the_actions_as_a_person_would_type_them(capsys):
+    """DEBUG=3 names each compiled kernel's actions (the Opts, tinygrad's applied_opts), then
+    what they do in words."""
+    from tinyteach import Context
+    a, b, item = matmul("CPU", 64)
+    with Context(DEBUG=3):
+        (a @ b).realize()
+    lines = capsys.readouterr().out.splitlines()
+    expected = hand_coded_optimizations(Kernel(item.ast, "CPU"))
+    assert f"    actions of {item.name}: {expected}" in lines
+    assert any(line.startswith(f"    optimizations of {item.name}: upcast") for line in lines)

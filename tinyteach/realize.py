@@ -40,7 +40,7 @@ from tinyteach.device import Backend, Buffer, Device
 from tinyteach.dtype import DType
 from tinyteach.helpers import DEBUG, GlobalCounters, LRUCache, format_bytes
 from tinyteach.lower import LinearProgram, ProgramSpec, lower
-from tinyteach.opt import NO_OPTIONS, KernelOptions, plan_of
+from tinyteach.opt import KernelOptions, Opt, plan_of
 from tinyteach.pack import pack_operands
 from tinyteach.schedule import Schedule, ScheduleItem, estimate_ops, schedule_graph
 from tinyteach.settings import PLAN_CACHE, snapshot
@@ -134,8 +134,10 @@ def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
     if backend.renderer is None:
         return Runner(name, backend.name, backend.program(ast), ast, ops_estimate=estimate_ops(ast),
                       variables=variables)
-    linear = lower(ast, _plan(backend, name, ast))  # the heuristic's actions, or BEAM's
-    if DEBUG >= 3:
+    actions = _actions(backend, name, ast)  # the heuristic's, or BEAM's
+    linear = lower(ast, plan_of(ast, actions, backend.capabilities, backend.name))
+    if DEBUG >= 3:  # the actions as a person would type them, then what they do, in words
+        print(f"    actions of {name}: {actions}")
         applied = linear.applied_opts or ["none"]
         print(f"    optimizations of {name}: {'; '.join(applied)}")
     spec = backend.renderer.spec(name, linear)
@@ -147,14 +149,18 @@ def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
                   spec.source, estimate_ops(ast), variables, spec)
 
 
-def _plan(backend: Backend, name: str, ast: UOp) -> KernelOptions:
-    """The plan a kernel is lowered with: the actions the heuristic (or BEAM) chose for it,
-    applied to it one by one (opt.Kernel), as a person would type them. A kernel over a
+def _actions(backend: Backend, name: str, ast: UOp) -> list[Opt]:
+    """The actions a kernel is lowered with: those the heuristic (or BEAM) chose for it, applied
+    to it one by one (opt.Kernel, `plan_of`), as a person would type them. A kernel over a
     symbolic size takes none (they split loops of known sizes)."""
     if ast.has_symbols:
-        return NO_OPTIONS
-    actions = search.actions_for(backend, name, ast)
-    return plan_of(ast, actions, backend.capabilities, backend.name)
+        return []
+    return search.actions_for(backend, name, ast)
+
+
+def _plan(backend: Backend, name: str, ast: UOp) -> KernelOptions:
+    """The plan those actions build: what lower() reads."""
+    return plan_of(ast, _actions(backend, name, ast), backend.capabilities, backend.name)
 
 
 def get_runner(item: ScheduleItem) -> Runner:

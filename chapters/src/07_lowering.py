@@ -364,8 +364,10 @@ with tempfile.TemporaryDirectory() as empty_cache:
 np.testing.assert_allclose(searched, small1.numpy() @ small2.numpy(), rtol=1e-4, atol=1e-4)
 
 # %% [markdown] id="lower-33"
-# `DEBUG=3` lists the optimizations the engine applied to each kernel it compiles (along with the
-# AST and the fusion reasons of chapter 6). A new shape means a new kernel, so this one compiles.
+# `DEBUG=3` lists the optimizations the engine applied to each kernel it compiles, twice: as the
+# list of actions (`actions of ...`: the `Opt`s you could type yourself, tinygrad's
+# `applied_opts`) and in words (`optimizations of ...`), along with the AST and the fusion reasons
+# of chapter 6. A new shape means a new kernel, so this one compiles.
 # The stored outputs are a 16-lane (AVX-512) CPU's: the book is executed with `CPU_VECTOR_WIDTH=16`.
 # On yours the tile may differ (8 lanes with AVX2, 4 with NEON); set `CPU_VECTOR_WIDTH` before
 # starting Python to see another:
