@@ -8,9 +8,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from helpers import skip_unless_supported
 
-from tinyteach import Device, Tensor
+from tinyteach import Device, Tensor, dtypes
 
 # ---- tinygrad's device names: CL is OPENCL ----
 
@@ -62,3 +64,62 @@ def test_an_unknown_device_name_is_still_a_clear_error():
 def test_an_alias_cannot_be_registered_as_a_new_device():
     with pytest.raises(ValueError, match="CL is a built-in device"):
         Device.register("cl", lambda: Device["NUMPY"])
+
+
+# ---- Python ints outside an integer dtype's range wrap, as tinygrad stores them ----
+
+# (value, dtype, what tinygrad stores): the value modulo 2**bits, as C's cast to the unsigned
+# type of as many bits (and numpy's cast of an int64 array) gives it
+WRAPPED = [
+    ([255], "int8", [-1]),
+    ([256], "uint8", [0]),
+    ([-1], "uint32", [4294967295]),
+    ([-129, 128, 127], "int8", [127, -128, 127]),
+    ([-1, 65536], "uint16", [65535, 0]),
+    ([2**31, -2**31 - 1], "int32", [-2**31, 2**31 - 1]),
+    ([2**63], "int64", [-2**63]),
+    ([-1, 2**64 + 3], "uint64", [2**64 - 1, 3]),
+    ([[1, 300], [-300, 2]], "uint8", [[1, 44], [212, 2]]),
+    ([1.5, 300], "int8", [1, 44]),  # a float in the list converts as it does alone
+]
+
+
+def numpy_wrap(values: list, dtype: str) -> list:
+    """numpy's own wrap: the ints as int64 words (Python's arbitrary-precision ints reduced modulo
+    2**64 first), cast to the narrower type (an integer cast keeps the low bits)."""
+    flat = np.array(values, dtype=object).reshape(-1)
+    words = np.array([int(value) % 2**64 for value in flat], dtype=np.uint64)
+    return words.astype(np.dtype(dtype)).reshape(np.shape(values)).tolist()
+
+
+@pytest.mark.parametrize("values, dtype, expected", WRAPPED)
+def test_out_of_range_python_ints_wrap(device, values, dtype, expected):
+    skip_unless_supported(device, dtype)
+    if not any(isinstance(value, float) for value in np.array(values, dtype=object).flat):
+        assert numpy_wrap(values, dtype) == expected
+    x = Tensor(values, dtype=dtype, device=device)
+    assert x.dtype == dtypes.as_dtype(dtype) and x.device == device
+    assert x.tolist() == expected
+    assert (x + 0).tolist() == expected  # a kernel on the device reads the same words
+    assert x.numpy().tolist() == expected
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "uint32", "int32"])
+def test_a_list_wraps_as_a_constant_does(device, dtype):
+    skip_unless_supported(device, dtype)
+    for value in (-1, 255, 256, 2**32 + 5, -2**40):
+        from_list = Tensor([value], dtype=dtype, device=device).tolist()[0]
+        assert Tensor(value, dtype=dtype, device=device).tolist() == from_list
+        assert Tensor.full((1,), value, dtype=dtype, device=device).tolist() == [from_list]
+
+
+def test_an_int_list_without_a_dtype_wraps_into_the_default_int():
+    x = Tensor([2**32 + 7, -2**31 - 1])  # tinygrad: dtypes.int32, so the low 32 bits
+    assert x.dtype == dtypes.int32 and x.tolist() == [7, 2**31 - 1]
+
+
+def test_wrapping_keeps_the_other_errors():
+    with pytest.raises(ValueError):  # ragged lists stay an error
+        Tensor([[1, 300], [2]], dtype="int8")
+    assert Tensor([True, 300], dtype="bool").tolist() == [True, True]
+    assert Tensor([255, 1], dtype="float32").tolist() == [255.0, 1.0]

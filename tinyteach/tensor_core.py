@@ -48,6 +48,7 @@ from tinyteach.dtype import (
     least_upper_dtype,
     least_upper_float,
     to_bfloat16_bits,
+    truncate_to,
 )
 from tinyteach.gradient import (
     CONTIGUOUS_BACKWARD,
@@ -1431,6 +1432,33 @@ def _sharded_node(data: Any, devices: tuple[str, ...],
     return cast(str, devices), cast(UOp, node)
 
 
+def _array_from_list(data: list | tuple, dtype: DType) -> np.ndarray:
+    """A nested list as a numpy array of `dtype`. A Python int outside an integer dtype's range
+    wraps modulo 2**bits, as tinygrad stores it (`Tensor([255], dtype="int8")` is [-1],
+    `Tensor([-1], dtype="uint32")` [4294967295]): the same wrap as a constant's
+    (dtype.truncate_to) and as numpy's own cast of an int64 array. numpy refuses such an int
+    in a list (OverflowError), so only then is each int wrapped, one by one."""
+    if dtype.kind not in ("int", "uint"):
+        return np.array(data, dtype=dtype.np)
+    try:
+        return np.array(data, dtype=dtype.np)
+    except OverflowError:
+        pass
+    objects = np.array(data, dtype=object)
+    wrapped = np.frompyfunc(lambda value: _wrapped_int(value, dtype), 1, 1)(objects)
+    try:
+        return np.asarray(wrapped).astype(dtype.np)
+    except OverflowError as error:  # a float out of the range too: no wrap is defined for it
+        raise ValueError(f"cannot store the list's values in {dtype}: {error}") from None
+
+
+def _wrapped_int(value: Any, dtype: DType) -> Any:
+    """A Python int (or numpy integer) wrapped into `dtype`; any other value as it is."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return truncate_to(dtype, int(value))
+    return value
+
+
 def _uop_from_data(data: Any, dtype: DType | None, device: str) -> UOp:
     """Bring host data (list, numpy array) onto the device as a realized buffer (bfloat16 as
     its words, rounded from float32: numpy has no bfloat16, dtype.py)."""
@@ -1439,7 +1467,7 @@ def _uop_from_data(data: Any, dtype: DType | None, device: str) -> UOp:
         data = to_bfloat16_bits(np.asarray(data, dtype=np.float32))
         dtype = None
     if isinstance(data, (list, tuple)):
-        array = np.array(data, dtype=(dtype or dtypes.from_py(data)).np)
+        array = _array_from_list(data, dtype or dtypes.from_py(data))
     elif isinstance(data, np.ndarray):
         array = data if dtype is None else data.astype(dtype.np)
         if dtype is None and array.dtype.kind != "f":
