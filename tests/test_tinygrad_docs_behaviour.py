@@ -5,6 +5,7 @@ that value is the expected one here."""
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -123,3 +124,56 @@ def test_wrapping_keeps_the_other_errors():
         Tensor([[1, 300], [2]], dtype="int8")
     assert Tensor([True, 300], dtype="bool").tolist() == [True, True]
     assert Tensor([255, 1], dtype="float32").tolist() == [255.0, 1.0]
+
+
+# ---- Tensor(pathlib.Path(...)): a tensor of a file's bytes ----
+
+FILE_BYTES = bytes([104, 101, 108, 108, 111, 0, 255, 1, 128])  # b"hello", then 0, 255, 1, 128
+
+
+@pytest.fixture
+def file_path(tmp_path) -> pathlib.Path:
+    path = tmp_path / "weights.bin"
+    path.write_bytes(FILE_BYTES)
+    return path
+
+
+def test_a_path_gives_the_files_bytes_as_uint8(device, file_path):
+    # tinygrad: a 1-D uint8 tensor as long as the file (on its DISK device; here on `device`)
+    x = Tensor(file_path, device=device)
+    assert x.dtype == dtypes.uint8 and x.shape == (len(FILE_BYTES),) and x.device == device
+    assert x.tolist() == list(FILE_BYTES)
+    assert (x[:5].cast("int32") + 1).tolist() == [105, 102, 109, 109, 112]
+
+
+def test_a_path_lands_on_the_default_device(file_path):
+    assert Tensor(file_path).device == Device.DEFAULT
+
+
+def test_a_path_with_a_dtype_reads_the_bytes_as_it(file_path):
+    for dtype in ("uint16", "int32", "float32"):
+        x = Tensor(file_path, dtype=dtype, device="NUMPY")
+        whole = len(FILE_BYTES) // np.dtype(dtype).itemsize  # a shorter tail is left out
+        expected = np.frombuffer(FILE_BYTES[:whole * np.dtype(dtype).itemsize], dtype=dtype)
+        assert x.dtype == dtypes.as_dtype(dtype) and x.shape == (whole,)
+        np.testing.assert_array_equal(x.numpy(), expected)
+
+
+def test_an_empty_file_is_an_empty_tensor(tmp_path):
+    path = tmp_path / "empty.bin"
+    path.write_bytes(b"")
+    x = Tensor(path)
+    assert x.shape == (0,) and x.dtype == dtypes.uint8 and x.tolist() == []
+
+
+def test_a_path_replicated_over_devices(file_path):
+    x = Tensor(file_path, device=("CPU", "CPU:1"))
+    assert x.device == ("CPU", "CPU:1") and x.tolist() == list(FILE_BYTES)
+
+
+def test_a_missing_file_is_named(tmp_path):
+    missing = tmp_path / "no_such_file.bin"
+    with pytest.raises(FileNotFoundError, match="no_such_file.bin"):
+        Tensor(missing)
+    with pytest.raises(IsADirectoryError, match="folder"):
+        Tensor(tmp_path)

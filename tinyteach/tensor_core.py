@@ -32,6 +32,7 @@ Builds on: uop, schedule, realize, gradient. Used by: the other parts of chapter
 from __future__ import annotations
 
 import contextlib
+import pathlib
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -1417,7 +1418,7 @@ def _sharded_node(data: Any, devices: tuple[str, ...],
     """(device, graph) of `Tensor(data, devices)`: a sharded graph as it is, host data copied
     into a buffer on each device (realized, as `Tensor(data)` is), a graph made on the first
     device and replicated on each (constants need no copy)."""
-    if isinstance(data, (list, tuple, np.ndarray, bytes)):
+    if isinstance(data, (list, tuple, np.ndarray, bytes, pathlib.Path)):
         buffers = tuple(_uop_from_data(data, wanted, device) for device in devices)
         return cast(str, devices), cast(UOp, MultiUOp(buffers, devices, None))
     if isinstance(data, CoreTensor):
@@ -1459,9 +1460,23 @@ def _wrapped_int(value: Any, dtype: DType) -> Any:
     return value
 
 
+def _file_array(path: pathlib.Path, dtype: DType) -> np.ndarray:
+    """A file's bytes as a 1-D array of `dtype` (uint8 unless asked): as many whole elements as
+    the file holds, a shorter tail left out. tinygrad maps the file on its DISK device; here the
+    bytes are read and copied to the tensor's device."""
+    if path.is_dir():
+        raise IsADirectoryError(f"Tensor({path!r}): {path} is a folder, not a file")
+    contents = path.read_bytes()  # FileNotFoundError names the missing file
+    whole = len(contents) // dtype.itemsize * dtype.itemsize
+    return np.frombuffer(contents[:whole], dtype=dtype.np)
+
+
 def _uop_from_data(data: Any, dtype: DType | None, device: str) -> UOp:
-    """Bring host data (list, numpy array) onto the device as a realized buffer (bfloat16 as
-    its words, rounded from float32: numpy has no bfloat16, dtype.py)."""
+    """Bring host data (list, numpy array, bytes, a file's pathlib.Path) onto the device as a
+    realized buffer (bfloat16 as its words, rounded from float32: numpy has no bfloat16,
+    dtype.py)."""
+    if isinstance(data, pathlib.Path):
+        data, dtype = _file_array(data, dtype or dtypes.uint8), None
     if dtype == dtypes.bfloat16 and not (isinstance(data, np.ndarray) and
                                          is_bfloat16_words(data.dtype)):
         data = to_bfloat16_bits(np.asarray(data, dtype=np.float32))
