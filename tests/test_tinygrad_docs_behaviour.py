@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,9 @@ import numpy as np
 import pytest
 from helpers import skip_unless_supported
 
-from tinyteach import Device, Tensor, dtypes
+from tinyteach import Device, Tensor, dtypes, nn
+from tinyteach.schedule import is_contiguous_buffer
+from tinyteach.settings import Context
 
 # ---- tinygrad's device names: CL is OPENCL ----
 
@@ -177,3 +180,76 @@ def test_a_missing_file_is_named(tmp_path):
         Tensor(missing)
     with pytest.raises(IsADirectoryError, match="folder"):
         Tensor(tmp_path)
+
+
+# ---- load_state_dict(model, state_dict, strict, verbose, consume, realize) ----
+
+class Net:  # the docstring's example model
+    def __init__(self) -> None:
+        self.l1 = nn.Linear(4, 5)
+        self.l2 = nn.Linear(5, 6)
+
+
+def state_of(seed: int) -> dict[str, Tensor]:
+    rng = np.random.default_rng(seed)
+    shapes = {"l1.weight": (5, 4), "l1.bias": (5,), "l2.weight": (6, 5), "l2.bias": (6,)}
+    return {name: Tensor(rng.standard_normal(shape).astype(np.float32))
+            for name, shape in shapes.items()}
+
+
+def test_the_docstrings_example_loads_and_returns_the_tensors():
+    net, state = Net(), state_of(0)
+    expected = {name: value.numpy() for name, value in state.items()}
+    loaded = nn.state.load_state_dict(net, state)
+    assert loaded == [net.l1.weight, net.l1.bias, net.l2.weight, net.l2.bias]
+    for name, value in nn.state.get_state_dict(net).items():
+        np.testing.assert_array_equal(value.numpy(), expected[name])
+    assert set(state) == set(expected)  # consume=False keeps the keys
+
+
+def test_consume_deletes_the_loaded_keys():
+    net, state = Net(), state_of(1)
+    state["extra"] = Tensor([1.0])
+    expected = state["l2.bias"].numpy()
+    nn.state.load_state_dict(net, state, strict=False, consume=True)
+    assert list(state) == ["extra"]  # what was not loaded stays
+    np.testing.assert_array_equal(net.l2.bias.numpy(), expected)
+
+
+def test_consume_needs_a_mutable_mapping():
+    import types
+    proxy = types.MappingProxyType(state_of(2))
+    with pytest.raises(TypeError, match="consume=True.*must be a dict"):
+        nn.state.load_state_dict(Net(), proxy, consume=True)
+    nn.state.load_state_dict(Net(), proxy)  # without consume a read-only mapping is fine
+
+
+def test_realize_false_leaves_the_loads_lazy():
+    net, state = Net(), state_of(3)
+    expected = state["l1.weight"].numpy()
+    loaded = nn.state.load_state_dict(net, state, realize=False)
+    assert not is_contiguous_buffer(net.l1.weight.uop)  # an assign waits for the next realize
+    Tensor.realize(*loaded)
+    assert is_contiguous_buffer(net.l1.weight.uop)
+    np.testing.assert_array_equal(net.l1.weight.numpy(), expected)
+
+
+def test_verbose_prints_tinygrads_line(capsys):
+    nn.state.load_state_dict(Net(), state_of(4), verbose=True)
+    printed = capsys.readouterr().out
+    # tinygrad: Timing("loaded weights in ", ", {GB:.2f} GB loaded at {GB/s:.2f} GB/s")
+    pattern = r"loaded weights in +\d+\.\d\d ms, \d+\.\d\d GB loaded at \d+\.\d\d GB/s\n"
+    assert re.fullmatch(pattern, printed), printed
+    nn.state.load_state_dict(Net(), state_of(4))
+    assert capsys.readouterr().out == ""  # tinyteach's default is quiet (the docstring says why)
+
+
+def test_debug_warns_about_what_is_not_loaded(capsys):
+    state = state_of(5)
+    del state["l2.bias"]
+    state["a"], state["b"] = Tensor([1.0]), Tensor([2.0])
+    with Context(DEBUG=1):
+        nn.state.load_state_dict(Net(), state, strict=False)
+    printed = capsys.readouterr().out
+    assert "WARNING: unused weights in state_dict ['a', 'b']" in printed
+    assert "WARNING: not loading l2.bias" in printed

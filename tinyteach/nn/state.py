@@ -37,16 +37,17 @@ import struct
 import tarfile
 import zipfile
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from tinyteach.dtype import BFLOAT16_WORDS, DType, dtypes, to_bfloat16_bits
-from tinyteach.helpers import prod
+from tinyteach.helpers import GlobalCounters, Timing, prod
 from tinyteach.schedule import is_contiguous_buffer
+from tinyteach.settings import DEBUG
 from tinyteach.tensor import Tensor
 
 # ---- walking a model ----
@@ -86,27 +87,63 @@ def get_parameters(obj: Any) -> list[Tensor]:
     return list(unique.values())
 
 
-def load_state_dict(model: Any, state_dict: Mapping[str, Tensor],
-                    strict: bool = True) -> list[Tensor]:
-    """Assign `state_dict`'s values to the model's tensors with the same names, and realize them.
+def load_state_dict(model: Any, state_dict: Mapping[str, Tensor], strict: bool = True,
+                    verbose: bool = False, consume: bool = False,
+                    realize: bool = True) -> list[Tensor]:
+    """Assign `state_dict`'s values to the model's tensors with the same names; returns them.
 
     With strict=True every model key must be present and no extra keys may be given; a shape
     mismatch is always an error (a single value may be () or (1,)). All problems are reported
-    together, before anything changes."""
+    together, before anything changes. tinygrad's keywords: `realize=False` leaves the loads
+    lazy (the next realize of the model's tensors copies them), `consume=True` deletes each
+    loaded key from `state_dict` (to free its tensor early), `verbose=True` prints tinygrad's
+    "loaded weights in ... ms, ... GB loaded at ... GB/s"."""
+    # tinygrad: verbose=True by default; here it is off, so a notebook's output stays the same
+    # from run to run (the line is a wall-clock time)
     targets = get_state_dict(model)
     problems = _state_dict_problems(targets, state_dict, strict)
     if problems:
         raise StateDictError("load_state_dict: " + "; ".join(problems))
+    if consume and not isinstance(state_dict, MutableMapping):
+        raise TypeError(f"load_state_dict(consume=True) deletes the loaded keys from the state "
+                        f"dict, so it must be a dict, not {type(state_dict).__name__}")
+    _warn_about_unused_keys(targets, state_dict)
+    start_bytes = GlobalCounters.mem_used
+    with Timing("loaded weights in ", lambda nanoseconds: _loaded_rate(start_bytes, nanoseconds),
+                enabled=verbose):
+        loaded = _assign_each(targets, state_dict)
+        if realize and loaded:
+            Tensor.realize(*loaded)
+    if consume:
+        for name in targets:
+            cast(MutableMapping, state_dict).pop(name, None)
+    return loaded
+
+
+def _assign_each(targets: Mapping[str, Tensor], state_dict: Mapping[str, Tensor]) -> list[Tensor]:
+    """Each model tensor that the state dict names, assigned (lazily) its value there."""
     loaded = []
     for name, target in targets.items():
-        if name in state_dict:
-            value = state_dict[name].to(target.device).cast(target.dtype)
-            if value.shape != target.shape:  # a single value: () and (1,) are the same count
-                value = value.reshape(target.shape)
-            loaded.append(_own_buffer(target).assign(value))
-    if loaded:
-        Tensor.realize(*loaded)
+        if name not in state_dict:
+            if DEBUG.value >= 1:
+                print(f"WARNING: not loading {name}")  # tinygrad's words
+            continue
+        value = state_dict[name].to(target.device).cast(target.dtype)
+        if value.shape != target.shape:  # a single value: () and (1,) are the same count
+            value = value.reshape(target.shape)
+        loaded.append(_own_buffer(target).assign(value))
     return loaded
+
+
+def _warn_about_unused_keys(targets: Mapping[str, Tensor], given: Mapping[str, Tensor]) -> None:
+    if DEBUG.value >= 1 and len(given) > len(targets):  # tinygrad's test and words
+        print("WARNING: unused weights in state_dict", sorted(given.keys() - targets.keys()))
+
+
+def _loaded_rate(start_bytes: int, nanoseconds: int) -> str:
+    """The end of tinygrad's line: the memory allocated while loading, and its rate."""
+    loaded_bytes = GlobalCounters.mem_used - start_bytes
+    return f", {loaded_bytes / 1e9:.2f} GB loaded at {loaded_bytes / max(nanoseconds, 1):.2f} GB/s"
 
 
 class StateDictError(KeyError, ValueError):
