@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,21 @@ OPTIONAL = ["OPENCL", "WEBGPU", "CUDA"]
 # the fuzzers' fixed-seed slices: `make test` runs each with its small budget, `make fuzz` with
 # TINYTEACH_FUZZ_SCALE times as many cases (and the fuzzers' own long runs)
 FUZZ_SCALE = "TINYTEACH_FUZZ_SCALE"
+
+
+# environment variables that choose the default device (tinygrad's names included): a test
+# that runs Python with some of them set starts from none of them
+DEVICE_VARIABLES = ("DEV", "NUMPY", "CPU", "OPENCL", "CL", "GPU", "CLANG", "DEBUG")
+# a program that prints the default device and a new tensor's device
+PRINT_DEFAULT_DEVICE = ("from tinyteach import Device, Tensor\n"
+                        "print(Device.DEFAULT, Tensor([1.0]).device)")
+
+
+def python_with_env(code: str, **env: str) -> subprocess.CompletedProcess:
+    """Run `code` in a new Python with `env` set and no other device variable."""
+    clean = {k: v for k, v in os.environ.items() if k not in DEVICE_VARIABLES}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**clean, **env}, timeout=120)
 
 
 def fuzz_budget(cases: int) -> int:

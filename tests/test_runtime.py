@@ -8,14 +8,13 @@ import inspect
 import multiprocessing
 import os
 import shutil
-import subprocess
-import sys
 import uuid
 import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import PRINT_DEFAULT_DEVICE, python_with_env
 
 import tinyteach.runtime.cpu as cpu
 from tinyteach import Tensor, dtypes
@@ -161,14 +160,7 @@ def test_compile_error_is_raised_through_the_engine(cache):
 
 # ---- choosing a device ----
 
-def python_with_env(code: str, **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("DEV", "NUMPY", "CPU", "DEBUG")}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**clean, **env}, timeout=120)
-
-
-DEFAULT = ("from tinyteach import Device, Tensor\n"
-           "print(Device.DEFAULT, Tensor([1.0]).device)")
+DEFAULT = PRINT_DEFAULT_DEVICE
 
 
 def test_default_device_is_the_best_available():

@@ -4,15 +4,12 @@ names (`DEV=CL`), Python ints wrapping into an integer dtype, a tensor made from
 that value is the expected one here."""
 from __future__ import annotations
 
-import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from helpers import skip_unless_supported
+from helpers import PRINT_DEFAULT_DEVICE, python_with_env, skip_unless_supported
 
 from tinyteach import Device, Tensor, dtypes, nn
 from tinyteach.schedule import is_contiguous_buffer
@@ -20,17 +17,9 @@ from tinyteach.settings import Context
 
 # ---- tinygrad's device names: CL is OPENCL ----
 
-DEVICE_VARIABLES = ("DEV", "NUMPY", "CPU", "OPENCL", "CL", "GPU", "CLANG", "DEBUG")
-DEFAULT = ("from tinyteach import Device, Tensor\n"
-           "print(Device.DEFAULT, Tensor([1.0]).device)")
+DEFAULT = PRINT_DEFAULT_DEVICE
 needs_opencl = pytest.mark.skipif(not Device.is_available("OPENCL"),
                                   reason="OPENCL is not available here")
-
-
-def python_with_env(code: str, **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in DEVICE_VARIABLES}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**clean, **env}, timeout=120)
 
 
 @needs_opencl

@@ -49,6 +49,13 @@ from tinyteach.uop import COMPARISONS, Ops, UOp, is_bitcast, store_parts
 WHOLE_VECTOR_INFIX = {Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^",
                       Ops.IDIV: "/"}
 
+
+
+def _four_byte_lanes(dtype: DType) -> bool:
+    """Lanes of 4 bytes: float32 and int32, or a mask (its lanes are ints, vector_declarations)."""
+    return dtype.scalar.itemsize == 4 or dtype.scalar == dtypes.bool
+
+
 C_PRELUDE = "#include <stdbool.h>\n"
 # <math.h> costs gcc ~17 ms of parsing: it is included only where the body may call a function
 # (any name before a parenthesis that is not a keyword, one of the kernel's own helpers or a
@@ -598,9 +605,7 @@ class CRenderer(CStyleRenderer):
         arithmetic and masks need: comparisons (each lane -1 or 0, negated into the mask's 1 or
         0), &, |, ^ and integer `/`, and WHERE as a select of bits (C's `?:` takes no vector
         condition). Written lane by lane, these kept gcc from vectorizing the kernel."""
-        if dtype.scalar.itemsize != 4 and dtype.scalar != dtypes.bool or \
-                any(s.dtype.scalar.itemsize != 4 and s.dtype.scalar != dtypes.bool
-                    for s in sources):
+        if not all(_four_byte_lanes(d) for d in (dtype, *(s.dtype for s in sources))):
             return super().vector_alu(op, dtype, sources, operands)
         if op is Ops.IDIV and not (dtypes.is_int(dtype) and is_safe_divisor(operands[1])):
             return super().vector_alu(op, dtype, sources, operands)  # (guards for 0 and -1)
