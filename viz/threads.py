@@ -1,14 +1,17 @@
 """Threads and memory, drawn from the PYTHON emulator's record (tinyteach/runtime/python.py).
 
 What a student sees:
-- `thread_map(trace, "data1")`: GPU-Puzzles style, one square per element of a buffer, coloured
-  by the thread that read (or wrote) it and labelled with that thread's number in its group:
-  a group reduction paints each row of the input with 16 colours, one thread per output paints
-  a row with one colour;
+- `thread_map(trace, "data1")`: GPU-Puzzles style, one square per element of a buffer,
+  labelled with the number (within its group) of the thread that read (or wrote) it. With
+  several work-groups each group has a colour of its own, in two shades for even and odd
+  threads; with one group each thread has its own colour. Long rows wrap (`wrap`), with the
+  first element's address at the left of each drawn line;
+- `launch_grid(trace)`: the launch as a grid of work-groups, each a box of its threads in the
+  group's colour, with the warps (32 consecutive threads) outlined;
 - `access_pattern(trace)`: for every load and store of the program, the addresses that the
-  first threads of a group touch in the same step. Neighbouring threads at neighbouring
-  addresses (stride 1) are *coalesced*: the GPU serves them with one wide memory transaction.
-  A stride of a whole row means one transaction per thread;
+  first threads of a group touch in the same step, and the 32-byte *sectors* the first warp
+  touches. Neighbouring threads at neighbouring addresses (stride 1) are *coalesced*: a warp of
+  32 threads reading 32 floats moves 4 sectors; a stride of a whole row moves one per thread;
 - `shared_traffic(trace)`: reads and writes of shared memory in each barrier phase (the steps
   between two barriers), per group: the tree's halving shows as phases with half the traffic;
 - `launch_summary(trace)`: groups, threads per group, shared bytes, barriers, and the loads and
@@ -40,11 +43,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyteach.runtime.python import AccessEvent, Trace
+from tinyteach.search import SECTOR_BYTES, WARP_THREADS
 from tinyteach.wmma import TensorCoreBlock
-from viz.figure import PALETTE, Figure, escape, preformatted, svg_image, table, wrap
+from viz.figure import Figure, escape, preformatted, svg_image, table, wrap
 
 CELL = 26       # pixels per drawn element
 MAX_CELLS = 1024  # larger buffers are drawn in part, with a note
+WRAP = 32       # a drawn line holds at most this many elements; longer rows wrap
+MARGIN = 44     # pixels at the left of a wrapped drawing, for each line's first address
+MAX_GROUPS = 64  # launch_grid draws at most this many work-groups (and MAX_CELLS threads)
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,14 @@ class Stride:
     kind: str
     stride: int | None
     addresses: tuple[int, ...]   # of the first threads of the first group
+    warp_lanes: int = 0          # threads of the first group's first warp in this step
+    sectors: int = 0             # the 32-byte sectors those threads touch
+    itemsize: int = 4            # bytes per element
+
+    @property
+    def fewest_sectors(self) -> int:
+        """The sectors the warp's lanes would need at consecutive addresses (coalesced)."""
+        return -(-self.warp_lanes * self.itemsize // SECTOR_BYTES)
 
     @property
     def verdict(self) -> str:
@@ -71,7 +86,27 @@ class Stride:
 
 
 def thread_color(thread: int) -> str:
-    return PALETTE[thread % len(PALETTE)]
+    """Thread (or lane) `thread`'s colour: hues the golden angle apart, so that the 32 lanes
+    of a warp all differ and neighbours differ most."""
+    return f"hsl({(thread * 137.508) % 360:.0f}, 60%, 76%)"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def element_color(group: int, thread: int, several_groups: bool) -> str:
+    """How thread_map and launch_grid colour a thread: by its group when there are several
+    (`group_color`), else by the thread itself (`thread_color`)."""
+    return group_color(group, thread) if several_groups else thread_color(thread)
+
+
+def group_color(group: int, thread: int = 0) -> str:
+    """Work-group `group`'s colour: a hue of its own (the golden angle apart, so that
+    neighbouring groups differ most), light for even threads and darker for odd ones."""
+    hue = (group * 137.508) % 360
+    lightness = 80 if thread % 2 == 0 else 66
+    return f"hsl({hue:.0f}, 65%, {lightness}%)"
 
 
 def _linear_thread(threads: np.ndarray, local_size: tuple[int, int, int]) -> np.ndarray:
@@ -100,85 +135,244 @@ def _figure(title: str, svg: str, text: str, notes: list[str]) -> Figure:
 # ---- which thread touches which element ----
 
 def thread_map(trace: Trace, buffer: str = "data1", kind: str = "read",
-               columns: int | None = None) -> Figure:
-    """One square per element of `buffer`, coloured and labelled by the thread (its number
-    within its group) that read it (`kind="write"`: wrote it); `*` marks an element touched
-    by several threads, blank squares were not touched. `columns`: elements per row."""
+               columns: int | None = None, wrap: int = WRAP) -> Figure:
+    """One square per element of `buffer`, labelled by the thread (its number within its
+    group) that read it (`kind="write"`: wrote it); `*` marks an element touched by several
+    threads, blank squares were not touched. Colours: with several work-groups, the group
+    (`group_color`: a hue per group, two shades for even and odd threads); with one, the
+    thread. `columns`: elements per row of the buffer; a row longer than `wrap` is drawn on
+    several lines, each starting with the address of its first element."""
     if buffer not in trace.buffer_sizes:
         raise ValueError(f"{trace.name} has no buffer {buffer!r}; it has "
                          f"{sorted(trace.buffer_sizes)}")
+    if wrap < 1:
+        raise ValueError(f"wrap must be at least 1 element per line, not {wrap}")
     size = min(trace.buffer_sizes[buffer], MAX_CELLS)
-    owners: dict[int, set[tuple[int, int]]] = {}
-    for event in trace.accesses(kind, buffer):
-        group_ids = _linear_thread(event.groups, trace.launch.groups)
-        thread_ids = _linear_thread(event.threads, trace.launch.local_size)
-        for group, thread, address in zip(group_ids, thread_ids, event.addresses):
-            owners.setdefault(int(address), set()).add((int(group), int(thread)))
+    owners = _owners(trace, buffer, kind)
+    by_group = trace.launch.group_count > 1
     columns = columns or min(size, 16)
-    rows = -(-size // columns)
+    place = _Layout(columns, wrap)
     parts, lines = [], []
     for address in range(size):
-        x, y = (address % columns) * CELL, (address // columns) * CELL
+        x, y = place.position(address)
         who = sorted(owners.get(address, set()))
         if not who:
             parts.append(_cell(x, y, "#ffffff", "", f"{buffer}[{address}]: not touched"))
             continue
         label = str(who[0][1]) if len(who) == 1 else "*"
         tip = f"{buffer}[{address}]: " + ", ".join(f"group {g} thread {t}" for g, t in who)
-        parts.append(_cell(x, y, thread_color(who[0][1]), label, tip))
+        parts.append(_cell(x, y, element_color(*who[0], by_group), label, tip))
         lines.append(tip)
+    parts += place.address_labels(size)
     notes = [] if size == trace.buffer_sizes[buffer] else \
         [f"the first {size} of {trace.buffer_sizes[buffer]} elements"]
+    notes.append("colour: the work-group (a shade for even threads, one for odd)" if by_group
+                 else "one work-group: a colour per thread")
+    if place.wraps:
+        notes.append(f"rows of {columns} elements drawn in lines of {place.per_line}")
     verb = "reads" if kind == "read" else "writes"
     title = f"{trace.name}: which thread {verb} each element of {buffer}"
-    return _figure(title, _svg(columns * CELL, rows * CELL, parts), "\n".join([title, *lines]),
-                   notes)
+    width, height = place.size(size)
+    return _figure(title, _svg(width, height, parts), "\n".join([title, *lines]), notes)
+
+
+def _owners(trace: Trace, buffer: str, kind: str) -> dict[int, set[tuple[int, int]]]:
+    """Each touched address of `buffer` -> the (group, thread) numbers that touched it."""
+    owners: dict[int, set[tuple[int, int]]] = {}
+    for event in trace.accesses(kind, buffer):
+        group_ids = _linear_thread(event.groups, trace.launch.groups)
+        thread_ids = _linear_thread(event.threads, trace.launch.local_size)
+        for group, thread, address in zip(group_ids, thread_ids, event.addresses):
+            owners.setdefault(int(address), set()).add((int(group), int(thread)))
+    return owners
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where thread_map draws each element: rows of `columns` elements, each row cut into
+    drawn lines of at most `wrap`, a small gap between rows when they wrap."""
+
+    columns: int
+    wrap: int
+
+    @property
+    def per_line(self) -> int:
+        return min(self.columns, self.wrap)
+
+    @property
+    def wraps(self) -> bool:
+        return self.columns > self.wrap
+
+    @property
+    def lines_per_row(self) -> int:
+        return -(-self.columns // self.per_line)
+
+    def _line_top(self, row: int, segment: int) -> int:
+        gap = CELL // 3 if self.wraps else 0
+        return (row * self.lines_per_row + segment) * CELL + row * gap
+
+    def position(self, address: int) -> tuple[int, int]:
+        row, column = divmod(address, self.columns)
+        segment, x = divmod(column, self.per_line)
+        left = MARGIN if self.wraps else 0
+        return left + x * CELL, self._line_top(row, segment)
+
+    def address_labels(self, size: int) -> list[str]:
+        """The address of each drawn line's first element, at its left (wrapped rows only)."""
+        if not self.wraps:
+            return []
+        labels = []
+        for row in range(-(-size // self.columns)):
+            for segment in range(self.lines_per_row):
+                first = row * self.columns + segment * self.per_line
+                if first >= size:
+                    break
+                top = self._line_top(row, segment)
+                labels.append(f'<text x="{MARGIN - 6}" y="{top + CELL // 2 + 3}" '
+                              f'text-anchor="end" fill="#555">{first}</text>')
+        return labels
+
+    def size(self, elements: int) -> tuple[int, int]:
+        rows = -(-elements // self.columns)
+        left = MARGIN if self.wraps else 0
+        return left + self.per_line * CELL, self._line_top(rows, 0) - (CELL // 3 if
+                                                                      self.wraps else 0)
+
+
+# ---- the launch as a grid of work-groups ----
+
+def launch_grid(trace: Trace, warp: int = WARP_THREADS) -> Figure:
+    """The launch's work-groups as boxes, in the order of their numbers (a row of the grid's
+    first dimension per line, where it fits); in each, a square per thread (labelled with its
+    number in the group, coloured as thread_map colours it), and a dashed frame around each
+    warp: `warp` consecutive thread numbers."""
+    launch = trace.launch
+    threads, local = launch.threads_per_group, launch.local_size
+    box = _GroupBox(threads, min(threads, WRAP), warp, launch.group_count > 1)
+    shown = min(launch.group_count, MAX_GROUPS, max(1, MAX_CELLS // threads))
+    fits = max(1, 1200 // (box.width + 10))
+    across = launch.groups[0] if 1 < launch.groups[0] <= fits else min(shown, fits)
+    parts, lines = [], [f"{trace.name}: {_plural(launch.group_count, 'work-group')} of "
+                        f"{_plural(threads, 'thread')} ({local[0]} x {local[1]} x {local[2]}), "
+                        f"warps of {warp}"]
+    for number in range(shown):
+        group_id = _group_id(number, launch.groups)
+        left, top = (number % across) * (box.width + 10), (number // across) * (box.height + 10)
+        parts += box.draw(number, group_id, left, top)
+        lines.append(f"group {number} {group_id}: threads 0..{threads - 1}, "
+                     f"{_plural(-(-threads // warp), 'warp')}")
+    notes = [f"a warp is {warp} consecutive threads of a group, run together"]
+    if shown < launch.group_count:
+        notes.append(f"the first {shown} of {launch.group_count} work-groups")
+    rows = -(-shown // across)
+    svg = _svg(across * (box.width + 10), rows * (box.height + 10), parts)
+    return _figure(lines[0], svg, "\n".join(lines), notes)
+
+
+def _group_id(number: int, groups: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Work-group `number`'s 3-d id (x fastest, as _linear_thread numbers them)."""
+    return number % groups[0], (number // groups[0]) % groups[1], number // (groups[0] * groups[1])
+
+
+@dataclass(frozen=True)
+class _GroupBox:
+    """One work-group of launch_grid: its threads in lines of `per_line`, warps framed."""
+
+    threads: int
+    per_line: int
+    warp: int
+    several_groups: bool
+
+    @property
+    def width(self) -> int:
+        return self.per_line * CELL + 12
+
+    @property
+    def height(self) -> int:
+        return -(-self.threads // self.per_line) * CELL + 28
+
+    def draw(self, number: int, group_id: tuple[int, int, int], left: int, top: int) -> list[str]:
+        parts = [f'<rect x="{left}" y="{top}" width="{self.width}" height="{self.height}" '
+                 f'fill="none" stroke="#333" stroke-width="1.5" rx="4"/>',
+                 f'<text x="{left + 6}" y="{top + 14}" font-size="11">group {number} '
+                 f'{group_id}</text>']
+        for thread in range(self.threads):
+            row, column = divmod(thread, self.per_line)
+            tip = f"group {number} {group_id}, thread {thread}, warp {thread // self.warp}"
+            fill = element_color(number, thread, self.several_groups)
+            parts.append(_cell(left + 6 + column * CELL, top + 20 + row * CELL, fill,
+                               str(thread), tip))
+        return parts + _warp_frames(self.threads, self.per_line, self.warp, left + 6, top + 20)
+
+
+def _warp_frames(threads: int, per_line: int, warp: int, left: int, top: int) -> list[str]:
+    """A dashed frame around each drawn line's part of each warp."""
+    frames = []
+    for first in range(0, threads, warp):
+        last = min(first + warp, threads) - 1
+        for row in range(first // per_line, last // per_line + 1):
+            start = max(first, row * per_line) - row * per_line
+            stop = min(last, (row + 1) * per_line - 1) - row * per_line
+            frames.append(f'<rect x="{left + start * CELL - 1}" y="{top + row * CELL - 1}" '
+                          f'width="{(stop - start + 1) * CELL}" height="{CELL}" fill="none" '
+                          f'stroke="#000" stroke-width="1.5" stroke-dasharray="4 2"/>')
+    return frames
 
 
 # ---- coalesced or strided ----
 
-def strides(trace: Trace, threads: int = 8) -> list[Stride]:
+def strides(trace: Trace, threads: int = 8, itemsize: int = 4) -> list[Stride]:
     """For each load and store step of global memory (in program order, first time only): the
-    addresses of the first `threads` threads of the first group that ran it, and their stride."""
+    addresses of the first `threads` threads of the first group that ran it, their stride, and
+    the 32-byte sectors the group's first warp touched (elements of `itemsize` bytes: the
+    record holds element indices)."""
     found: dict[tuple[int, str], Stride] = {}
     for event in trace.events:
         if event.is_shared or (event.step, event.kind) in found:
             continue
-        found[(event.step, event.kind)] = _stride_of(event, trace, threads)
+        found[(event.step, event.kind)] = _stride_of(event, trace, threads, itemsize)
     return [found[key] for key in sorted(found)]
 
 
-def _stride_of(event: AccessEvent, trace: Trace, threads: int) -> Stride:
+def _stride_of(event: AccessEvent, trace: Trace, threads: int, itemsize: int) -> Stride:
     group_ids = _linear_thread(event.groups, trace.launch.groups)
-    first = event.addresses[group_ids == group_ids.min()]
-    thread_ids = _linear_thread(event.threads, trace.launch.local_size)[group_ids ==
-                                                                        group_ids.min()]
+    in_first = group_ids == group_ids.min()
+    first = event.addresses[in_first]
+    thread_ids = _linear_thread(event.threads, trace.launch.local_size)[in_first]
     order = np.argsort(thread_ids, kind="stable")[:threads]
     addresses = tuple(int(a) for a in first[order])
     gaps = {b - a for a, b in zip(addresses, addresses[1:])}
     stride = gaps.pop() if len(gaps) == 1 else None
-    return Stride(event.step, event.buffer, event.kind, stride, addresses)
+    first_warp = thread_ids // WARP_THREADS == (thread_ids // WARP_THREADS).min()
+    warp_sectors = np.unique(first[first_warp] * itemsize // SECTOR_BYTES)
+    return Stride(event.step, event.buffer, event.kind, stride, addresses,
+                  int(first_warp.sum()), len(warp_sectors), itemsize)
 
 
-def access_pattern(trace: Trace, threads: int = 8) -> Figure:
-    """A row per global load or store: the addresses of threads 0, 1, 2, ... in one step, and
-    whether they are coalesced (neighbours at neighbouring addresses) or strided."""
-    found = strides(trace, threads)
+def access_pattern(trace: Trace, threads: int = 8, itemsize: int = 4) -> Figure:
+    """A row per global load or store: the addresses of threads 0, 1, 2, ... in one step,
+    whether they are coalesced (neighbours at neighbouring addresses) or strided, and the
+    32-byte sectors the first warp moves, against the fewest its threads could need."""
+    found = strides(trace, threads, itemsize)
     parts, lines = [], [f"{trace.name}: addresses of threads 0..{threads - 1} in one step"]
     label_width = 170
+    width = label_width + threads * CELL
     for row, stride in enumerate(found):
         y = row * CELL
         caption = f"%{stride.step} {stride.kind} {stride.buffer}: {stride.verdict}"
+        warp = (f"warp 0: {_plural(stride.warp_lanes, 'thread')}, "
+                f"{_plural(stride.sectors, 'sector')} (fewest {stride.fewest_sectors})")
         parts.append(f'<text x="0" y="{y + CELL // 2 + 3}">{escape(caption)}</text>')
         for column, address in enumerate(stride.addresses):
             parts.append(_cell(label_width + column * CELL, y, thread_color(column),
                                str(address), f"thread {column}: {stride.buffer}[{address}]"))
-        lines.append(f"{caption:<40} {list(stride.addresses)}")
-    width = label_width + threads * CELL
-    svg = _svg(width, max(len(found), 1) * CELL, parts)
+        parts.append(f'<text x="{width + 8}" y="{y + CELL // 2 + 3}">{escape(warp)}</text>')
+        lines.append(f"{caption:<32} {str(list(stride.addresses)):<28} {warp}")
+    svg = _svg(width + 260, max(len(found), 1) * CELL, parts)
     return _figure(lines[0], svg, "\n".join(lines),
-                   ["coalesced: one memory transaction serves neighbouring threads; strided: "
-                    "one per thread"])
+                   [f"memory moves in {SECTOR_BYTES}-byte sectors, for a warp of "
+                    f"{WARP_THREADS} threads at once: coalesced, its threads share sectors; "
+                    "strided, each thread needs its own"])
 
 
 # ---- shared memory per barrier phase ----

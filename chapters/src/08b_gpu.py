@@ -5,15 +5,19 @@
 # *thread*, and each thread runs its whole reduction alone. This chapter looks at what a GPU
 # adds, and runs it on the **PYTHON** device, a GPU emulator written in numpy:
 #
-# - **threads and work-groups**: a GPU runs one program on many threads; threads come in
-#   *work-groups* that run side by side, share a small fast memory (*shared* memory) and can
-#   wait for each other at a *barrier*. Groups never wait for each other;
+# - **threads, warps and work-groups**: a GPU runs one program on many threads; threads come
+#   in *work-groups* that run side by side, share a small fast memory (*shared* memory) and can
+#   wait for each other at a *barrier*. Groups never wait for each other. Within a group, 32
+#   consecutive threads are a *warp*, which runs each instruction for all 32 at once and reads
+#   memory in 32-byte sectors: whether a warp's threads read neighbouring addresses decides how
+#   many sectors a load moves;
 # - **a reduction two ways**: one thread per output row, then a **group reduction**: a whole
 #   work-group shares a row, each thread sums a slice, the partial sums meet in shared memory,
 #   and a *tree* halves them until one is left;
-# - **the emulator's drawings**: which thread touches which element (GPU-Puzzles style),
-#   coalesced vs strided memory access, shared-memory traffic between barriers, and a launch
-#   summary;
+# - **the emulator's drawings**: the launch as a grid of work-groups and warps, which thread
+#   touches which element (GPU-Puzzles style, a colour per work-group), coalesced vs strided
+#   memory access with the sectors each warp moves, shared-memory traffic between barriers,
+#   and a launch summary;
 # - **the emulator's checks**: an access out of bounds, a barrier that some threads of a group
 #   skip, and a race on shared memory are errors that name the thread and the address;
 # - **matmul** with local tiles in shared memory, then on **tensor cores**: a warp of 32
@@ -41,7 +45,8 @@ from tinyteach.opt import KernelOptions
 from tinyteach.runtime.python import SharedMemoryRaceError, emulate, record_threads
 from tinyteach.schedule import create_schedule
 from tinyteach.uop import Ops
-from viz.threads import access_pattern, launch_summary, shared_traffic, thread_map
+from viz.threads import (access_pattern, launch_grid, launch_summary, shared_traffic, strides,
+                         thread_map)
 
 # %% [markdown] id="gpu-03"
 # ## Threads and work-groups
@@ -49,7 +54,9 @@ from viz.threads import access_pattern, launch_summary, shared_traffic, thread_m
 # `x * 2` on a 4×8 matrix is one kernel with one output loop per axis. On a GPU each loop becomes
 # a thread dimension: 8 threads along dimension 0 (the columns, so that neighbouring threads
 # write neighbouring memory) and 4 along dimension 1. Here they fit in one work-group of 8×4.
-# `record_threads()` keeps every thread's reads and writes:
+# The GPU runs a group's threads in **warps**: 32 consecutive thread numbers (NVIDIA's name;
+# AMD's *wavefronts* hold 32 or 64) that execute each instruction together, so this group of
+# 32 threads is exactly one warp. `record_threads()` keeps every thread's reads and writes:
 
 # %% id="gpu-04"
 x = rng.normal(size=(4, 8)).astype(np.float32)
@@ -60,7 +67,9 @@ print(launch_summary(traces[0]).text)
 
 # %% [markdown] id="gpu-05"
 # Each square is one element of the output, `data0`, labelled with the thread that wrote it
-# (its number within the group: x + 8·y). Thread 9 is thread (1, 1): row 1, column 1.
+# (its number within the group: x + 8·y). Thread 9 is thread (1, 1): row 1, column 1. With a
+# single work-group every thread has a colour of its own; with several (below), each group has
+# one, so that the groups stand out.
 
 # %% id="gpu-06"
 written = thread_map(traces[0], "data0", kind="write", columns=8)
@@ -69,6 +78,15 @@ thread_numbers = write.threads[:, 0] + 8 * write.threads[:, 1]
 assert np.array_equal(np.sort(write.addresses), np.arange(32))
 assert np.array_equal(thread_numbers, write.addresses)  # thread n writes element n
 written
+
+# %% [markdown] id="gpu-82"
+# `launch_grid` draws the launch itself: a box per work-group with a square per thread, and a
+# dashed frame around each warp. Here: one group, one warp of 32 threads.
+
+# %% id="gpu-83"
+grid = launch_grid(traces[0])
+assert grid.text.splitlines()[1] == "group 0 (0, 0, 0): threads 0..31, 1 warp"
+grid
 
 # %% [markdown] id="gpu-07"
 # ## A row sum, one thread per row
@@ -95,18 +113,43 @@ print(launch_summary(row_trace).text)
 
 # %% [markdown] id="gpu-09"
 # Four threads do all the work: each reads 64 elements, one after another. The drawing of the
-# input shows a row per colour:
+# input shows a row per colour (a row of 64 elements is drawn as two lines of 32, each line
+# starting with the address of its first element):
 
 # %% id="gpu-10"
 thread_map(row_trace, "data1", columns=64)
 
 # %% [markdown] id="gpu-11"
-# And at each step of the loop, the four threads read addresses 64 apart. A GPU serves a group
-# of neighbouring threads that read *neighbouring* addresses with one wide memory transaction
-# (the access is *coalesced*); addresses 64 elements apart need one transaction per thread:
+# And at each step of the loop, the four threads read addresses 64 apart. Memory serves a warp
+# at once, in **sectors** of 32 bytes: the sectors its threads' addresses fall in are what the
+# load moves. Threads of a warp at *neighbouring* addresses share sectors (the access is
+# *coalesced*): 32 threads reading 32 consecutive floats, 128 bytes, move 4 sectors. Addresses
+# 64 floats apart need a sector each, of which one float is used. `access_pattern` shows the
+# first threads' addresses in one step and the sectors the group's first warp moved, against
+# the fewest its threads could need. These four threads are four lanes of one warp: 4 sectors
+# for 16 bytes.
 
 # %% id="gpu-12"
-access_pattern(row_trace, threads=4)
+pattern = access_pattern(row_trace, threads=4)
+read_step = next(s for s in strides(row_trace) if s.kind == "read")
+assert (read_step.warp_lanes, read_step.sectors, read_step.fewest_sectors) == (4, 4, 1)
+pattern
+
+# %% [markdown] id="gpu-84"
+# With a whole warp the difference is 8×. `x.T * 2` on a 64×64 matrix is one thread per output
+# element, 64 threads along the output's row: each warp's 32 threads write 32 neighbouring
+# floats, but read a *column* of `x`, 32 floats 64 apart. The write moves 4 sectors, the read
+# 32, for the same 128 bytes of data. (This is why a GPU transpose stages a tile in shared
+# memory: read rows, write columns of the tile, and both global accesses coalesce.)
+
+# %% id="gpu-85"
+square64 = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)  # (rng kept for later cells)
+with record_threads() as transpose_traces:
+    transposed = (Tensor(square64, device="PYTHON").T * 2).contiguous().numpy()
+assert np.array_equal(transposed, square64.T * 2)
+sectors = {s.kind: (s.warp_lanes, s.sectors) for s in strides(transpose_traces[0])}
+assert sectors == {"read": (32, 32), "write": (32, 4)}
+access_pattern(transpose_traces[0])
 
 # %% [markdown] id="gpu-13"
 # ## A group reduction in shared memory
@@ -127,17 +170,28 @@ print(grouped.applied_opts)
 print(grouped)
 
 # %% [markdown] id="gpu-15"
-# Sixty-four threads in 4 groups now, each reading 4 elements instead of 64:
+# Sixty-four threads in 4 groups now, each reading 4 elements instead of 64. Each group of 16
+# threads is half a warp (a warp never spans two groups):
 
 # %% id="gpu-16"
 print(launch_summary(group_trace).text)
+launch_grid(group_trace)
+
+# %% [markdown] id="gpu-86"
+# Which thread reads which element, each work-group in its own colour (even and odd threads in
+# two shades of it):
+
+# %% id="gpu-87"
 thread_map(group_trace, "data1", columns=64)
 
 # %% [markdown] id="gpu-17"
-# Each row is painted with 16 colours, and the neighbouring threads of a step read neighbouring
-# addresses: coalesced.
+# Each row is one work-group's colour, and its 16 threads take turns along it: at each step
+# the neighbouring threads read neighbouring addresses, coalesced. Sixteen floats are 64 bytes:
+# the half warp moves 2 sectors, the fewest possible.
 
 # %% id="gpu-18"
+read_step = next(s for s in strides(group_trace) if s.kind == "read")
+assert (read_step.warp_lanes, read_step.sectors) == (16, 2) and read_step.verdict == "coalesced"
 access_pattern(group_trace)
 
 # %% [markdown] id="gpu-19"
