@@ -17,8 +17,8 @@ module (or small package) that opens with what it teaches, and one notebook in c
 | 4b | Symbolic shapes: one kernel for every length         | (none); also uop.py, view.py      |
 | 5  | Rewriting graphs: the pattern matcher                | rewrite.py                        |
 | 6  | Scheduling: kernel fusion                            | schedule.py                       |
-| 7  | Lowering: loops, indices, optimizations              | lower.py, plan.py, opt.py,        |
-|    |                                                      | search.py, pack.py                |
+| 7  | Lowering and the optimization space:                 | lower.py, plan.py, opt.py,        |
+|    | actions and BEAM                                     | search.py, pack.py                |
 | 8  | Code generation: C, OpenCL, CUDA, WGSL               | render/, transcendental.py        |
 | 8b | GPU kernels: threads, work-groups and shared memory  | runtime/python.py, wmma.py,       |
 |    |                                                      | viz/threads.py;                   |

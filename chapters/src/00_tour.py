@@ -161,7 +161,7 @@ assert abs(loss.item() - (np.log(10) + logits.std() ** 2 / 2)) < 0.25  # 4 image
 # | 4b | Symbolic shapes: one kernel for every length | [04b_symbolic](04b_symbolic.ipynb) | (reads [`uop.py`](../tinyteach/uop.py) and [`view.py`](../tinyteach/view.py) again) |
 # | 5 | Rewriting graphs: the pattern matcher | [05_rewrite](05_rewrite.ipynb) | [`rewrite.py`](../tinyteach/rewrite.py) |
 # | 6 | Scheduling: kernel fusion | [06_scheduling](06_scheduling.ipynb) | [`schedule.py`](../tinyteach/schedule.py) |
-# | 7 | Lowering: loops, indices, optimizations | [07_lowering](07_lowering.ipynb) | [`lower.py`](../tinyteach/lower.py), [`opt.py`](../tinyteach/opt.py), [`pack.py`](../tinyteach/pack.py), [`search.py`](../tinyteach/search.py) |
+# | 7 | Lowering and the optimization space: actions and BEAM | [07_lowering](07_lowering.ipynb) | [`lower.py`](../tinyteach/lower.py), [`opt.py`](../tinyteach/opt.py), [`pack.py`](../tinyteach/pack.py), [`search.py`](../tinyteach/search.py) |
 # | 8 | Code generation: C, OpenCL, CUDA, WGSL | [08_codegen](08_codegen.ipynb) | [`render/`](../tinyteach/render/) |
 # | 8b | GPU kernels: threads, work-groups and shared memory | [08b_gpu](08b_gpu.ipynb) | [`runtime/python.py`](../tinyteach/runtime/python.py) (the emulator), [`wmma.py`](../tinyteach/wmma.py), [`viz/threads.py`](../viz/threads.py) |
 # | 8c | GPU puzzles: kernels you write, graded by the emulator | [08c_gpu_puzzles](08c_gpu_puzzles.ipynb) | [`exercises/gpu_puzzles.py`](../tinyteach/exercises/gpu_puzzles.py) |

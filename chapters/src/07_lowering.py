@@ -1,5 +1,5 @@
 # %% [markdown] id="lower-01"
-# # Chapter 7 — Lowering: loops, indices, optimizations
+# # Chapter 7 — Lowering and the optimization space: actions and BEAM
 #
 # A kernel from chapter 6 is still a *graph*: `SINK(STORE(DEFINE_GLOBAL 0, value))`, with shapes
 # but no loops. This chapter turns it into a **straight-line program** a renderer can print:
@@ -16,8 +16,11 @@
 #   the order it is read) and an optional *search* (BEAM) that times variants. `NOOPT=1` turns
 #   them off, `DEBUG=3` lists them.
 #
-# The last part applies the optimizations **by hand**, as tinygrad's actions (`Opt(OptOps.UPCAST,
-# 0, 4)`), and searches over lists of them.
+# The last part is the **optimization space**: every optimization is an *action*
+# (`Opt(OptOps.UPCAST, 0, 4)`, as in tinygrad), and a kernel's layout is a list of them. You
+# apply actions by hand and watch the source change, read the list the heuristic chose and
+# apply it one step at a time, run BEAM and read every candidate list with its time, and read
+# the list BEAM's cache keeps, which realize applies the next time.
 #
 # Modules: [`tinyteach/lower.py`](../tinyteach/lower.py) (`lower_ast`, `vectorize`,
 # `linearize`, `lower`, `LinearProgram`), [`tinyteach/opt.py`](../tinyteach/opt.py)
@@ -378,7 +381,7 @@ with Context(DEBUG=3):
     (m3 @ m2).realize()
 
 # %% [markdown] id="lower-53"
-# ## The optimization space: actions, by hand
+# ## The optimization space: actions by hand, the heuristic's list, BEAM and its cache
 #
 # Everything above was chosen for you. tinygrad's way to say what to do to a kernel, which its
 # users know, is a list of **actions**: `Opt(OptOps.UPCAST, 1, 8)` upcasts output axis 1 by 8.
@@ -522,36 +525,78 @@ except KernelOptError as error:
 # actions, and only a list the actions accept is timed: "vectors on axis 0" of this matmul is
 # a neighbour, but its loads along axis 0 are not consecutive, so VECTORIZE rejects it and the
 # search skips it. The search below prints each candidate with its time, and the disk cache holds
-# the winner as a list too (`~/.cache/tinyteach/beam/*.json`), the list realize applies. Timings
-# decide, so the output is not checked:
+# the winner as a list too (`~/.cache/tinyteach/beam/*.json`), the list realize applies. The
+# cell searches with a cache of its own, an empty folder, and writes the winner into it as
+# realize does after a search. Timings decide, so the output is not checked:
 
 # %% id="lower-68"
 # NBVAL_IGNORE_OUTPUT
 # (timings decide the search's winner)
+import contextlib
+import io
 import json
-import tempfile
+import shutil
 
 from tinyteach import search
 from tinyteach.opt import actions_of
 
-with tempfile.TemporaryDirectory() as empty_cache:
-    os.environ["TINYTEACH_CACHE"] = empty_cache
+
+@contextlib.contextmanager
+def cache_in(directory: str):
+    """TINYTEACH_CACHE set to `directory` inside the block, and as it was after it."""
+    previous = os.environ.get("TINYTEACH_CACHE")
+    os.environ["TINYTEACH_CACHE"] = directory
     try:
-        small = kernel_of(small1 @ small2)
-        result = search.beam_search(backend, small.ast, small.name, 2)
-        for plan, seconds in sorted(result.tried.items(), key=lambda item: item[1]):
-            actions = ", ".join(f"{o.op.name} {o.axis} {o.arg}"
-                                for o in actions_of(small.ast, plan))
-            print(f"{seconds * 1e6:9.1f} us  {actions or 'no actions'}")
-        key = search.cache_key(backend, small.ast, 2)
-        search.write_cached(key, small.ast, result)
-        entry = json.loads((search.beam_cache_dir() / f"{key}.json").read_text())
-        print("cached:", entry["actions"])
+        yield
     finally:
-        if previous_cache is None:
+        if previous is None:
             del os.environ["TINYTEACH_CACHE"]
         else:
-            os.environ["TINYTEACH_CACHE"] = previous_cache
+            os.environ["TINYTEACH_CACHE"] = previous
+
+
+beam_cache = tempfile.mkdtemp()  # empty: this search's own cache (lower-71 removes it)
+small = kernel_of(small1 @ small2)
+with cache_in(beam_cache):
+    result = search.beam_search(backend, small.ast, small.name, 2)
+    for plan, seconds in sorted(result.tried.items(), key=lambda item: item[1]):
+        actions = ", ".join(f"{o.op.name} {o.axis} {o.arg}"
+                            for o in actions_of(small.ast, plan))
+        print(f"{seconds * 1e6:9.1f} us  {actions or 'no actions'}")
+    key = search.cache_key(backend, small.ast, 2)
+    search.write_cached(key, small.ast, result)  # what realize does after its search
+
+# %% [markdown] id="lower-70"
+# ### Reading the cache
+#
+# The cache is one small JSON file per kernel. Its name is a hash of everything the choice
+# depends on (`search.cache_key`): the device and what it can do, the compiler, this machine,
+# the beam width and the kernel's AST, so another machine, compiler or kernel searches again.
+# Inside are the winner's actions, its time and the heuristic's, and how many candidates were
+# timed. Realize reads it back: with `BEAM=2` and this cache, `search.actions_for` (what realize
+# asks for a kernel's actions) finds the file and searches nothing, so `DEBUG=2` prints no
+# `beam` line, and the list it returns is the file's (the winner depends on the timings, so
+# the output is not checked; what is asserted is that the list came from the file):
+
+# %% id="lower-71"
+# NBVAL_IGNORE_OUTPUT
+# (the list is the winner of lower-68's timings)
+with cache_in(beam_cache):
+    entry_path = search.beam_cache_dir() / f"{key}.json"
+    entry = json.loads(entry_path.read_text())
+    print(f"{entry_path.name}:")
+    for field, value in entry.items():
+        print(f"  {field}: {value}")
+    search.clear_memory_cache()  # forget this process's choices: the disk is asked
+    shown = io.StringIO()
+    with Context(BEAM=2, DEBUG=2), contextlib.redirect_stdout(shown):
+        cached_actions = search.actions_for(backend, small.name, small.ast)
+    search.clear_memory_cache()  # (the choice came from a folder that is removed next)
+shutil.rmtree(beam_cache)
+print("realize applies:", cached_actions)
+assert "beam" not in shown.getvalue()  # found in the cache: nothing was searched
+assert [[o.op.name, o.axis, o.arg] for o in cached_actions] == entry["actions"]
+assert entry["candidates"] == result.candidates
 
 # %% [markdown] id="lower-35"
 # ## Every stage at once
