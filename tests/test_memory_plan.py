@@ -233,6 +233,35 @@ def test_lifetimes_of_a_capture() -> None:
                                                       (DEPTH - 1, DEPTH - 1)]
 
 
+def test_an_eager_schedule_holds_every_intermediate_until_its_run_ends() -> None:
+    """Chapter 10's jit-52/53: an eager realize of the 16-layer forward is one schedule, with
+    the capture's lifetimes; tinyteach does not plan its memory (tinygrad 0.14 does), so
+    mem_used grows by one activation per launch, nothing is freed before the run ends, and
+    only the result stays after it. Watched through an observer that keeps no buffer."""
+    import tinyteach.realize as realize
+
+    forward = mlp(make_layers())
+    x = Tensor(np.ones((BATCH, WIDTH), dtype=np.float32)).realize()
+    forward(x)  # compiled: the run below allocates activations only
+
+    class MemoryAtEachLaunch(list):  # a launch log that notes mem_used and keeps nothing
+        def append(self, launch: object) -> None:
+            seen.append(GlobalCounters.mem_used - before)
+
+    seen: list[int] = []
+    gc.collect()
+    before = GlobalCounters.mem_used
+    realize._launch_logs.append(MemoryAtEachLaunch())
+    try:
+        result = forward(x)
+    finally:
+        realize._launch_logs.pop()
+    gc.collect()
+    assert seen == [(k + 1) * ACTIVATION for k in range(DEPTH)]
+    assert GlobalCounters.mem_used - before == ACTIVATION  # the result
+    np.testing.assert_array_equal(result.numpy(), forward(x).numpy())
+
+
 def test_returned_intermediate_is_never_shared() -> None:
     """A function that returns an intermediate as well as its result: that buffer keeps its
     memory, which no other buffer of the capture uses, and holds its own value."""

@@ -18,7 +18,9 @@
 #   overwritten by the next call unless you copy it;
 # - **memory planning**: most of those buffers are intermediates, each needed from the launch
 #   that writes it to the last that reads it. Intermediates whose lifetimes do not overlap
-#   share memory, so a deep network's capture holds a few activations, not one per layer.
+#   share memory, so a deep network's capture holds a few activations, not one per layer. An
+#   eager schedule has the same lifetimes, drawn too; tinyteach holds its buffers until the run
+#   ends, where tinygrad plans a schedule as it plans a capture.
 #
 # Modules: [`tinyteach/jit.py`](../tinyteach/jit.py) (`TinyJit`, `CapturedJit`) and
 # `CPUGraph` in [`tinyteach/runtime/cpu.py`](../tinyteach/runtime/cpu.py).
@@ -289,7 +291,7 @@ assert len(held) == 3 and buffer_of(first) is buffer_of(second)
 
 
 # %% [markdown] id="jit-46"
-# ## Memory planning
+# ## Memory planning: buffer lifetimes and reuse, in TinyJit and in a schedule
 #
 # A 16-layer MLP (each layer `relu(x @ W + b)`, 256 wide, a batch of 64) is 16 kernels, and
 # the capture holds an output buffer for each: 16 activations of 65,536 bytes. But activation 3 is
@@ -418,6 +420,60 @@ print("the launches write into each parameter's and each moment's own memory:",
       all(id(memory) in written for memory in state_memory))
 assert jit_losses == eager_losses and step_plan.bytes_after < step_plan.bytes_before
 assert all(id(memory) in written for memory in state_memory)
+
+# %% [markdown] id="jit-52"
+# ### Lifetimes in a schedule
+#
+# The lifetimes are not the JIT's: they are the schedule's. An eager `deep_mlp(x)` is one
+# schedule of 16 kernels, with activation *k* needed from launch *k* to launch *k+1*, as in the
+# capture. But an eager realize gives every value it stores a buffer of its own, allocated when
+# its kernel first runs, and frees none before the whole schedule has run: the schedule refers
+# to them all until it ends. Then the 15 intermediates are freed (only the result is still
+# referred to) and their memory goes back to the allocator's pool (chapter 9), where the next
+# call finds it. `jit.buffer_lifetimes` reads any list of launches, an eager run's as well as a
+# capture's. The chart: `#` while a launch uses the activation, `-` while the run holds it
+# after its last use:
+
+# %% id="jit-53"
+from tinyteach.jit import MemoryPlan, assign_memory, buffer_lifetimes
+
+eager_input = Tensor(mlp_inputs[0]).realize()
+gc.collect()
+before = GlobalCounters.mem_used
+with record_launches() as eager_launches:
+    eager_result = deep_mlp(eager_input)
+# the record refers to every buffer as the run did: what the run held at its end
+during = GlobalCounters.mem_used - before
+lifetimes = buffer_lifetimes(eager_launches)
+result_memory = buffer_of(eager_result).allocation
+intermediates = [t for t in lifetimes if t.written_first and t.memory() is not result_memory]
+steps = len(eager_launches)
+print(f"{'launch':14}{''.join(str(step % 10) for step in range(steps))}")
+for k, lifetime in enumerate(intermediates):
+    row = ["#" if lifetime.first <= step <= lifetime.last else "-" if step > lifetime.last
+           else "." for step in range(steps)]
+    print(f"activation {k:<3}{''.join(row)}")
+print(f"the eager run holds {during:,} bytes = {during // ACTIVATION} activations at its end")
+del eager_launches
+gc.collect()
+after = GlobalCounters.mem_used - before
+print(f"after it returns: {after:,} bytes = {after // ACTIVATION} activation, the result")
+schedule_plan = MemoryPlan(steps, lifetimes, intermediates, assign_memory(intermediates))
+print(f"planned by lifetime, its {len(intermediates)} intermediates would fit in "
+      f"{len(schedule_plan.pieces)} pieces ({schedule_plan.bytes_after:,} bytes)")
+assert during == DEPTH * ACTIVATION and after == ACTIVATION
+assert len(intermediates) == DEPTH - 1 and len(schedule_plan.pieces) == 2
+
+# %% [markdown] id="jit-54"
+# This is where tinyteach and tinygrad differ. In tinygrad 0.14 the scheduler's last step is
+# the planner its JIT runs too (`memory_plan_rewrite` in `tinygrad/schedule/memory.py`, on
+# every device but DISK, OpenCL and WebGPU), so an eager realize of this network holds about
+# two activations while it runs, as the capture does. tinyteach plans only TinyJit's
+# captures, whose memory is held between calls; an eager schedule's intermediates live until
+# its run ends, so its peak is every activation at once (here 16 × 65,536 bytes; for a large
+# model at a large batch, the difference between fitting in memory and not). A planner for
+# schedules would read the same lifetimes from the schedule's items before the run and give
+# each intermediate its piece of shared memory, as `plan_memory` does for the launches.
 
 # %% [markdown] id="jit-42"
 # ## What an eager call costs, and the lean path
