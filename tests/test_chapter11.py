@@ -2,6 +2,9 @@
 
 - a JIT-less Adam step on the chapter's MLP: 3 kernels per parameter (m, v, the parameter: one
   output each) plus one for the step counters, and the parameter's kernel reads the new m and v;
+- the chapter's table of a step's forward, loss and backward kernels (dl-42) is the list the
+  scheduler makes, in the order they run, and every update kernel is stored because it is an
+  output (dl-44);
 - the one-hot of the cross-entropy comes from an arange kernel that every step runs;
 - log_softmax stays finite where log(softmax) does not (PyTorch in float64 as the reference);
 - a float16 matmul accumulates in float16, `.float()` first accumulates in float32 (numpy's
@@ -9,13 +12,16 @@
 """
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tinyteach import Device, Tensor, nn
-from tinyteach.nn.state import get_parameters
+from tinyteach.nn.state import get_parameters, get_state_dict
 from tinyteach.realize import Launch, record_launches
 
 torch = pytest.importorskip("torch")
@@ -78,6 +84,66 @@ def test_adam_writes_m_v_and_parameter_in_three_kernels(cpu: None) -> None:
     assert len(counters) == 1
     optimizer_kernels = 3 * len(adam.params) + 1
     assert len(launches) - optimizer_kernels == 14  # 2 matmuls, 5 loss kernels, 7 backward
+
+
+CHAPTER = Path(__file__).parent.parent / "chapters" / "11_deep_learning.ipynb"
+
+
+def chapter_table() -> list[tuple[str, str]]:
+    """The rows (kernel name, what it stores) of the table in chapter 11's cell dl-42."""
+    cells = json.loads(CHAPTER.read_text())["cells"]
+    text = "".join(next(cell["source"] for cell in cells if cell["id"] == "dl-42"))
+    return re.findall(r"^\| `(\w+)` \| (.+) \|$", text, flags=re.MULTILINE)
+
+
+def _chapter_step() -> tuple[list[Launch], nn.optim.LAMB, list[Tensor]]:
+    """dl-41's second step: its MLP and Adam, images that need no gradient, the first step
+    run and the second recorded; also the tensors the updates write (m, v, the parameters and
+    the step counters)."""
+    Tensor.manual_seed(3)
+    draw = np.random.default_rng(3)
+    model = MLP()
+    adam = nn.optim.Adam(get_parameters(model), lr=1e-2)
+    images = Tensor(draw.random((64, 1, 8, 8)).astype(np.float32), requires_grad=False)
+    labels = Tensor(draw.integers(0, 10, 64).astype(np.int32)).realize()
+    images.realize()
+    Tensor.realize(*get_parameters(model))
+    for _ in range(2):
+        with Tensor.train(), record_launches() as launches:
+            adam.zero_grad()
+            loss = model(images).sparse_categorical_crossentropy(labels).backward()
+            adam.step()
+        del loss
+    assert list(get_state_dict(model)) == ["l1.weight", "l1.bias", "l2.weight", "l2.bias"]
+    return launches, adam, [*adam.m, *adam.v, *adam.params, adam.beta_powers]
+
+
+def test_the_chapters_table_lists_the_steps_other_kernels_in_order(cpu: None) -> None:
+    launches, adam, updated = _chapter_step()
+    memory = {id(tensor._buffer().storage) for tensor in updated}
+    updates = [launch for launch in launches if id(launch.item.output.storage) in memory]
+    others = [launch.item.name for launch in launches
+              if id(launch.item.output.storage) not in memory]
+    table = chapter_table()
+    assert len(table) == 13, table
+    assert others == [name for name, _ in table]
+    assert len(updates) == 3 * len(adam.params) + 1 == len(launches) - len(table)
+    assert all(launch.item.boundary_reason == "it is an output: realize() asked for it"
+               for launch in updates)
+    roles = [role for _, role in table]  # the table's words agree with the kernels' shapes
+    assert [role.split(":")[0] for role in roles].count("backward") == 6
+    assert "arange(10)" in roles[[name for name, _ in table].index("r_10_10")]
+
+
+def test_chapter_table_reader_fails_on_a_changed_table(cpu: None) -> None:
+    """The table check can fail: a table with two rows swapped is not the scheduler's order."""
+    launches, _, updated = _chapter_step()
+    memory = {id(tensor._buffer().storage) for tensor in updated}
+    others = [launch.item.name for launch in launches
+              if id(launch.item.output.storage) not in memory]
+    swapped = chapter_table()
+    swapped[0], swapped[3] = swapped[3], swapped[0]
+    assert others != [name for name, _ in swapped]
 
 
 def test_cross_entropy_reads_an_arange_kernel_every_step(cpu: None) -> None:

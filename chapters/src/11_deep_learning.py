@@ -192,65 +192,57 @@ assert len(fresh) == len(first_launches) - len(step_launches)
 
 # %% [markdown] id="dl-42"
 # A kernel ends where the scheduler must store a value (chapter 6), so the count is a list
-# of stored values. Here it is, in the order the kernels run. The optimizer's kernels are found
-# by the buffer they write (`assign` writes into the tensor's own memory); the others are checked
-# against their names, so this table fails loudly if the scheduler changes:
+# of stored values. Thirteen of them are the forward pass, the loss and the backward pass, in
+# the order they run:
+#
+# | kernel | what it stores |
+# |---|---|
+# | `r_64_64_64` | forward: images @ l1.weight.T (a sum of 64 products per output) |
+# | `r_1_64` | loss: how many labels count (labels != ignore_index), the mean's divisor |
+# | `r_10_10` | loss: arange(10), the class numbers the labels are compared with |
+# | `r_64_10_64` | forward: relu(hidden + l1.bias) @ l2.weight.T |
+# | `r_64_10` | forward: each image's largest logit (log_softmax subtracts it) |
+# | `r_64_10` | forward: the sum of exp(logit - max) per image (log_softmax's denominator) |
+# | `r_64_10_10` | backward: the gradient of the logits (softmax minus one-hot, over N), its per-image sum over classes computed in the same kernel (chapter 6) |
+# | `r_64_64_10` | backward: the gradient of the hidden layer, d_logits @ l2.weight, through relu |
+# | `r_64_64_64` | backward: the gradient of l1.weight, d_hidden.T @ images |
+# | `r_64_64` | backward: the gradient of l1.bias, d_hidden summed over the batch |
+# | `r_10_64_64` | backward: the gradient of l2.weight, d_logits.T @ relu(hidden) |
+# | `r_10_64` | backward: the gradient of l2.bias, d_logits summed over the batch |
+# | `r_1_64_10` | loss: the mean cross-entropy, computed before the update overwrites the weights it reads (the loss is still alive) |
+#
+# The others are the optimizer's: each writes a tensor the optimizer owns (`assign` writes
+# into the tensor's own memory), so the memory a kernel writes says which update it is. The
+# step's kernels in the order they run, each with the tensor it writes, or with the reason
+# chapter 6's scheduler gives for storing a new buffer (the gradients and the loss are
+# outputs: `backward()` and `step()` realize them). `tests/test_chapter11.py` holds the table
+# above to what the scheduler makes:
 
 # %% id="dl-43"
-def same_memory(buffer, tensor: Tensor) -> bool:
-    """Does a kernel's output buffer hold this tensor's values (assign writes in place)?"""
-    return buffer.storage is tensor._buffer().storage
+def memory_of(tensor: Tensor):
+    """The memory a realized tensor's values live in (an assign writes into it)."""
+    return tensor._buffer().storage
 
 
 parameter_names = dict(zip(map(id, get_parameters(probe_model)), get_state_dict(probe_model)))
-optimizer_outputs = [(probe_adam.beta_powers, "Adam: [b1^t, b2^t], the step counters")]
-for index, parameter in enumerate(probe_adam.params):
+names = {id(memory_of(probe_adam.lr)): "lr", id(memory_of(probe_adam.betas)): "[b1, b2]",
+         id(memory_of(probe_adam.beta_powers)): "[b1^t, b2^t]"}
+for parameter, m, v in zip(probe_adam.params, probe_adam.m, probe_adam.v):
     name = parameter_names[id(parameter)]
-    optimizer_outputs += [(probe_adam.m[index], f"Adam: m of {name} (first moment)"),
-                          (probe_adam.v[index], f"Adam: v of {name} (second moment)"),
-                          (parameter, f"Adam: {name} itself, from its new m and v")]
+    names[id(memory_of(m))] = f"m of {name}"
+    names[id(memory_of(v))] = f"v of {name}"
+    names[id(memory_of(parameter))] = name
 
-
-def optimizer_role(launch) -> str | None:
-    for tensor, role in optimizer_outputs:
-        if same_memory(launch.item.output, tensor):
-            return role
-    return None
-
-
-FORWARD_AND_BACKWARD = [  # the kernels that are not updates, in the order they run
-    ("r_64_64_64", "forward: images @ l1.weight.T (a sum of 64 products per output)"),
-    ("r_1_64", "loss: how many labels count (labels != ignore_index), the mean's divisor"),
-    ("r_10_10", "loss: arange(10), the class numbers the labels are compared with"),
-    ("r_64_10_64", "forward: relu(hidden + l1.bias) @ l2.weight.T"),
-    ("r_64_10", "forward: each image's largest logit (log_softmax subtracts it)"),
-    ("r_64_10", "forward: the sum of exp(logit - max) per image (log_softmax's denominator)"),
-    ("r_64_10_10", "backward: the gradient of the logits (softmax minus one-hot, over N), "
-                   "its per-image sum over classes computed in the same kernel (chapter 6)"),
-    ("r_64_64_10", "backward: gradient of the hidden layer, d_logits @ l2.weight, through relu"),
-    ("r_64_64_64", "backward: gradient of l1.weight, d_hidden.T @ images"),
-    ("r_64_64", "backward: gradient of l1.bias, d_hidden summed over the batch"),
-    ("r_10_64_64", "backward: gradient of l2.weight, d_logits.T @ relu(hidden)"),
-    ("r_10_64", "backward: gradient of l2.bias, d_logits summed over the batch"),
-    ("r_1_64_10", "loss: the mean cross-entropy, computed before the update overwrites the "
-                  "weights it reads (the loss is still alive)"),
-]
-others = iter(FORWARD_AND_BACKWARD)
-update_count = 0
+updates = 0
 for number, launch in enumerate(step_launches, start=1):
-    role = optimizer_role(launch)
-    if role is None:
-        expected_name, role = next(others)
-        assert launch.item.name == expected_name, (number, launch.item.name, expected_name)
-    else:
-        update_count += 1
-    print(f"{number:2}. {launch.item.name:11} {role}")
-assert next(others, None) is None  # every listed kernel was seen
-parameter_count = len(probe_adam.params)
-assert update_count == 3 * parameter_count + 1
-assert len(step_launches) == len(FORWARD_AND_BACKWARD) + 3 * parameter_count + 1
-print(f"{len(step_launches)} = {len(FORWARD_AND_BACKWARD)} forward/loss/backward kernels + "
-      f"3 x {parameter_count} parameters + 1 step counter")
+    written = names.get(id(launch.item.output.storage))
+    updates += written is not None
+    why = launch.item.boundary_reason.split(":")[0]  # chapter 6's reason for storing it
+    print(f"{number:2}. {launch.item.name:11} " + (f"writes {written}" if written else
+                                                    f"a new buffer, because {why}"))
+print(f"{len(step_launches)} = {len(step_launches) - updates} forward/loss/backward kernels + "
+      f"3 x {len(probe_adam.params)} parameters + 1 step counter")
+assert updates == 3 * len(probe_adam.params) + 1
 
 # %% [markdown] id="dl-44"
 # ### Adam: three kernels per parameter
@@ -265,36 +257,23 @@ print(f"{len(step_launches)} = {len(FORWARD_AND_BACKWARD)} forward/loss/backward
 # `l1.weight` (each `boundary_reason` is "it is an output"):
 
 # %% id="dl-45"
-known_tensors = [(probe_adam.lr, "lr"), (probe_adam.beta_powers, "[b1^t, b2^t]"),
-                 (probe_adam.betas, "[b1, b2]")]
-for index, parameter in enumerate(probe_adam.params):
-    name = parameter_names[id(parameter)]
-    known_tensors += [(probe_adam.m[index], f"m of {name}"), (probe_adam.v[index], f"v of {name}"),
-                      (parameter, name)]
-
-
-def buffer_name(buffer) -> str:
-    """A tensor's name, or the number of the kernel (in the list above) that wrote it."""
-    for tensor, name in known_tensors:
-        if same_memory(buffer, tensor):
-            return name
+def name_of(buffer) -> str:
+    """A named tensor's name, or the number of the kernel (in the list above) that wrote it."""
+    if id(buffer.storage) in names:
+        return names[id(buffer.storage)]
     writer = next(number for number, launch in enumerate(step_launches, start=1)
                   if launch.item.output.storage is buffer.storage)
     return f"kernel {writer}'s output"
 
 
-first_update = next(number for number, launch in enumerate(step_launches)
-                    if optimizer_role(launch) is not None)
+first_update = next(k for k, launch in enumerate(step_launches)
+                    if id(launch.item.output.storage) in names)
 for launch in step_launches[first_update:first_update + 4]:
     item = launch.item
-    reads = [buffer_name(buffer) for buffer in item.buffers[1:]]
+    reads = [name_of(buffer) for buffer in item.buffers[1:]]
     if any(buffer.storage is item.output.storage for buffer in item.old_contents_read):
         reads.insert(0, "its own old value")
-    reads = ", ".join(reads)
-    print(f"{item.name:8} writes {buffer_name(item.output):13} reads {reads}")
-assert update_count == 1 + 3 * len(probe_adam.params)   # beta powers, then m, v, p for each
-assert all(launch.item.boundary_reason == "it is an output: realize() asked for it"
-           for launch in step_launches if optimizer_role(launch) is not None)
+    print(f"{item.name:8} writes {name_of(item.output):13} reads {', '.join(reads)}")
 viz.schedule(step_launches[first_update:first_update + 4])
 
 # %% [markdown] id="dl-46"
