@@ -20,6 +20,12 @@ MATMUL_SIZES = (512, 1024)
 FUSED_N = 4096
 NORM_SHAPE = (4096, 1024)
 TINY_N = 16
+# tinygrad's examples/beautiful_mnist.py model, at two batch sizes
+MNIST_BATCHES = {"mnist": 128, "mnist512": 512}
+MNIST_CONVS = {"c1": (32, 1, 5), "c2": (32, 32, 5), "c3": (64, 32, 3), "c4": (64, 64, 3)}
+# examples/gpt.py's model: vocabulary, context, width, blocks, heads; a batch of 16 x 64 tokens
+GPT_CONFIG = {"vocab": 96, "context": 64, "width": 128, "layers": 4, "heads": 4}
+GPT_BATCH = 16
 DEEP_LENGTHS = (10_000, 100_000)  # x = x + 1 chained this many times
 
 
@@ -48,6 +54,58 @@ def _cnn(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _mnist(batch: int) -> Callable[[np.random.Generator], dict[str, np.ndarray]]:
+    def arrays(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        name = "mnist" if batch == 128 else f"mnist{batch}"
+        out = {f"{name}_x": rng.random((BATCHES, batch, 1, 28, 28), dtype=np.float32),
+               f"{name}_y": rng.integers(0, 10, (BATCHES, batch)).astype(np.int32)}
+        for conv, (c_out, c_in, k) in MNIST_CONVS.items():
+            out[f"{name}_{conv}w"] = _uniform_init(rng, (c_out, c_in, k, k), c_in * k * k)
+            out[f"{name}_{conv}b"] = _uniform_init(rng, (c_out,), c_in * k * k)
+        out[f"{name}_lw"] = _uniform_init(rng, (10, 576), 576)
+        out[f"{name}_lb"] = _uniform_init(rng, (10,), 576)
+        return out
+    return arrays
+
+
+def gpt_shapes() -> dict[str, tuple[int, ...]]:
+    """The GPT's parameters by state-dict name (tinyteach.nn.transformer.GPT's names)."""
+    c = GPT_CONFIG
+    width = c["width"]
+    shapes: dict[str, tuple[int, ...]] = {"token_embedding.weight": (c["vocab"], width),
+                                          "position_embedding.weight": (c["context"], width)}
+    for i in range(c["layers"]):
+        for name, shape in (("norm1", (width,)), ("attention.qkv", (3 * width, width)),
+                            ("attention.proj", (width, width)), ("norm2", (width,)),
+                            ("mlp.fc", (4 * width, width)), ("mlp.proj", (width, 4 * width))):
+            if name.startswith("norm"):
+                shapes[f"blocks.{i}.{name}.weight"] = shapes[f"blocks.{i}.{name}.bias"] = shape
+            else:
+                shapes[f"blocks.{i}.{name}.weight"], shapes[f"blocks.{i}.{name}.bias"] = \
+                    shape, shape[:1]
+    shapes["norm.weight"] = shapes["norm.bias"] = (width,)
+    return shapes
+
+
+def _gpt(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random tokens, and the GPT's weights: embeddings N(0, 0.02), Linear layers PyTorch's
+    uniform init, LayerNorms weight 1 and bias 0. Arrays are named "gpt/<state-dict name>"."""
+    c = GPT_CONFIG
+    shape = (BATCHES, GPT_BATCH, c["context"])
+    out = {"gpt_x": rng.integers(0, c["vocab"], shape).astype(np.int32),
+           "gpt_y": rng.integers(0, c["vocab"], shape).astype(np.int32)}
+    for name, size in gpt_shapes().items():
+        if "embedding" in name:
+            array = (0.02 * rng.standard_normal(size)).astype(np.float32)
+        elif "norm" in name:
+            array = np.full(size, 1.0 if name.endswith("weight") else 0.0, np.float32)
+        else:
+            fan_in = size[1] if len(size) == 2 else gpt_shapes()[name[:-4] + "weight"][1]
+            array = _uniform_init(rng, size, fan_in)
+        out[f"gpt_{name}"] = array
+    return out
+
+
 def _matmul(n: int) -> Callable[[np.random.Generator], dict[str, np.ndarray]]:
     return lambda rng: {f"mm{n}_{name}": rng.standard_normal((n, n), dtype=np.float32)
                         for name in "ab"}
@@ -65,6 +123,9 @@ GENERATORS: dict[str, Callable[[np.random.Generator], dict[str, np.ndarray]]] = 
     "softmax": lambda rng: {"norm_x": rng.standard_normal(NORM_SHAPE, dtype=np.float32)},
     "tiny": lambda rng: {"tiny_x": rng.standard_normal(TINY_N, dtype=np.float32)},
     "deep": lambda rng: {"deep_x": rng.standard_normal(TINY_N, dtype=np.float32)},
+    # (added last: each workload's stream is its position here, so the earlier ones keep theirs)
+    **{name: _mnist(batch) for name, batch in MNIST_BATCHES.items()},
+    "gpt": _gpt,
 }
 GENERATORS["layernorm"] = GENERATORS["softmax"]  # the same 4096x1024 input
 

@@ -34,74 +34,11 @@ sys.modules.setdefault("triton", None)  # type: ignore[arg-type]  # see tests/co
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.impl_torch import TorchGPT, torch_name  # noqa: E402
 from tinyteach import Device, Tensor, nn  # noqa: E402
 from tinyteach.nn.state import get_parameters, get_state_dict  # noqa: E402
 from tinyteach.nn.transformer import GPT, GPTConfig, Sampler  # noqa: E402
-
-# ---- the same model in PyTorch, with a KV cache ----
-
-class TorchBlock(torch.nn.Module):
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
-        self.qkv, self.attn_proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
-        self.fc = torch.nn.Linear(width, 4 * width)
-        self.mlp_proj = torch.nn.Linear(4 * width, width)
-
-    def heads_of(self, x: Any) -> list[Any]:
-        batch, length, width = x.shape
-        return [t.reshape(batch, length, self.heads, -1).transpose(1, 2)
-                for t in self.qkv(x).split(width, dim=-1)]
-
-    def mlp(self, x: Any) -> Any:
-        return self.mlp_proj(F.gelu(self.fc(self.norm2(x)), approximate="tanh"))
-
-    def forward(self, x: Any) -> Any:
-        q, k, v = self.heads_of(self.norm1(x))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.attn_proj(y.transpose(1, 2).reshape(x.shape))
-        return x + self.mlp(x)
-
-    def step(self, x: Any, position: int, cache: tuple[Any, Any]) -> Any:
-        q, k, v = self.heads_of(self.norm1(x))
-        cache[0][:, :, position], cache[1][:, :, position] = k[:, :, 0], v[:, :, 0]
-        keys, values = cache[0][:, :, :position + 1], cache[1][:, :, :position + 1]
-        y = F.scaled_dot_product_attention(q, keys, values)
-        x = x + self.attn_proj(y.transpose(1, 2).reshape(x.shape))
-        return x + self.mlp(x)
-
-
-class TorchGPT(torch.nn.Module):
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.config = config
-        self.token_embedding = torch.nn.Embedding(config.vocab_size, config.embed_size)
-        self.position_embedding = torch.nn.Embedding(config.block_size, config.embed_size)
-        self.blocks = torch.nn.ModuleList(TorchBlock(config.embed_size, config.heads)
-                                          for _ in range(config.layers))
-        self.norm = torch.nn.LayerNorm(config.embed_size)
-
-    def forward(self, tokens: Any) -> Any:
-        x = self.token_embedding(tokens) + self.position_embedding(torch.arange(tokens.shape[1]))
-        for block in self.blocks:
-            x = block(x)
-        return self.norm(x) @ self.token_embedding.weight.T
-
-    def step(self, token: int, position: int, caches: list[tuple[Any, Any]]) -> Any:
-        x = self.token_embedding.weight[token] + self.position_embedding.weight[position]
-        x = x.reshape(1, 1, -1)
-        for block, cache in zip(self.blocks, caches):
-            x = block.step(x, position, cache)
-        return (self.norm(x) @ self.token_embedding.weight.T).reshape(-1)
-
-
-def torch_name(name: str) -> str:
-    """Our state-dict name -> the TorchGPT parameter it matches."""
-    for ours, theirs in (("attention.qkv", "qkv"), ("attention.proj", "attn_proj"),
-                         ("mlp.fc", "fc"), ("mlp.proj", "mlp_proj")):
-        name = name.replace(ours, theirs)
-    return name
 
 
 def torch_copy(model: GPT) -> TorchGPT:
@@ -201,10 +138,11 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--torch-threads", type=int, default=1, help="PyTorch's intra-op "
-                        "threads (default 1: tinyteach's CPU kernels run on one core)")
+    parser.add_argument("--torch-threads", type=int, default=None, help="PyTorch's intra-op "
+                        "threads (default: PyTorch's own, every core, as a user runs it)")
     arguments = parser.parse_args()
-    torch.set_num_threads(arguments.torch_threads)
+    if arguments.torch_threads is not None:
+        torch.set_num_threads(arguments.torch_threads)
     warmup, repeats = (3, 5) if arguments.quick else (3, 15)
     Device.DEFAULT = "CPU"
     torch.manual_seed(0)

@@ -27,29 +27,60 @@ class Row:
     fmt: str = "{:.2f}"
 
 
+def model_rows(label: str, workload: str) -> list[Row]:
+    """The rows of a real model's training (issue 25): its step, kernels per step, the first
+    step and the first 30 steps of a fresh process with an empty compile cache, the first step
+    with a warm cache, and the process's peak memory."""
+    return [Row(f"{label} step, JIT (ms/step)", workload, "steady", "ms_step", "lower"),
+            Row(f"{label} kernels/step", workload, "steady", "kernels_step", "lower", "{:.0f}"),
+            Row(f"{label} 1st step, cold (ms)", workload, "cold", "first_step_ms", "lower",
+                "{:.0f}"),
+            Row(f"{label} 30 steps from start, cold (s)", workload, "cold", "cold_steps_s",
+                "lower"),
+            Row(f"{label} 1st step, warm cache (ms)", workload, "warm", "first_step_ms",
+                "lower", "{:.0f}"),
+            Row(f"{label} peak RSS (MB)", workload, "steady", "peak_rss_mb", "lower", "{:.0f}")]
+
+
 ROWS = [
     Row("MLP step, JIT (ms/step)", "mlp", "steady", "ms_step", "lower"),
     Row("MLP kernels/step", "mlp", "steady", "kernels_step", "lower", "{:.0f}"),
     Row("MLP 1st step, cold cache (ms)", "mlp", "cold", "first_step_ms", "lower", "{:.0f}"),
     Row("MLP 2nd step (capture), cold (ms)", "mlp", "cold", "second_step_ms", "lower", "{:.0f}"),
+    Row("MLP 30 steps from process start, cold (s)", "mlp", "cold", "cold_steps_s", "lower"),
     Row("MLP 1st step, warm cache (ms)", "mlp", "warm", "first_step_ms", "lower", "{:.0f}"),
     Row("MLP peak RSS of the process (MB)", "mlp", "steady", "peak_rss_mb", "lower", "{:.0f}"),
     Row("CNN step, JIT (ms/step)", "cnn", "steady", "ms_step", "lower"),
     Row("CNN kernels/step", "cnn", "steady", "kernels_step", "lower", "{:.0f}"),
     Row("CNN 1st step, cold cache (ms)", "cnn", "cold", "first_step_ms", "lower", "{:.0f}"),
     Row("CNN 2nd step (capture), cold (ms)", "cnn", "cold", "second_step_ms", "lower", "{:.0f}"),
+    Row("CNN 30 steps from process start, cold (s)", "cnn", "cold", "cold_steps_s", "lower"),
     Row("CNN 1st step, warm cache (ms)", "cnn", "warm", "first_step_ms", "lower", "{:.0f}"),
     Row("CNN peak RSS of the process (MB)", "cnn", "steady", "peak_rss_mb", "lower", "{:.0f}"),
+    *model_rows("beautiful_mnist CNN b128", "mnist"),
+    *model_rows("beautiful_mnist CNN b512", "mnist512"),
+    *model_rows("GPT 4x128 train", "gpt"),
+    Row("GPT forward, batch 16x64 (ms)", "gpt", "steady", "forward_ms", "lower"),
+    Row("GPT generation, KV cache (ms/token)", "gpt", "steady", "token_ms", "lower"),
     Row("matmul 512² (GFLOP/s)", "matmul512", "steady", "gflops", "higher", "{:.1f}"),
+    Row("matmul 512², reused inputs (GFLOP/s)", "matmul512", "steady", "gflops_reused", "higher",
+        "{:.1f}"),
     Row("matmul 1024² (GFLOP/s)", "matmul1024", "steady", "gflops", "higher", "{:.1f}"),
+    Row("matmul 1024², reused inputs (GFLOP/s)", "matmul1024", "steady", "gflops_reused",
+        "higher", "{:.1f}"),
     Row("matmul 1024² kernels", "matmul1024", "steady", "kernels", "lower", "{:.0f}"),
     Row("fused ((a+b)*c).relu().sum(1) (GB/s)", "fused", "steady", "gbps", "higher"),
+    Row("fused, reused inputs (GB/s)", "fused", "steady", "gbps_reused", "higher"),
     Row("fused kernels", "fused", "steady", "kernels", "lower", "{:.0f}"),
     Row("softmax 4096x1024 (ms)", "softmax", "steady", "ms", "lower"),
+    Row("softmax, reused input (ms)", "softmax", "steady", "ms_reused", "lower"),
     Row("softmax kernels", "softmax", "steady", "kernels", "lower", "{:.0f}"),
     Row("layernorm 4096x1024 (ms)", "layernorm", "steady", "ms", "lower"),
+    Row("layernorm, reused input (ms)", "layernorm", "steady", "ms_reused", "lower"),
     Row("layernorm kernels", "layernorm", "steady", "kernels", "lower", "{:.0f}"),
     Row("tiny kernel, eager (µs/realize)", "tiny", "steady", "eager_us", "lower", "{:.1f}"),
+    Row("tiny kernel, eager, reused input (µs)", "tiny", "steady", "eager_us_reused", "lower",
+        "{:.1f}"),
     Row("tiny kernel, JIT replay (µs/call)", "tiny", "steady", "jit_us", "lower", "{:.1f}"),
     Row("deep chain, 10k x+1 (ms per 1k ops)", "deep", "steady", "ms_per_1k_10k", "lower"),
     Row("deep chain, 100k x+1 (ms per 1k ops)", "deep", "steady", "ms_per_1k_100k", "lower"),
@@ -220,6 +251,29 @@ TORCH_GOALS = [
          "{:.2f}x torch"),
     Goal("layernorm time <= torch", _ratio("layernorm", "ms", "torch"), 1.0, "lower",
          "{:.2f}x torch"),
+    Goal("softmax, reused input <= torch", _ratio("softmax", "ms_reused", "torch"), 1.0,
+         "lower", "{:.2f}x torch"),
+    Goal("layernorm, reused input <= torch", _ratio("layernorm", "ms_reused", "torch"), 1.0,
+         "lower", "{:.2f}x torch"),
+    Goal("matmul 512² GFLOP/s >= torch", _ratio("matmul512", "gflops", "torch"), 1.0, "higher",
+         "{:.2f}x torch"),
+    Goal("matmul 1024² GFLOP/s >= torch", _ratio("matmul1024", "gflops", "torch"), 1.0,
+         "higher", "{:.2f}x torch"),
+    # issue 25: the real models
+    Goal("GPT training step <= torch", _ratio("gpt", "ms_step", "torch"), 1.0, "lower",
+         "{:.2f}x torch"),
+    Goal("GPT forward <= torch", _ratio("gpt", "forward_ms", "torch"), 1.0, "lower",
+         "{:.2f}x torch"),
+    Goal("GPT generation per token <= torch", _ratio("gpt", "token_ms", "torch"), 1.0, "lower",
+         "{:.2f}x torch"),
+    Goal("beautiful_mnist b128 step <= torch", _ratio("mnist", "ms_step", "torch"), 1.0,
+         "lower", "{:.2f}x torch"),
+    Goal("beautiful_mnist b512 step <= torch", _ratio("mnist512", "ms_step", "torch"), 1.0,
+         "lower", "{:.2f}x torch"),
+    Goal("GPT 30 steps from a cold start <= 1.5x torch",
+         _ratio("gpt", "cold_steps_s", "torch", "cold"), 1.5, "lower", "{:.2f}x torch"),
+    Goal("beautiful_mnist 30 steps cold <= 1.5x torch",
+         _ratio("mnist", "cold_steps_s", "torch", "cold"), 1.5, "lower", "{:.2f}x torch"),
     Goal("tiny kernel eager realize <= 20 µs", _ours("tiny", "eager_us"), 20.0, "lower",
          "{:.1f} µs"),
     Goal("MLP first step, cold cache <= 100 ms", _ours("mlp", "first_step_ms", "cold"), 100.0,
@@ -253,11 +307,17 @@ def format_goals(results: Results, goals: list[Goal] | None = None) -> str:
 
 # ---- the same model, the same losses ----
 
+# BatchNorm models on random labels are chaotic: float32 PyTorch drifts from float64 PyTorch by
+# 8e-3 within 4 steps, so they are compared over their first two steps (the same init, then one
+# update); the others over every step they trained
+CHAOTIC_STEPS = {"mnist": 2, "mnist512": 2}
+
+
 def loss_agreement(results: Results, reference: str = "torch") -> list[str]:
     """Max |loss - reference loss| over the steps both trained (same data, same init, same
     Adam): a large difference means the frameworks did not measure the same computation."""
     lines = []
-    for workload in ("mlp", "cnn"):
+    for workload in ("mlp", "cnn", "mnist", "mnist512", "gpt"):
         entries = results.get((workload, "steady"), {})
         ref = entries.get(reference, {}).get("extra", {}).get("losses")
         if not ref:
@@ -266,8 +326,9 @@ def loss_agreement(results: Results, reference: str = "torch") -> list[str]:
             losses = entry.get("extra", {}).get("losses")
             if framework == reference or not losses:
                 continue
-            diff = max(abs(a - b) for a, b in zip(losses, ref))
+            steps = min(len(losses), len(ref), CHAOTIC_STEPS.get(workload, len(ref)))
+            diff = max(abs(a - b) for a, b in zip(losses[:steps], ref[:steps]))
             verdict = "ok" if diff <= 1e-3 * max(1.0, abs(ref[0])) else "MISMATCH"
             lines.append(f"  {workload}: {framework} vs {reference}: max |Δloss| = {diff:.2e} "
-                         f"over {min(len(losses), len(ref))} steps ({verdict})")
+                         f"over {steps} steps ({verdict})")
     return lines

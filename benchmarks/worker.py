@@ -17,6 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# "from process start": the clock starts before any framework (or numpy) is imported
+PROCESS_START = time.perf_counter()
+
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -26,9 +29,12 @@ from benchmarks.timing import time_batches, time_runs  # noqa: E402
 # tinyteach on its other devices: the same implementation, in its own process with DEV=<device>
 DEVICE_FRAMEWORKS = {"tinyteach-OPENCL": "OPENCL", "tinyteach-WEBGPU": "WEBGPU"}
 FRAMEWORKS = ("tinyteach", "tinygrad", "torch", "numpy") + tuple(DEVICE_FRAMEWORKS)
-TRAIN_WORKLOADS = ("mlp", "cnn")
+TRAIN_WORKLOADS = ("mlp", "cnn", "mnist", "mnist512", "gpt")
 WORKLOADS = TRAIN_WORKLOADS + tuple(f"matmul{n}" for n in MATMUL_SIZES) + (
     "fused", "softmax", "layernorm", "tiny", "deep")
+# the real models' steps are long: fewer steady steps (the cold run still trains COLD_STEPS)
+LONG_STEPS = {"mnist512": (10, 3), "gpt": (20, 5), "mnist": (20, 5)}
+COLD_STEPS = 30  # a cold run: "30 steps from process start, empty compile cache"
 RESULT_PREFIX = "BENCH_RESULT "
 
 # (default, --quick) repetition counts
@@ -96,8 +102,10 @@ def peak_rss_mb() -> float:
 
 # ---- training steps ----
 
-def train_first(impl: Any, kind: str, data: Data) -> dict[str, Any]:
-    """The first and second steps in a fresh process (compile, then JIT capture)."""
+def train_first(impl: Any, kind: str, data: Data, quick: bool) -> dict[str, Any]:
+    """A fresh process: the first and second steps (compile, then JIT capture), and the
+    seconds from process start to the end of step COLD_STEPS (imports, data, model, compiles
+    and every step: what a user waits for; --quick stops after 5 steps)."""
     step = impl.train_step(kind, data)
     start = time.perf_counter()
     loss1 = step(0)
@@ -105,8 +113,12 @@ def train_first(impl: Any, kind: str, data: Data) -> dict[str, Any]:
     start = time.perf_counter()
     loss2 = step(1)
     second = time.perf_counter() - start
-    return {"metrics": {"first_step_ms": ms(first), "second_step_ms": ms(second)},
-            "extra": {"losses": [loss1, loss2]}}
+    steps = 5 if quick else COLD_STEPS
+    losses = [loss1, loss2] + [step(i) for i in range(2, steps)]
+    total = time.perf_counter() - PROCESS_START
+    return {"metrics": {"first_step_ms": ms(first), "second_step_ms": ms(second),
+                        f"steps_{steps}_s": total, "cold_steps_s": total},
+            "extra": {"losses": losses, "cold_steps": steps}}
 
 
 def train_steady(impl: Any, kind: str, data: Data, quick: bool) -> dict[str, Any]:
@@ -115,6 +127,8 @@ def train_steady(impl: Any, kind: str, data: Data, quick: bool) -> dict[str, Any
     step = impl.train_step(kind, data)
     rss_before = peak_rss_mb()
     warmup, steps = repeats("train_warmup", quick), reps(impl, "train_steps", quick)
+    if kind in LONG_STEPS:
+        steps = min(steps, LONG_STEPS[kind][1 if quick else 0])
     losses, warm_times, times = [], [], []
     for i in range(warmup):
         start = time.perf_counter()
@@ -133,51 +147,89 @@ def train_steady(impl: Any, kind: str, data: Data, quick: bool) -> dict[str, Any
     rows = impl.kernel_rows(5 if quick else 15) if hasattr(impl, "kernel_rows") else None
     if rows is not None:  # where the step's time goes, kernel by kernel (benchmarks/kernels.py)
         extra["kernels"] = rows
-    return {"metrics": {"ms_step": ms(statistics.median(times)), "kernels_step": kernels,
-                        "peak_rss_mb": peak_rss_mb()},
-            "extra": extra}
+    metrics = {"ms_step": ms(statistics.median(times)), "kernels_step": kernels,
+               "peak_rss_mb": peak_rss_mb()}
+    if kind == "gpt":
+        inference = gpt_inference(impl, data, quick)
+        extra["skipped"] = inference.pop("skipped", [])
+        metrics.update(inference)
+    return {"metrics": metrics, "extra": extra}
+
+
+def gpt_inference(impl: Any, data: Data, quick: bool) -> dict[str, Any]:
+    """The GPT's forward pass over a batch (ms) and one generated token through a KV cache
+    (ms per token, over every position of the context), medians after warm-up; None where a
+    framework has no such path (the reason under "skipped")."""
+    figures: dict[str, Any] = {}
+    for name, make, count in (("forward_ms", impl.gpt_forward, 5 if quick else 20),
+                              ("token_ms", impl.gpt_generate, 64 if quick else 128)):
+        try:
+            run = make(data)
+        except NotImplementedError as why:
+            figures[name] = None
+            figures.setdefault("skipped", []).append(f"{name}: {why}")
+            continue
+        for i in range(3):
+            run(i)
+        times = []
+        for i in range(3, 3 + count):
+            start = time.perf_counter()
+            impl.sync(run(i))
+            times.append(time.perf_counter() - start)
+        figures[name] = ms(statistics.median(times))
+    return figures
 
 
 # ---- single kernels ----
 
 def kernel_workload(impl: Any, fn: Callable[..., Any], arrays: list[Any], warmup: int,
-                    count: int) -> tuple[Any, int | None]:
-    """Time `fn` on fresh tensors of `arrays`; also count the kernels of one more call."""
+                    count: int) -> tuple[Any, Any, int | None]:
+    """Time `fn` on fresh tensors of `arrays` for every run, then on one set of tensors reused
+    by every run (as a training loop reuses its memory); also count the kernels of one more
+    call. Returns (fresh timings, reused timings, kernels)."""
     prepare = lambda: [impl.tensor(a) for a in arrays]
-    timings = time_runs(prepare, lambda inputs: fn(*inputs), impl.sync, warmup, count)
+    fresh = time_runs(prepare, lambda inputs: fn(*inputs), impl.sync, warmup, count)
+    inputs = prepare()
+    reused = time_runs(lambda: inputs, lambda same: fn(*same), impl.sync, warmup, count)
     kernels = None
     if impl.counts_kernels:
-        inputs = prepare()
-        kernels = impl.count_kernels(lambda: fn(*inputs))
-    return timings, kernels
+        new_inputs = prepare()
+        kernels = impl.count_kernels(lambda: fn(*new_inputs))
+    return fresh, reused, kernels
+
+
+def timing_extra(fresh: Any, reused: Any) -> dict[str, Any]:
+    return {"warmup_ms": [ms(t) for t in fresh.warmup], "run_ms": [ms(t) for t in fresh.runs],
+            "reused_run_ms": [ms(t) for t in reused.runs]}
 
 
 def matmul(impl: Any, n: int, data: Data, quick: bool) -> dict[str, Any]:
     arrays = [data[f"mm{n}_a"], data[f"mm{n}_b"]]
-    timings, kernels = kernel_workload(impl, impl.matmul, arrays, 1,
-                                       reps(impl, "matmul", quick))
-    return {"metrics": {"gflops": 2 * n**3 / timings.median / 1e9, "ms": ms(timings.median),
-                        "kernels": kernels},
-            "extra": {"warmup_ms": [ms(t) for t in timings.warmup],
-                      "run_ms": [ms(t) for t in timings.runs]}}
+    fresh, reused, kernels = kernel_workload(impl, impl.matmul, arrays, 1,
+                                             reps(impl, "matmul", quick))
+    flops = 2 * n**3
+    return {"metrics": {"gflops": flops / fresh.median / 1e9, "ms": ms(fresh.median),
+                        "gflops_reused": flops / reused.median / 1e9, "kernels": kernels},
+            "extra": timing_extra(fresh, reused)}
 
 
 def fused(impl: Any, data: Data, quick: bool) -> dict[str, Any]:
     arrays = [data[f"fused_{name}"] for name in "abc"]
-    timings, kernels = kernel_workload(impl, impl.fused, arrays, 1, reps(impl, "fused", quick))
+    fresh, reused, kernels = kernel_workload(impl, impl.fused, arrays, 1,
+                                             reps(impl, "fused", quick))
     moved = 3 * FUSED_N * FUSED_N * 4 + FUSED_N * 4  # read a, b, c; write the row sums
-    return {"metrics": {"gbps": moved / timings.median / 1e9, "ms": ms(timings.median),
-                        "kernels": kernels},
-            "extra": {"bytes": moved, "warmup_ms": [ms(t) for t in timings.warmup],
-                      "run_ms": [ms(t) for t in timings.runs]}}
+    return {"metrics": {"gbps": moved / fresh.median / 1e9, "ms": ms(fresh.median),
+                        "gbps_reused": moved / reused.median / 1e9, "kernels": kernels},
+            "extra": {"bytes": moved, **timing_extra(fresh, reused)}}
 
 
 def norm(impl: Any, name: str, data: Data, quick: bool) -> dict[str, Any]:
     fn = impl.softmax if name == "softmax" else impl.layernorm
-    timings, kernels = kernel_workload(impl, fn, [data["norm_x"]], 1, reps(impl, "norm", quick))
-    return {"metrics": {"ms": ms(timings.median), "kernels": kernels},
-            "extra": {"shape": list(NORM_SHAPE), "warmup_ms": [ms(t) for t in timings.warmup],
-                      "run_ms": [ms(t) for t in timings.runs]}}
+    fresh, reused, kernels = kernel_workload(impl, fn, [data["norm_x"]], 1,
+                                             reps(impl, "norm", quick))
+    return {"metrics": {"ms": ms(fresh.median), "ms_reused": ms(reused.median),
+                        "kernels": kernels},
+            "extra": {"shape": list(NORM_SHAPE), **timing_extra(fresh, reused)}}
 
 
 def tiny(impl: Any, data: Data, quick: bool) -> dict[str, Any]:
@@ -188,9 +240,14 @@ def tiny(impl: Any, data: Data, quick: bool) -> dict[str, Any]:
     impl.sync(impl.add_one(impl.tensor(x)))  # compile outside the clock
     eager = time_batches(pool(reps(impl, "tiny_eager_batch", quick)), impl.add_one, impl.sync,
                          reps(impl, "tiny_eager", quick))
+    same = impl.tensor(x)  # reused: one input for every call
+    eager_reused = time_batches(lambda: [same] * reps(impl, "tiny_eager_batch", quick),
+                                impl.add_one, impl.sync, reps(impl, "tiny_eager", quick))
     metrics: dict[str, Any] = {"eager_us": statistics.median(eager) * 1e6,
+                               "eager_us_reused": statistics.median(eager_reused) * 1e6,
                                "jit_us": None, "jit_kernels": None}
-    extra: dict[str, Any] = {"eager_us_runs": [t * 1e6 for t in eager]}
+    extra: dict[str, Any] = {"eager_us_runs": [t * 1e6 for t in eager],
+                             "eager_us_reused_runs": [t * 1e6 for t in eager_reused]}
     if impl.has_jit:
         jitted = impl.jit_add_one()
         for _ in range(3):  # run, capture, first replay
@@ -237,7 +294,7 @@ def run_workload(framework: str, workload: str, data: Data, quick: bool,
     try:
         impl = load_impl(framework)
         if workload in TRAIN_WORKLOADS:
-            result = (train_first(impl, workload, data) if first
+            result = (train_first(impl, workload, data, quick) if first
                       else train_steady(impl, workload, data, quick))
         elif workload.startswith("matmul"):
             result = matmul(impl, int(workload.removeprefix("matmul")), data, quick)

@@ -127,3 +127,37 @@ def test_a_worker_does_not_report_its_parents_memory() -> None:
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert 0 < float(done.stdout) < held.nbytes / 1e6 / 2
+
+
+@pytest.mark.parametrize("workload", ["gpt", "mnist"])
+def test_real_models_are_the_same_computation_as_torch(tmp_path: Path, workload: str) -> None:
+    """The real-model workloads (issue 25) start from the same weights in tinyteach
+    (impl_tiny: the code tinygrad also runs) and in PyTorch: the first two training losses
+    agree, so their step times compare one computation."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.impl_tiny import TinyImpl
+    from benchmarks.impl_torch import TorchImpl
+    data.save(tmp_path, [workload])
+    torch.manual_seed(0)
+    theirs = TorchImpl().train_step(workload, data.Data(tmp_path))
+    ours = TinyImpl("tinyteach").train_step(workload, data.Data(tmp_path))
+    expected = [theirs(i) for i in range(2)]
+    got = [ours(i) for i in range(2)]
+    assert got == pytest.approx(expected, rel=1e-4), (got, expected)
+
+
+def test_gpt_forward_and_generation_match_torch(tmp_path: Path) -> None:
+    """The GPT workload's forward pass (TinyGPT, tinygrad's API) and its generation step
+    (tinyteach's Sampler with the same weights) give PyTorch's logits."""
+    pytest.importorskip("torch")
+    from benchmarks.impl_tiny import TinyImpl
+    from benchmarks.impl_torch import TorchImpl
+    data.save(tmp_path, ["gpt"])
+    ours, theirs = TinyImpl("tinyteach"), TorchImpl()
+    forward = ours.gpt_forward(data.Data(tmp_path))(0)
+    np.testing.assert_allclose(forward, theirs.gpt_forward(data.Data(tmp_path))(0).numpy(),
+                               atol=1e-4)
+    generate, reference = ours.gpt_generate(data.Data(tmp_path)), \
+        theirs.gpt_generate(data.Data(tmp_path))
+    for position in range(3):
+        np.testing.assert_allclose(generate(position), reference(position).numpy(), atol=1e-4)
