@@ -8,6 +8,7 @@ build, and the outputs are compared byte for byte; the optimized results themsel
 against numpy. Kernels whose optimized build may reorder arithmetic skip the fast tier."""
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Callable
@@ -293,6 +294,49 @@ def test_debug_2_names_the_tier_of_each_launch(cache: Path,
     with np.errstate(invalid="ignore"):
         np.testing.assert_allclose(first.numpy(), np.exp2(np.arange(8) * scale), rtol=1e-6)
         np.testing.assert_allclose(second.numpy(), np.sqrt(np.arange(8) - scale), rtol=1e-6)
+
+
+def test_a_first_training_step_runs_every_new_kernel_on_a_fast_tier(
+        cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Chapter 9's dev-73/74: the first step of a 784-128-10 MLP with Adam, every kernel new
+    (an empty cache), runs each kernel's fast build (tcc, or cc -O0: the vector matmuls, which
+    tcc cannot build), none waits for cc -O2, and its loss is numpy's."""
+    from tinyteach import nn
+    from tinyteach.realize import runner_cache
+
+    rng = np.random.default_rng(0)
+    Tensor.manual_seed(0)
+    layer1, layer2 = nn.Linear(784, 128), nn.Linear(128, 10)
+    parameters = [layer1.weight, layer1.bias, layer2.weight, layer2.bias]
+    adam = nn.optim.Adam(parameters, lr=1e-3)
+    images = rng.standard_normal((128, 784)).astype(np.float32)
+    labels = rng.integers(0, 10, 128).astype(np.int32)
+    Tensor.realize(*parameters)
+    w1, b1, w2, b2 = (p.numpy() for p in parameters)
+    runner_cache.clear()  # every kernel of the step is new
+    release = hold_background()
+    try:
+        with Context(DEBUG=2, TRAINING=1):
+            adam.zero_grad()
+            loss = layer2(layer1(Tensor(images)).relu()).sparse_categorical_crossentropy(
+                Tensor(labels)).backward()
+            Tensor.realize(loss, *adam.schedule_step())
+        lines = capsys.readouterr().out.splitlines()
+    finally:
+        release.set()
+    cpu.wait_for_optimized_builds(timeout=120)
+    summaries = [line for line in lines if "new kernels on the fast tier" in line]
+    fast, new = (int(n) for n in re.search(r"CPU compile: (\d+) of (\d+)", summaries[0]).groups())
+    assert len(summaries) == 1 and fast == new > 20
+    launches = [line for line in lines if line.startswith("*** CPU")]
+    tiers = [re.search(r"us \((.+)\)$", line) for line in launches]
+    assert len(launches) == new and all(tiers)  # each launch names its fast tier: none waited
+    assert {match.group(1) for match in tiers if match} <= set(fast_tiers())
+    logits = np.maximum(images @ w1.T + b1, 0) @ w2.T + b2
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    expected = -log_probabilities[np.arange(128), labels].mean()
+    np.testing.assert_allclose(loss.item(), expected, rtol=1e-5)
 
 
 def test_a_jit_graph_runs_the_optimized_build_once_it_is_swapped_in(cache: Path) -> None:

@@ -423,32 +423,19 @@ np.testing.assert_allclose(launches[1].buffers[0].numpy().reshape(256, 256),
 # first step of a 784-128-10 MLP with Adam, watched with `DEBUG=2`: the summary line of
 # `compile_many`, then which build each launch ran (the tier at the end of its line, counted
 # here rather than printed 30 times). The optimized builds are held back again, so every
-# fast-tier launch surely finds its fast build.
+# fast-tier launch surely finds its fast build. (`tests/test_cpu_tiers.py` runs the same step
+# and checks that every launch names a fast tier and that the loss is numpy's.)
 
 # %% id="dev-74"
 import contextlib
+import cProfile
 import io
 import re
 from collections import Counter
 from unittest import mock
 
-import tinyteach.realize as realize
 from tinyteach import nn
 from tinyteach.nn import optim
-
-stage_seconds: Counter[str] = Counter()
-
-
-def timed(stage: str, function):  # noqa: ANN001, ANN201
-    """`function`, adding the seconds each call takes to `stage_seconds[stage]`."""
-    def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        start = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            stage_seconds[stage] += time.perf_counter() - start
-    return run
-
 
 Tensor.manual_seed(0)
 layer1, layer2 = nn.Linear(784, 128), nn.Linear(128, 10)
@@ -457,66 +444,59 @@ adam = optim.Adam(parameters, lr=1e-3)
 images = rng.standard_normal((128, 784)).astype(np.float32)
 labels = rng.integers(0, 10, 128).astype(np.int32)
 Tensor.realize(*parameters)
-start_weights = [p.numpy() for p in parameters]
-cpu_backend = Device["CPU"]
+profile = cProfile.Profile()  # for the next cells: where the step's time goes
 with tempfile.TemporaryDirectory() as directory, \
-        mock.patch.dict(os.environ, TINYTEACH_CACHE=directory), \
-        mock.patch.object(realize, "build_schedule", timed("schedule", realize.build_schedule)), \
-        mock.patch.object(realize, "lower", timed("lower", realize.lower)), \
-        mock.patch.object(cpu_backend.renderer, "render",
-                          timed("render", cpu_backend.renderer.render)), \
-        mock.patch.object(cpu_backend.compiler, "compile_many",
-                          timed("compile", cpu_backend.compiler.compile_many)), \
-        mock.patch.object(realize, "run_item", timed("run", realize.run_item)):
+        mock.patch.dict(os.environ, TINYTEACH_CACHE=directory):
     runner_cache.clear()  # every kernel of the step is new
     release = threading.Event()
     cpu.background().submit(release.wait, 60)  # the optimized builds wait behind this
     shown = io.StringIO()
     with Context(DEBUG=2, TRAINING=1), contextlib.redirect_stdout(shown):
         step_start = time.perf_counter()
+        profile.enable()
         adam.zero_grad()
         loss = layer2(layer1(Tensor(images)).relu()).sparse_categorical_crossentropy(
             Tensor(labels)).backward()
         Tensor.realize(loss, *adam.schedule_step())
+        profile.disable()
         step_seconds = time.perf_counter() - step_start
     release.set()
     cpu.wait_for_optimized_builds()
 lines = shown.getvalue().splitlines()
-summary = [line.strip() for line in lines if "new kernels on the fast tier" in line]
+summary = next(line.strip() for line in lines if "new kernels on the fast tier" in line)
+print(summary.replace(Device["CPU"].compiler.optimized_tier, "cc -O2"))
 launches = [line for line in lines if line.startswith("*** CPU")]
-tiers = Counter(match.group(1) if (match := re.search(r"us \((.+)\)$", line)) else "cc -O2"
-                for line in launches)
-print(summary[0].replace(cpu_backend.compiler.optimized_tier, "cc -O2"))
+tiers = Counter(re.search(r"us \((.+)\)$", line).group(1) for line in launches)
 print(f"{len(launches)} launches:", ", ".join(f"{n} ran a {t} build" for t, n in tiers.items()))
-fast, new = map(int, re.match(r"CPU compile: (\d+) of (\d+)", summary[0]).groups())
-assert len(summary) == 1 and fast == new and "cc -O2" not in tiers  # none waited for -O2
-assert sum(tiers.values()) == len(launches)
-
-
-def reference_loss() -> float:
-    """The same forward pass and loss in numpy, from the weights before the step."""
-    w1, b1, w2, b2 = start_weights
-    logits = np.maximum(images @ w1.T + b1, 0) @ w2.T + b2
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    return float(-log_probabilities[np.arange(128), labels].mean())
-
-
-np.testing.assert_allclose(loss.item(), reference_loss(), rtol=1e-5)
 
 # %% [markdown] id="dev-75"
-# Where did the step's time go? Each stage's total below (measured here, so different on every
-# run and machine; `DEBUG=2` adds its printing to the run stage). "compile" is the time the
-# step waited in `compile_many`: the tcc call and, at the same time, the `cc -O0` build of the
-# vector matmuls; the optimized builds start after it, in the background. `benchmarks/run.py`
-# measures the whole first step against PyTorch.
+# Where did the step's time go? Python's profiler answers: `cProfile` (enabled around the step
+# above) records every Python call, and `pstats` gives each function's *cumulative* time, its
+# own and that of everything it called. Five functions are the stages: `build_schedule`
+# (chapter 6), `lower` (chapter 7), the renderer's `render` (chapter 8), the compiler's
+# `compile_many` and `run_item` (this chapter). "compile" is the time the step waited in
+# `compile_many`: the tcc call and, at the same time, the `cc -O0` build of the vector
+# matmuls; the optimized builds start after it, in the background. The profiler adds a cost
+# to every Python call, so the Python stages look slower than they run without it, while
+# compile, mostly waiting for the compilers' processes, does not (`DEBUG=2` adds its printing
+# to the run stage too). Measured here, so different on every run and machine;
+# `benchmarks/run.py` measures the whole first step against PyTorch.
 
 # %% id="dev-76"
 # NBVAL_IGNORE_OUTPUT
-for stage in ("schedule", "lower", "render", "compile", "run"):
-    print(f"{stage:<9} {stage_seconds[stage] * 1e3:7.1f} ms")
-print(f"{'the step':<9} {step_seconds * 1e3:7.1f} ms")
-assert set(stage_seconds) == {"schedule", "lower", "render", "compile", "run"}
+import pstats
+
+import tinyteach.realize as realize
+
+STAGES = {"schedule": realize.build_schedule, "lower": realize.lower,
+          "render": Device["CPU"].renderer.render, "compile": Device["CPU"].compiler.compile_many,
+          "run": realize.run_item}
+recorded = pstats.Stats(profile).stats  # (file, line, name) -> (calls, calls, own, cumulative, _)
+for stage, function in STAGES.items():
+    code = getattr(function, "__func__", function).__code__  # (a method's function)
+    _, calls, _, cumulative, _ = recorded[(code.co_filename, code.co_firstlineno, code.co_name)]
+    print(f"{stage:<9} {cumulative * 1e3:7.1f} ms in {calls:3} calls")
+print(f"{'the step':<9} {step_seconds * 1e3:7.1f} ms (with the profiler on)")
 
 # %% [markdown] id="dev-48"
 # ## A device with memory of its own: OPENCL
