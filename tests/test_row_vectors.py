@@ -28,7 +28,7 @@ from tinyteach import Tensor
 from tinyteach.device import Device
 from tinyteach.helpers import Context, clear_caches
 from tinyteach.lower import lower
-from tinyteach.opt import choose_options
+from tinyteach.opt import KernelOptions, choose_options
 from tinyteach.render.c import CRenderer, integers_are_positions
 from tinyteach.runtime.cpu import C_FLAGS, march_flags, needs_optimized_build
 from tinyteach.schedule import create_schedule
@@ -257,3 +257,61 @@ def test_integer_data_keeps_wrapv_and_wraps():
         assert "no-wrapv" not in CRenderer(vector_width=8).render(item.name, program)
         with np.errstate(over="ignore"):
             np.testing.assert_array_equal(result.numpy(), want.astype(np.int32))
+
+
+# ---- chapter 8's codegen-61/63: what gcc 12 vectorizes, for AVX2 and AVX-512 alike ----
+
+BOTH_TARGETS = ("x86-64-v3", "x86-64-v4")  # AVX2 and AVX-512: compile-only, any x86-64 host
+
+
+def gcc_for(target: str, source: str, *flags: str) -> subprocess.CompletedProcess:
+    """gcc -O2 on `source` with the CPU device's flags built for `target` and `flags`."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the vectorizer's report is pinned to x86-64 targets")
+    device_flags = [f for f in march_flags(target) if f != "-shared"] + ["-fopenmp"]
+    return subprocess.run(["gcc", *device_flags, *flags, "-x", "c", "-"], input=source,
+                          capture_output=True, text=True, check=True)
+
+
+def loops_vectorized(source: str, target: str) -> dict[str, bool]:
+    """Each loop over a row (its line up to the brace) -> whether gcc vectorized it."""
+    report = gcc_for(target, source, "-fopt-info-vec", "-c", "-o", "/dev/null").stderr
+    done = {int(n) for n in re.findall(r":(\d+):\d+: optimized: loop vectorized", report)}
+    return {line.strip().split(" {")[0]: bool({number, number + 1} & done)
+            for number, line in enumerate(source.splitlines(), 1)
+            if re.match(r"\s+for \(int (ridx\d+ |ridx\d+_block|gidx1)", line)}
+
+
+def chapter_sources() -> tuple[str, str]:
+    """codegen-62's kernels of softmax over rows of 1024, with the book's 16 lanes: `before`
+    (a 4x4 tile, sums under `omp simd`, -fwrapv) and `after` (as the device builds it)."""
+    item = row_kernel(Tensor(np.zeros((4096, 1024), np.float32), device="CPU").realize()
+                      .softmax(-1))
+    renderer = CRenderer(vector_width=16, fused_multiply_add=True)
+    tiled = KernelOptions(upcasts=((0, 4), (1, 4)), parallel=True)
+    with Context(FIXED_LANES=0, ROW_CACHE=0):
+        before = renderer.render(item.name, lower(item.ast, tiled))
+    after = renderer.render(item.name, lower(item.ast, None, 16))
+    return before.replace(', "no-wrapv"', ""), after
+
+
+@pytest.mark.parametrize("target", BOTH_TARGETS)
+def test_the_tiled_row_kernel_vectorizes_only_its_sum(target):
+    before, after = chapter_sources()
+    assert list(loops_vectorized(before, target).values()) == [False, True, False]
+    found = loops_vectorized(after, target)
+    assert len(found) == 3 and all(found.values())  # both lane loops and the column loop
+
+
+def test_wrapv_alone_scalarizes_the_column_loop_unless_avx512_scatters():
+    _, after = chapter_sources()
+    wrapping = after.replace(', "no-wrapv"', "")
+    columns = "for (int gidx1 = 0; gidx1 < 1024; gidx1++)"
+    assert not loops_vectorized(wrapping, "x86-64-v3")[columns]
+    assert loops_vectorized(wrapping, "x86-64-v4")[columns]
+    scatters = {(target, name): gcc_for(target, source, "-S", "-o", "-").stdout.count("vscatter")
+                for target in BOTH_TARGETS for name, source in (("wrap", wrapping),
+                                                                ("built", after))}
+    assert scatters[("x86-64-v4", "wrap")] > 0
+    assert scatters[("x86-64-v3", "wrap")] == 0  # AVX2 has no scatter store
+    assert scatters[("x86-64-v3", "built")] == scatters[("x86-64-v4", "built")] == 0
