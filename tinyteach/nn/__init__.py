@@ -234,10 +234,9 @@ class BatchNorm:
         """The mean and (biased) variance to normalize with, each of shape (C,)."""
         if self.track_running_stats and not (Tensor.training or TRAINING):
             return self.running_mean, self.running_var
-        axes = tuple(a for a in range(x.ndim) if a != 1)
-        mean = x.mean(axes)
+        mean = _staged_mean(x)
         centered = x - _per_channel(mean.detach(), x.ndim)  # d(var)/d(mean) is 0 anyway
-        return mean, (centered * centered).mean(axes)
+        return mean, _staged_mean(centered * centered)
 
     def __call__(self, x: Tensor) -> Tensor:
         mean, var = self.calc_stats(x)
@@ -252,6 +251,17 @@ class BatchNorm:
         self.running_mean.assign((1 - momentum) * self.running_mean + momentum * mean)
         self.running_var.assign((1 - momentum) * self.running_var + momentum * unbiased)
         self.num_batches_tracked.assign(self.num_batches_tracked + 1)
+
+
+def _staged_mean(x: Tensor) -> Tensor:
+    """The mean of x over every axis but 1, in two stages: over the pixels of each sample,
+    then over the batch. A float32 sum in one loop of N values rounds N times in a chain
+    (relative error ~1e-5 for BatchNorm's 51,200 values a channel at batch 128); two stages
+    of 400 and 128 round about 100x less, as PyTorch's cascaded sums do. It matters here
+    because BatchNorm divides by sqrt(var + eps): a channel of small variance multiplies the
+    error by up to 1/sqrt(eps) = 316, and the gradients of the layers before it were 3% off."""
+    inner = tuple(range(2, x.ndim))
+    return (x.mean(inner) if inner else x).mean(0)
 
 
 BatchNorm1d = BatchNorm2d = BatchNorm3d = BatchNorm
