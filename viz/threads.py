@@ -233,10 +233,11 @@ class _Layout:
         return labels
 
     def size(self, elements: int) -> tuple[int, int]:
-        rows = -(-elements // self.columns)
+        """The drawing's width and height for `elements` elements."""
+        rows = max(-(-elements // self.columns), 1)
         left = MARGIN if self.wraps else 0
-        return left + self.per_line * CELL, self._line_top(rows, 0) - (CELL // 3 if
-                                                                      self.wraps else 0)
+        bottom = self._line_top(rows - 1, self.lines_per_row - 1) + CELL
+        return left + self.per_line * CELL, bottom
 
 
 # ---- the launch as a grid of work-groups ----
