@@ -177,3 +177,19 @@ def test_a_half_mean_rounds_once_as_torchs(device):
         ours = Tensor(x, device=device).mean(1)
         assert ours.dtype == dtypes.float16
         np.testing.assert_array_equal(ours.numpy(), torch.tensor(x).mean(1).numpy())
+
+
+@pytest.mark.parametrize("device", HALF_DEVICES)
+def test_the_gradient_of_a_broadcast_half_sums_in_float32(device):
+    """A half matmul's weight gradient sums the broadcast gradient over the batch (the EXPAND
+    rule's REDUCE): in float32 and one rounding, as Tensor.sum, not in half (off by ~0.03 at
+    64 rows, tinygrad's test_gemm_fp16)."""
+    clear_caches()
+    x, y = halves(64, 64, seed=3) * 2, halves(64, 64, seed=4)
+    a = Tensor(x.astype(np.float32), device=device, requires_grad=True)
+    b = Tensor(y.astype(np.float32), device=device, requires_grad=True)
+    grad_a, grad_b = a.half().matmul(b.half()).sum().gradient(a, b)
+    exact_b = np.repeat(x.astype(np.float64).sum(0)[:, None], 64, axis=1)  # x.T @ ones
+    exact_a = np.repeat(y.astype(np.float64).sum(1)[None, :], 64, axis=0)  # ones @ y.T
+    for got, exact in ((grad_b, exact_b), (grad_a, exact_a)):
+        assert np.abs(got.numpy() - exact).max() <= half_ulp(exact).max()

@@ -72,6 +72,21 @@ def test_a_symbolic_shrink_must_fit_for_every_value_of_the_variable() -> None:
         x.shrink(((0, variable().bind(3)), None))  # i may be up to 10 > 5 rows
 
 
+def test_a_bound_symbolic_size_takes_a_slice_that_fits_its_value() -> None:
+    """tinygrad's rule: x[:i.bind(2)] has the size i, bound to 2, and [:2] of it fits that
+    value (a size is stored for its largest value, 10, so any replay stays in memory); [:3]
+    does not fit the bound value, and [:11] not even the largest."""
+    i = variable()
+    ones = Tensor.ones(10).contiguous()
+    for value in (2, 5):
+        part = ones[:i.bind(value)] + 1
+        assert part.contiguous()[:value].tolist() == [2.0] * value
+    with pytest.raises(ValueError, match="out of range"):
+        ones[:i.bind(2)][:3]
+    with pytest.raises(ValueError, match="out of range"):
+        ones[:i.bind(10)][:11]
+
+
 # ---- results against numpy, on every device ----
 
 CASES = {
@@ -399,8 +414,11 @@ def test_slicing_with_a_variable_is_a_shrink() -> None:
         x[:variable().bind(3)][-1:]
     with pytest.raises(IndexError, match="bounds >= 0 and step 1"):
         x[:variable().bind(3):2]
+    # tinygrad's rule: [:2] fits the value i is bound to (3); i is stored for its largest
+    # value, so a replay with i = 1 still reads inside the memory
+    np.testing.assert_allclose(x[:variable().bind(3)][:2].numpy(), A[:2])
     with pytest.raises(ValueError, match=r"size in \[1, 10\]"):
-        x[:variable().bind(3)][:2]  # i may be 1
+        x[:variable().bind(3)][:4]  # more than the bound value
 
 
 def test_ones_zeros_and_full_take_a_variable_and_empty_refuses_one() -> None:

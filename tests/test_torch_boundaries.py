@@ -52,6 +52,7 @@ def test_shape_mismatches_raise_runtime_error(make) -> None:  # noqa: ANN001
     lambda: Tensor.ones(3).clip(None, None),
     lambda: Tensor([-2, 0, 2]) ** -2,
     lambda: Tensor.linspace(5, 10, 3, dtype="bool"),
+    lambda: Tensor.ones(3, 3).diagonal(dim1=0, dim2=0),
 ])
 def test_bad_arguments_raise_runtime_error(make) -> None:  # noqa: ANN001
     with pytest.raises(RuntimeError):
@@ -194,6 +195,15 @@ def test_pow_tensor_exponent_values_and_gradients(device: str, pair: tuple[float
 def test_pow_of_zero_base_to_tensor(device: str) -> None:
     check(lambda x: 0 ** x, lambda x: 0 ** x, [np.array([-2.0, -1, 0, 1, 2, 3], np.float32)],
           device=device)
+
+
+def test_pow_of_a_negative_base_to_a_tensor_has_torch_s_nan_gradient(device: str) -> None:
+    """d/dy (-2) ** y = (-2) ** y * log(-2): NaN everywhere (PyTorch's), though every value
+    is a number."""
+    check(lambda x: (-2) ** x, lambda x: (-2) ** x, [np.array([-2.0, -1, 0, 1, 2, 3], np.float32)],
+          device=device)
+    x = Tensor([-2.0, 3.0], device=device, requires_grad=True)
+    assert np.isnan(((-2) ** x).sum().gradient(x)[0].numpy()).all()
 
 
 def test_pow_of_negative_infinity_is_c_s() -> None:

@@ -27,6 +27,7 @@ import math
 import weakref
 from collections.abc import Callable, Mapping
 
+from tinyteach.dtype import dtypes
 from tinyteach.helpers import argsort
 from tinyteach.uop import Ops, UOp, is_bitcast
 
@@ -82,7 +83,12 @@ def _expand_grad(grad: UOp, node: UOp) -> Grads:
     # broadcasting copies a value, so the gradient sums over the broadcast axes
     source_shape = node.src[0].shape
     axes = tuple(i for i, (s, n) in enumerate(zip(source_shape, node.shape)) if s == 1 and n != 1)
+    if grad.dtype in _SUMMED_IN_FLOAT32:  # as Tensor.sum: half floats add up in float32
+        return (grad.cast(dtypes.float32).reduce(Ops.ADD, axes).cast(grad.dtype),)
     return (grad.reduce(Ops.ADD, axes),)
+
+
+_SUMMED_IN_FLOAT32 = (dtypes.float16, dtypes.bfloat16)
 
 
 def _pad_grad(grad: UOp, node: UOp) -> Grads:

@@ -80,6 +80,7 @@ from tinyteach.uop import (
     base_buffer,
     describe_size,
     sint,
+    sym_eval,
     sym_max,
     sym_min,
     sym_mul,
@@ -1259,7 +1260,21 @@ def _shrink_fits(start: sint, end: sint, size: sint) -> bool:
     length = sym_sub(end, start)
     if sym_min(start) < 0 or sym_min(length) < 0:
         return False
-    return end is size or sym_max(end) <= sym_min(size) or sym_sub(size, end) == 0
+    if end is size or sym_max(end) <= sym_min(size) or sym_sub(size, end) == 0:
+        return True
+    return _fits_bound_values(start, end, size)
+
+
+def _fits_bound_values(start: sint, end: sint, size: sint) -> bool:
+    """0 <= start <= end <= size for the values the variables are bound to, when every one is
+    bound (tinygrad's rule: `x[:v.bind(2)][:2]` slices a size bound to 2 by 2), and the end
+    never past the size's largest value (a symbolic size is stored for its largest value, so
+    a replay with another value still reads inside the memory)."""
+    try:
+        values = [sym_eval(x) for x in (start, end, size)]
+    except ValueError:  # an unbound variable: only its range can be checked
+        return False
+    return 0 <= values[0] <= values[1] <= values[2] and sym_max(end) <= sym_max(size)
 
 
 def _symbolic_note(start: sint, end: sint, size: sint) -> str:

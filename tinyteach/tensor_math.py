@@ -39,6 +39,7 @@ from typing import Any, Self, TypeVar
 import numpy as np
 
 from tinyteach.dtype import DType, dtypes, truncate_to
+from tinyteach.gradient import register_gradient
 from tinyteach.helpers import prod
 from tinyteach.multi import shards_of
 from tinyteach.tensor_core import (
@@ -310,10 +311,15 @@ class TensorMath(TensorMovement):
             return value
         # PyTorch's gradients, not those of the graph above (which are NaN at 0 ** 0.3 and
         # 0 where x ** 0.2 of a negative x is NaN): y x^(y-1), 0 where y = 0; and
-        # x^y log(x), 0 where x = 0 and y >= 0
+        # x^y log(x), 0 where x = 0 and y >= 0 (NaN for a negative x: (-2) ** y)
         x, y = base.detach(), power.detach()
         d_base = (y == 0).where(0.0, y * _float_power(x, y - 1))
         d_power = ((x == 0) & (y >= 0)).where(0.0, value * x.log())
+        if isinstance(value.uop, UOp):  # one device: the rule is the gradient, NaN included
+            result = _float_power(base, power)  # (the walk reaches base and power through it)
+            register_gradient(result.uop, (base.uop, power.uop),
+                              _slopes_rule(type(self), value.device, d_base, d_power))
+            return result
         return _with_gradient(value, (base, d_base), (power, d_power))
 
     def _integer_power(self, exponent: int) -> Self:
@@ -987,6 +993,16 @@ def _float_power(base: TM, power: TM) -> TM:
     undefined = negative & is_whole.logical_not() & (base != -math.inf)
     result = undefined.where(math.nan, signed)
     return (power == 0).where(1.0, result)
+
+
+def _slopes_rule(cls: type, device: Any, *slopes: TM) -> Callable[..., tuple[UOp, ...]]:
+    """A gradient rule (gradient.register_gradient) for a result whose derivative by each
+    input is a known tensor: the result's gradient times that slope, input by input."""
+    def rule(grad: UOp, *inputs: UOp) -> tuple[UOp, ...]:
+        upstream = cls(grad, device)
+        return tuple((upstream * slope).cast(source.dtype).uop
+                     for slope, source in zip(slopes, inputs))
+    return rule
 
 
 def _with_gradient(value: TM, *pairs: tuple[TM, TM]) -> TM:

@@ -291,7 +291,7 @@ class TensorMovement(TensorCreation):
         padded by one row's worth and read with a stride of n + 1: a reshape and a shrink."""
         a, b = self._axis(dim1), self._axis(dim2)
         if a == b:
-            raise ValueError(f"diagonal: dim1 and dim2 are the same axis ({a})")
+            raise ArgumentError(f"diagonal: dim1 and dim2 are the same axis ({a})")
         others = [i for i in range(self.ndim) if i not in (a, b)]
         x = self.permute(others + [a, b])
         rows, columns = x.shape[-2:]

@@ -5,7 +5,8 @@ What this teaches:
   attributes, lists, tuples and dicts. `get_state_dict` walks that structure and names every
   tensor by its path (`layers.0.weight`), exactly as tinygrad (and PyTorch) name them;
 - `load_state_dict` is the reverse walk: it checks every name and shape first and reports *all*
-  missing, unexpected and mis-shaped keys in one error, then assigns the values;
+  missing and mis-shaped keys in one error, then assigns the values (keys the model lacks are
+  skipped, as tinygrad skips them);
 - the safetensors file format is simple enough to write by hand: 8 bytes (little-endian u64) with
   the header's length, a JSON header `{name: {dtype, shape, data_offsets}}`, then the raw bytes.
   Loading it runs `json.loads` and `np.frombuffer` — nothing is unpickled, so a file from a
@@ -46,6 +47,7 @@ import numpy as np
 
 from tinyteach.dtype import BFLOAT16_WORDS, DType, dtypes, to_bfloat16_bits
 from tinyteach.helpers import GlobalCounters, Timing, prod
+from tinyteach.multi import MultiUOp
 from tinyteach.schedule import is_contiguous_buffer
 from tinyteach.settings import DEBUG
 from tinyteach.tensor import Tensor
@@ -92,12 +94,13 @@ def load_state_dict(model: Any, state_dict: Mapping[str, Tensor], strict: bool =
                     realize: bool = True) -> list[Tensor]:
     """Assign `state_dict`'s values to the model's tensors with the same names; returns them.
 
-    With strict=True every model key must be present and no extra keys may be given; a shape
-    mismatch is always an error (a single value may be () or (1,)). All problems are reported
-    together, before anything changes. tinygrad's keywords: `realize=False` leaves the loads
-    lazy (the next realize of the model's tensors copies them), `consume=True` deletes each
-    loaded key from `state_dict` (to free its tensor early), `verbose=True` prints tinygrad's
-    "loaded weights in ... ms, ... GB loaded at ... GB/s"."""
+    With strict=True every model key must be present; keys the model lacks (a PyTorch
+    checkpoint's `num_batches_tracked`, say) are skipped, as in tinygrad (DEBUG>=1 names them).
+    A shape mismatch is always an error (a single value may be () or (1,)). All problems are
+    reported together, before anything changes. tinygrad's keywords: `realize=False` leaves
+    the loads lazy (the next realize of the model's tensors copies them), `consume=True`
+    deletes each loaded key from `state_dict` (to free its tensor early), `verbose=True`
+    prints tinygrad's "loaded weights in ... ms, ... GB loaded at ... GB/s"."""
     # tinygrad: verbose=True by default; here it is off, so a notebook's output stays the same
     # from run to run (the line is a wall-clock time)
     targets = get_state_dict(model)
@@ -128,11 +131,24 @@ def _assign_each(targets: Mapping[str, Tensor], state_dict: Mapping[str, Tensor]
             if DEBUG.value >= 1:
                 print(f"WARNING: not loading {name}")  # tinygrad's words
             continue
-        value = state_dict[name].to(target.device).cast(target.dtype)
+        value = state_dict[name]
         if value.shape != target.shape:  # a single value: () and (1,) are the same count
             value = value.reshape(target.shape)
+        if isinstance(target.device, tuple):
+            loaded.append(target.replace(_sharded_like(target, value.cast(target.dtype))))
+            continue
+        value = value.to(target.device).cast(target.dtype)
         loaded.append(_own_buffer(target).assign(value))
     return loaded
+
+
+def _sharded_like(target: Tensor, value: Tensor) -> Tensor:
+    """A value for a sharded model tensor, as tinygrad loads it: a sharded value keeps its own
+    sharding; one on a single device is sharded over the target's devices on its axis."""
+    if isinstance(value.device, tuple):
+        return value
+    sharded = cast(MultiUOp, target.uop)
+    return value.shard(sharded.devices, sharded.axis)
 
 
 def _warn_about_unused_keys(targets: Mapping[str, Tensor], given: Mapping[str, Tensor]) -> None:
@@ -147,8 +163,8 @@ def _loaded_rate(start_bytes: int, nanoseconds: int) -> str:
 
 
 class StateDictError(KeyError, ValueError):
-    """Keys of a state dict that do not fit the model: a KeyError (missing and unexpected
-    names) that is also a ValueError (tinygrad's class for a shape mismatch)."""
+    """Keys of a state dict that do not fit the model: a KeyError (missing names) that is also
+    a ValueError (tinygrad's class for a shape mismatch)."""
 
 
 def _own_buffer(target: Tensor) -> Tensor:
@@ -168,7 +184,6 @@ def _same_shape(model: tuple[int, ...], given: tuple[int, ...]) -> bool:
 def _state_dict_problems(targets: Mapping[str, Tensor], given: Mapping[str, Tensor],
                          strict: bool) -> list[str]:
     missing = [name for name in targets if name not in given]
-    unexpected = [name for name in given if name not in targets]
     mis_shaped = [f"Shape mismatch in layer `{name}`: Expected shape {targets[name].shape}, "
                   f"but found {given[name].shape} in state dict."  # tinygrad's sentence
                   for name in targets
@@ -176,8 +191,6 @@ def _state_dict_problems(targets: Mapping[str, Tensor], given: Mapping[str, Tens
     problems = []
     if strict and missing:
         problems.append(f"missing keys {missing}")
-    if strict and unexpected:
-        problems.append(f"unexpected keys {unexpected}")
     if mis_shaped:
         problems.append("mis-shaped keys: " + " ".join(mis_shaped))
     return problems
