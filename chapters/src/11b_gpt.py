@@ -1,19 +1,28 @@
 # %% [markdown] id="gpt-01"
 # # Chapter 11b — Attention and a small GPT
 #
-# The capstone: a character-level GPT, built from the layers of chapter 11 and trained on
-# tinyteach. On the way we look at it the way the compiler does:
+# The capstone: a character-level GPT, built in this notebook from the layers of chapter 11
+# (`nn.Linear`, `nn.Embedding`, `nn.LayerNorm`) and trained on tinyteach. On the way we look at
+# it the way the compiler does:
 #
-# - **tokens and embeddings**: text becomes integers, integers become rows of a matrix;
+# - **a yardstick**: the loss of a bigram model (which character follows which) on text the
+#   models never train on;
 # - **attention** written out from primitive ops, then as `scaled_dot_product_attention`, with
 #   the kernels each becomes and the reason for every cut: what fuses, and what cannot (the
 #   softmax's two reductions between the two matrix products);
+# - **flash attention's online softmax**: the same attention over blocks of keys with a running
+#   max and a running sum, first as Tensor code (and what tinyteach's scheduler makes of it),
+#   then as the one kernel a scheduler would have to produce, written in C and run on the CPU
+#   device;
+# - **the GPT, one piece at a time**: one attention head, several heads, an MLP, residual
+#   connections, LayerNorm. Each step trains for the same 300 steps and prints its loss on the
+#   held-out text, so each piece shows what it pays; the last model beats the bigram model
+#   clearly and writes words;
 # - a **KV cache** for generation over a **symbolic length**: the position is a `Variable`,
-#   so one compiled kernel and one TinyJit capture serve every length;
-# - a **training run** that beats a bigram model on text it never saw, and a few sampled lines.
+#   so one compiled kernel and one TinyJit capture serve every length.
 #
-# Module: [`tinyteach/nn/transformer.py`](../tinyteach/nn/transformer.py). The full-size
-# script (about 0.8M parameters, checkpoints, a progress bar) is
+# Module: [`tinyteach/nn/transformer.py`](../tinyteach/nn/transformer.py), the same GPT as a
+# library. The full-size script (about 0.8M parameters, checkpoints, a progress bar) is
 # [`examples/gpt.py`](../examples/gpt.py); its measurements against PyTorch are
 # [`benchmarks/gpt.py`](../benchmarks/gpt.py).
 
@@ -25,6 +34,8 @@ import numpy as np
 
 import viz
 from tinyteach import Device, GlobalCounters, Tensor, TinyJit, nn
+from tinyteach.device import Buffer
+from tinyteach.dtype import dtypes
 from tinyteach.nn.state import get_parameters
 from tinyteach.nn.transformer import (
     GPT,
@@ -33,6 +44,7 @@ from tinyteach.nn.transformer import (
     Sampler,
     clip_grad_norm_,
     cosine_lr,
+    sample_token,
     stdlib_docstrings,
 )
 from tinyteach.schedule import create_schedule
@@ -74,6 +86,28 @@ assert len(data) > 50_000
 split = len(data) * 9 // 10
 train_data, held_out = data[:split], data[split:]
 print(f"{len(train_data):,} characters to train on, {len(held_out):,} held out")
+
+# %% [markdown] id="gpt-21"
+# ## The yardstick: a bigram model
+#
+# Before any network, a number to beat. A **bigram** model predicts the next character from
+# the current one alone: count, in the training text, how often each character follows each
+# other one (starting every count at 1, so nothing has probability 0), and normalize each row.
+# Its loss on the held-out text, the mean of −ln p(next | current) in nats, is what a model
+# that looks at one character gets. (The unigram model, letter frequencies without any
+# context, is printed too.) A GPT sees up to 32 characters; it has to do better than the bigram
+# model to have learned anything about words.
+
+# %% id="gpt-28"
+counts = np.ones((tokenizer.vocab_size, tokenizer.vocab_size))
+np.add.at(counts, (train_data[:-1], train_data[1:]), 1)
+bigram = counts / counts.sum(axis=1, keepdims=True)
+bigram_loss = -np.log(bigram[held_out[:-1], held_out[1:]]).mean()
+unigram = np.bincount(train_data, minlength=tokenizer.vocab_size) + 1.0
+unigram_loss = -np.log((unigram / unigram.sum())[held_out]).mean()
+print(f"unigram baseline: {unigram_loss:.2f} nats (letter frequencies alone)")
+print(f"bigram baseline: {bigram_loss:.2f} nats")
+assert bigram_loss < unigram_loss < math.log(tokenizer.vocab_size)
 
 # %% [markdown] id="gpt-05"
 # ## Embeddings
@@ -226,18 +260,451 @@ for length in (8, 64, 1024):
     print(f"T = {length:4}: scores take {B * H * length * length * 4:>10,} bytes per layer")
 
 # %% [markdown] id="gpt-15"
+# ## Flash attention: the online softmax
+#
 # That (T, T) matrix is why **flash attention** exists. It walks the keys in blocks and keeps,
-# per query, a running max `m`, a running sum `l` and a running output; when a block raises the
-# max, it rescales what it has so far by `exp(m_old - m_new)`. Then the max, the sum and both
-# products happen in one kernel, and the scores never reach memory. This is the *same math
-# reordered* — an online softmax — and finding it takes a rewrite that this scheduler does not
-# have: it fuses elementwise work into reductions, and a chain of reductions over the same rows,
-# but it never turns the max and the sum into running values that a matrix product can carry
-# along. (A hand-written kernel, or a compiler that knows the online-softmax identity, does.)
+# per query, a running max `m`, a running sum `l` and a running output `o`. For a block J of
+# keys, with scores `s_j`:
 #
-# ## The GPT
+# $$m' = \max\big(m, \max_{j \in J} s_j\big), \qquad
+#   l' = l\, e^{m - m'} + \sum_{j \in J} e^{s_j - m'}, \qquad
+#   o' = o\, e^{m - m'} + \sum_{j \in J} e^{s_j - m'}\, v_j$$
 #
-# `GPT` in `transformer.py` is embeddings, `layers` blocks, a last LayerNorm and the head:
+# and after the last block the output is `o / l`. It is exact, not an approximation: every term
+# in `l` and `o` carries the factor `e^{-m}` of the max so far, multiplying by `e^{m - m'}`
+# swaps it for the new max's, and at the end the common factor cancels in `o / l`. So the
+# softmax is *the same math reordered*: no row of scores is needed whole, a block at a time is
+# enough. Written with Tensor ops, block by block (a Python loop over the blocks, so the graph
+# holds one copy of the update per block):
+
+# %% id="gpt-30"
+def online_softmax_attention(q, k, v, key_block):
+    """Causal attention that reads the keys `key_block` at a time, with a running max, sum and
+    output per query (flash attention's online softmax)."""
+    length, d = q.shape[-2], q.shape[-1]
+    query_positions = Tensor.arange(length).reshape(length, 1)
+    running_max = Tensor.full((*q.shape[:-1], 1), -math.inf)
+    running_sum = Tensor.zeros(*q.shape[:-1], 1)
+    output = Tensor.zeros(*q.shape)
+    for start in range(0, length, key_block):
+        keys, values = k[..., start:start + key_block, :], v[..., start:start + key_block, :]
+        scores = q @ keys.transpose(-1, -2) / math.sqrt(d)               # (..., T, key_block)
+        key_positions = Tensor.arange(start, start + key_block).reshape(1, key_block)
+        scores = (key_positions <= query_positions).where(scores, -math.inf)
+        new_max = running_max.maximum(scores.max(-1, keepdim=True))
+        correction = (running_max - new_max).exp()                       # e^(m - m')
+        weights = (scores - new_max).exp()
+        running_sum = running_sum * correction + weights.sum(-1, keepdim=True)
+        output = output * correction + weights @ values
+        running_max = new_max
+    return output / running_sum
+
+
+for key_block in (1, 2, 4, 8):
+    online = online_softmax_attention(q, k, v, key_block).numpy()
+    np.testing.assert_allclose(online, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(online, attention(q, k, v).numpy(), rtol=1e-5, atol=1e-6)
+print("online softmax == softmax(q k^T / sqrt(d)) v for key blocks of 1, 2, 4 and 8")
+
+# %% [markdown] id="gpt-31"
+# The numbers agree for every block size. What does tinyteach's scheduler make of it? With
+# T = 8 and blocks of 4 keys:
+
+# %% id="gpt-32"
+KEY_BLOCK = 4
+online_items = schedule_of(online_softmax_attention(q, k, v, KEY_BLOCK))
+for number, item in enumerate(online_items, 1):
+    print(f"kernel {number}: {item.name:10} stores {item.output.size:3} values: "
+          f"{item.boundary_reason}")
+score_blocks = [item for item in online_items[:-1] if item.output.size == B * H * T * KEY_BLOCK]
+print(f"{len(score_blocks)} blocks of scores stored: "
+      f"{sum(item.output.size for item in score_blocks)} floats = B*H*T*T = {B * H * T * T}")
+assert len(score_blocks) == T // KEY_BLOCK
+assert sum(item.output.size for item in score_blocks) == B * H * T * T
+assert online_items[-1].output.size == B * H * T * D       # the sums and the products: one kernel
+viz.schedule(online_softmax_attention(q, k, v, KEY_BLOCK))
+
+# %% [markdown] id="gpt-33"
+# Read honestly, this is not flash attention yet. Kernels 1 and 2 are the aranges of the key
+# and the query positions (as `r_8_8` in `gpt-11`). Then the scheduler did fuse a lot: the
+# running sum and the running output of both blocks, their rescaling by `e^{m - m'}` and the
+# final division all landed in the last kernel, so neither `l` nor `o` ever went through
+# memory. But each block's scores are a reduction (the product q·k) read by two later kernels,
+# the block's max and that last kernel, so they are stored (kernels 3 and 5): block by block,
+# the whole (T, T) matrix reaches memory after all. And the running max is a chain of small
+# kernels, one per block (4 and 6), because each block's max must be complete before that
+# block's `exp(s - m')` can start. What would make it
+# one kernel is a reduction over the keys whose accumulator is the triple (m, l, o) with the
+# update above as its combine step; tinyteach's reductions accumulate one value with ADD or MAX,
+# and its scheduler does not rewrite a softmax into that form.
+#
+# So here is the kernel a scheduler would have to produce, written by hand in C: per head and
+# query, a loop over key blocks; a block's scores live in a small local array (registers, or
+# shared memory on a GPU), the running max, sum and output in local variables. It is compiled
+# by the CPU device's own Compiler and run as a Program on Buffers, as chapter 9's `dev-45`
+# does:
+
+# %% id="gpt-34"
+FLASH_SOURCE = """
+#include <math.h>
+
+void flash_attention(float* restrict out, const float* restrict q, const float* restrict k,
+                     const float* restrict v, const int heads, const int length,
+                     const int head_size, const int key_block) {
+  const float scale = 1.0f / sqrtf((float)head_size);
+  for (int head = 0; head < heads; head++) {
+    const int base = head * length * head_size;
+    for (int i = 0; i < length; i++) {
+      float running_max = -INFINITY, running_sum = 0.0f, acc[64] = {0.0f};
+      for (int start = 0; start <= i; start += key_block) {    /* causal: blocks up to i */
+        float scores[64];                                      /* one block, kept local */
+        int end = start + key_block <= i + 1 ? start + key_block : i + 1;
+        float block_max = -INFINITY;
+        for (int j = start; j < end; j++) {
+          float dot = 0.0f;
+          for (int c = 0; c < head_size; c++)
+            dot += q[base + i * head_size + c] * k[base + j * head_size + c];
+          scores[j - start] = dot * scale;
+          block_max = fmaxf(block_max, scores[j - start]);
+        }
+        float new_max = fmaxf(running_max, block_max);
+        float correction = expf(running_max - new_max);        /* e^(m - m') */
+        running_sum *= correction;
+        for (int c = 0; c < head_size; c++) acc[c] *= correction;
+        for (int j = start; j < end; j++) {
+          float weight = expf(scores[j - start] - new_max);
+          running_sum += weight;
+          for (int c = 0; c < head_size; c++) acc[c] += weight * v[base + j * head_size + c];
+        }
+        running_max = new_max;
+      }
+      for (int c = 0; c < head_size; c++) out[base + i * head_size + c] = acc[c] / running_sum;
+    }
+  }
+}
+"""
+flash = Device["CPU"].program("flash_attention", Device["CPU"].compiler.compile(FLASH_SOURCE))
+
+
+def buffer_of(tensor):
+    """A CPU Buffer holding the tensor's values (float32, row-major)."""
+    values = tensor.numpy().astype(np.float32).ravel()
+    return Buffer("CPU", values.size, dtypes.float32).copyin(values)
+
+
+result = Buffer("CPU", B * H * T * D, dtypes.float32)
+flash(result, buffer_of(q), buffer_of(k), buffer_of(v), vals=(B * H, T, D, KEY_BLOCK))
+flash_output = result.numpy().reshape(B, H, T, D)
+np.testing.assert_allclose(flash_output, expected, rtol=1e-5, atol=1e-6)
+np.testing.assert_allclose(flash_output, attention(q, k, v).numpy(), rtol=1e-5, atol=1e-6)
+print(f"one kernel, key blocks of {KEY_BLOCK}: equals softmax(q k^T / sqrt(d)) v;",
+      f"it writes {result.size} floats, the output, and nothing else")
+
+# %% [markdown] id="gpt-35"
+# One launch, one buffer written, and no (T, T) matrix anywhere: the scores of a block exist
+# only inside the loop. (The local arrays are sized 64, so this kernel takes head sizes and key
+# blocks up to 64; a real one is generated for its sizes, as tinyteach's kernels are.) Its
+# arithmetic is about that of the five kernels of `gpt-08` (which compute each `exp` twice, in
+# the sum and in the product; this kernel once, plus one rescaling per block), but its memory
+# traffic no longer grows with T × T. On a GPU the same loop
+# runs one work-group per block of queries, with the key and value blocks in shared memory
+# (chapter 8b); that is FlashAttention.
+
+# %% [markdown] id="gpt-40"
+# ## Building the GPT, one piece at a time
+#
+# Now the model, built up in five steps. Every step is a complete language model with the same
+# frame: a token embedding and a position embedding (added, so each position holds what the
+# character is and where it is), some layers, and a Linear head that turns each position's
+# vector into 96 logits, the scores of the next character. Only the layers change.
+#
+# Every step trains the same way, so the losses compare: 300 steps of AdamW on batches of 32
+# random windows of 32 characters (the same windows for every model), a learning rate of 1e-2
+# with a short warmup and a cosine decay (`cosine_lr`), and the gradients clipped to norm 1
+# (`clip_grad_norm_`). A training step is the loss, `backward()` and the update under one
+# TinyJit (chapter 10): captured once, replayed 299 times. The learning rate lives in the
+# optimizer's `lr` buffer, overwritten before each step, so the replays read the new value.
+# After training, the **validation loss** is the model's mean loss over the held-out text, cut
+# into windows of 32.
+
+# %% id="gpt-41"
+VOCAB, CONTEXT, WIDTH, HEADS = tokenizer.vocab_size, 32, 64, 4
+
+
+class LanguageModel:
+    """Token and position embeddings, then `layers` in order, then a Linear head to logits."""
+
+    def __init__(self, layers):
+        self.token_embedding = nn.Embedding(VOCAB, WIDTH)
+        self.position_embedding = nn.Embedding(CONTEXT, WIDTH)
+        self.layers = layers
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def __call__(self, tokens):
+        """tokens (B, T) -> logits (B, T, VOCAB): at each position, scores for the next one."""
+        positions = Tensor.arange(tokens.shape[-1])
+        x = self.token_embedding(tokens) + self.position_embedding(positions)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def cross_entropy(model, inputs, targets):
+    """The mean of -ln p(target) over every position of every window."""
+    logits = model(inputs).reshape(-1, VOCAB)
+    return logits.sparse_categorical_crossentropy(targets.reshape(-1))
+
+
+def windows(text, starts, length):
+    """Inputs and targets: the windows of `length` at `starts`, and the same moved by one."""
+    return (np.stack([text[s:s + length] for s in starts]),
+            np.stack([text[s + 1:s + length + 1] for s in starts]))
+
+
+def train(model, steps=300, lr=1e-2, batch=32):
+    """AdamW under one TinyJit on random windows of the training text; the training losses."""
+    optimizer = nn.optim.AdamW(get_parameters(model), lr=lr, weight_decay=0.01)
+
+    @TinyJit
+    def train_step(inputs, targets):
+        with Tensor.train():
+            optimizer.zero_grad()
+            loss = cross_entropy(model, inputs, targets).backward()
+            clip_grad_norm_(optimizer.params, 1.0)
+            Tensor.realize(loss, *optimizer.schedule_step())
+        return loss
+
+    batches = np.random.default_rng(0)        # the same windows for every model
+    losses = []
+    for step in range(steps):
+        rate = cosine_lr(step, lr, steps, warmup_steps=10, min_lr=lr / 10)
+        optimizer.lr.assign(Tensor(rate)).realize()
+        starts = batches.integers(0, len(train_data) - CONTEXT - 1, batch)
+        inputs, targets = windows(train_data, starts, CONTEXT)
+        losses.append(train_step(Tensor(inputs), Tensor(targets)).item())
+    return losses
+
+
+validation_windows = windows(held_out, range(0, len(held_out) - CONTEXT - 1, CONTEXT), CONTEXT)
+
+
+def validation_loss(model):
+    inputs, targets = validation_windows
+    return cross_entropy(model, Tensor(inputs), Tensor(targets)).item()
+
+
+results = {"bigram counts": bigram_loss}
+
+
+def build_and_train(name, make_layers, **training):
+    """A LanguageModel over `make_layers()`, trained; prints and records its validation loss."""
+    Tensor.manual_seed(0)                     # the same initial weights, step after step
+    model = LanguageModel(make_layers())
+    losses = train(model, **training)
+    results[name] = validation_loss(model)
+    parameters = sum(p.numel() for p in get_parameters(model))
+    print(f"{name}: {parameters:,} parameters, last 50 steps' training loss "
+          f"{np.mean(losses[-50:]):.2f}, validation loss {results[name]:.2f} nats")
+    return model
+
+# %% [markdown] id="gpt-42"
+# ### Step 1: one attention head
+#
+# The first layer is one head of attention: three Linear maps make a query, a key and a value
+# from each position's vector, and `attention` from `gpt-08` (the one we drew the kernels of)
+# mixes the values of positions ≤ i into position i. The head's output replaces the
+# embedding, so position i knows its own character only by attending to itself. Still, it is
+# the first model here that can see further back than one character:
+
+# %% id="gpt-43"
+class Head:
+    """One head of causal self-attention: q, k and v are Linear maps of x."""
+
+    def __init__(self, width, head_size):
+        self.query = nn.Linear(width, head_size, bias=False)
+        self.key = nn.Linear(width, head_size, bias=False)
+        self.value = nn.Linear(width, head_size, bias=False)
+
+    def __call__(self, x):
+        return attention(self.query(x), self.key(x), self.value(x))
+
+
+one_head = build_and_train("one head", lambda: [Head(WIDTH, WIDTH)])
+print(f"bigram baseline: {bigram_loss:.2f} nats")
+assert results["one head"] < bigram_loss
+
+# %% [markdown] id="gpt-44"
+# ### Step 2: several heads
+#
+# One head computes one weighting of the past per position: it cannot at once look at the
+# previous character *and* at the start of the word. Four heads of size 16 can, each with its
+# own queries and keys, for about the same number of parameters. As in `transformer.py`, one
+# `Linear(C, 3C)` makes q, k and v for all heads at once and the heads are a reshape, not a
+# loop: (B, T, C) becomes (B, heads, T, C / heads), and `attention` works on the last two axes
+# of every head together. A last Linear (`proj`) mixes what the heads found.
+
+# %% id="gpt-45"
+class MultiHeadAttention:
+    """`heads` heads of causal self-attention side by side, mixed by a Linear."""
+
+    def __init__(self, width, heads):
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def __call__(self, x):
+        batch, length, width = x.shape
+        q, k, v = [t.reshape(batch, length, self.heads, width // self.heads).transpose(1, 2)
+                   for t in self.qkv(x).split(width, dim=-1)]     # (B, heads, T, head size)
+        y = attention(q, k, v).transpose(1, 2).reshape(batch, length, width)
+        return self.proj(y)
+
+
+multi_head = build_and_train("4 heads", lambda: [MultiHeadAttention(WIDTH, HEADS)])
+assert results["4 heads"] < results["one head"]
+
+# %% [markdown] id="gpt-46"
+# ### Step 3: an MLP after the attention
+#
+# Attention only *averages* values; what a position does with what it gathered is linear. An
+# MLP on each position adds computation: Linear (C → 4C), GELU, Linear (4C → C), as in GPT-2.
+# It doubles the parameters — and, stacked straight after the attention, it makes the model
+# *worse* within our 300 steps:
+
+# %% id="gpt-47"
+class MLP:
+    """Linear (C -> 4C), GELU, Linear (4C -> C), on each position on its own."""
+
+    def __init__(self, width):
+        self.fc = nn.Linear(width, 4 * width)
+        self.proj = nn.Linear(4 * width, width)
+
+    def __call__(self, x):
+        return self.proj(self.fc(x).gelu())
+
+
+with_mlp = build_and_train("4 heads + MLP", lambda: [MultiHeadAttention(WIDTH, HEADS),
+                                                     MLP(WIDTH)])
+assert results["4 heads + MLP"] > results["4 heads"]
+
+# %% [markdown] id="gpt-48"
+# ### Step 4: residual connections
+#
+# The deeper stack is harder to train: every signal, forward and backward, now passes through
+# both layers, and at the start both are random maps. A **residual connection** gives each
+# layer a way around itself: `x + layer(x)` instead of `layer(x)`. The vector at each position
+# becomes a *residual stream* that every layer reads and adds to; the character embedding
+# reaches the head unchanged unless a layer changes it, and since the gradient of
+# `x + f(x)` is `1 + f'(x)`, the loss's gradient reaches the embeddings directly too. The same
+# two layers, each with its way around:
+
+# %% id="gpt-49"
+class Residual:
+    """x + layer(x): the layer adds to the residual stream instead of replacing it."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def __call__(self, x):
+        return x + self.layer(x)
+
+
+residual = build_and_train("residuals", lambda: [Residual(MultiHeadAttention(WIDTH, HEADS)),
+                                                 Residual(MLP(WIDTH))])
+assert results["residuals"] < results["4 heads"] < bigram_loss
+
+# %% [markdown] id="gpt-50"
+# That is the largest step of all. (The MLP was not useless in step 3: it was unreachable.)
+#
+# ### Step 5: LayerNorm, and the transformer block
+#
+# The residual stream's scale drifts as layers add to it, and each layer sees whatever scale
+# arrives. **LayerNorm** (chapter 11) normalizes each position's vector to mean 0 and variance 1
+# (then scales and shifts it by learned weights) before a layer reads it: *pre-norm*, as in
+# GPT-2, so the stream itself is never normalized, only what each layer reads. With one more
+# LayerNorm before the head, this is a GPT's **block**, exactly `Block` in `transformer.py`:
+
+# %% id="gpt-51"
+class Block:
+    """A pre-norm transformer block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, width, heads):
+        self.norm1 = nn.LayerNorm(width)
+        self.attention = MultiHeadAttention(width, heads)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = MLP(width)
+
+    def __call__(self, x):
+        x = x + self.attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+one_block = build_and_train("block (+ LayerNorm)", lambda: [Block(WIDTH, HEADS),
+                                                            nn.LayerNorm(WIDTH)])
+assert results["block (+ LayerNorm)"] < results["residuals"]
+
+# %% [markdown] id="gpt-52"
+# ### The GPT: two blocks, trained longer
+#
+# A GPT is a stack of such blocks. Two of them, trained for 400 steps; a deeper model wants a
+# smaller step, so the learning rate is 5e-3 (at 1e-2 these two blocks end worse than the one
+# block above: try it).
+
+# %% id="gpt-53"
+gpt = build_and_train("GPT, 2 blocks", lambda: [Block(WIDTH, HEADS), Block(WIDTH, HEADS),
+                                                nn.LayerNorm(WIDTH)], steps=400, lr=5e-3)
+print()
+for name, loss in results.items():
+    print(f"  {name:20} {loss:.2f} nats  {'#' * round(20 * (loss - 1.5))}")
+print(f"\nbigram baseline: {bigram_loss:.2f} nats")
+print(f"validation loss: {results['GPT, 2 blocks']:.2f} nats")
+assert results["GPT, 2 blocks"] < results["block (+ LayerNorm)"]
+assert results["GPT, 2 blocks"] < bigram_loss - 0.5
+
+# %% [markdown] id="gpt-54"
+# Each piece paid, except the one that could not be reached until the residuals came: from the
+# bigram model's loss to well below it. (The training loss, printed above, is lower than the
+# validation loss by the last steps: the models begin to learn the training text itself, 73k
+# characters seen several times over.)
+#
+# ### Samples
+#
+# To write, the model predicts a distribution for the next character, we draw one (with
+# temperature 0.8, from the 10 likeliest, by `sample_token`, on the host in numpy), append it and
+# predict again. The model always takes a window of 32 characters, so that one TinyJit capture
+# serves every call: a prompt shorter than 32 is padded at the end, and since attention is
+# causal, the padding after position t cannot change the logits at t. (The KV cache below is
+# the way that does not recompute the window every time.) The text depends on the Python
+# version whose docstrings were read, so this output is not compared:
+
+# %% id="gpt-55"
+# NBVAL_IGNORE_OUTPUT
+def generate(model, prompt, count, temperature=0.8, top_k=10, seed=0):
+    """`count` characters after `prompt`, one at a time from the model's last window."""
+    rng = np.random.default_rng(seed)
+    logits_of = TinyJit(lambda window: model(window).realize())
+    tokens = tokenizer.encode(prompt)
+    for _ in range(count):
+        window = tokens[-CONTEXT:]
+        padded = window + [0] * (CONTEXT - len(window))
+        logits = logits_of(Tensor([padded], dtype="int32")).numpy()[0, len(window) - 1]
+        tokens.append(sample_token(logits, temperature, top_k, rng))
+    return tokenizer.decode(tokens)
+
+
+for prompt in ("Return the ", "The default "):
+    sample = generate(gpt, prompt, 200)
+    print(sample, end="\n\n")
+    words = sample.split()
+    assert sum(c.isalpha() or c.isspace() for c in sample) / len(sample) > 0.85
+    assert {"the", "of", "is", "to", "a"} & set(words)
+
+# %% [markdown] id="gpt-56"
+# ## The same GPT in the library
+#
+# `GPT` in `transformer.py` is the model of step 5 with its blocks stacked: embeddings, `layers`
+# blocks (the same `Block`: `CausalSelfAttention` is our `MultiHeadAttention`, `MLP` our MLP),
+# a last LayerNorm and the head:
 #
 # ```
 # x = token_embedding(tokens) + position_embedding(arange(T))
@@ -245,10 +712,12 @@ for length in (8, 64, 1024):
 # logits = norm(x) @ token_embedding.weight.T                             # the head is tied
 # ```
 #
-# One `Linear(C, 3C)` makes q, k and v for every head at once; the heads are a reshape, not a
-# loop. The head reuses the token embedding's weight (*weight tying*): the same matrix reads a
-# token in and scores it on the way out. Weights start as GPT-2's, normal with std 0.02, so
-# the first logits are almost zero and the first loss is almost ln 96.
+# Two differences from ours. The head reuses the token embedding's weight (*weight tying*): the
+# same matrix reads a token in and scores it on the way out. And weights start as GPT-2's,
+# normal with std 0.02 (the residual projections smaller still), so the first logits are almost
+# zero and the first loss is almost ln 96. Its attention is `scaled_dot_product_attention`, the
+# same kernels as ours (`gpt-12`). `examples/gpt.py` trains it; here a small one shows what the
+# library adds for generation:
 
 # %% id="gpt-16"
 config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=32, embed_size=48, layers=1,
@@ -321,7 +790,7 @@ assert "< (start_pos+1);" in scores.runner.source
 assert sampler.jitted_step.captured.symbolic
 assert scores.var_vals == {"start_pos": len(prefix) - 1}   # the value of the last replay
 
-# %% [markdown] id="gpt-21"
+# %% [markdown] id="gpt-57"
 # At position 3 the scores loop runs over 4 slots, at position 31 over 32: the work grows with
 # the text, as it should, and nothing is compiled again. (The cache write, `E_2_32_24`, still
 # passes over all 32 slots: an assign in tinyteach writes a whole buffer. tinygrad assigns into
@@ -329,100 +798,19 @@ assert scores.var_vals == {"start_pos": len(prefix) - 1}   # the value of the la
 # Tensor instead of a Variable, every step would attend over all 32 slots and mask the tail
 # away: half of the work wasted, on average — little for a 32-token context, a lot for a long
 # one.
-#
-# ## Training until it beats a bigram model
-#
-# First a yardstick. A **bigram** model predicts the next character from the current one alone:
-# count, in the training text, how often each character follows each other one (starting every
-# count at 1, so nothing has probability 0), and normalize each row. Its loss on the held-out
-# text, the mean of −ln p(next | current), is what a model that looks at one character gets.
-# A GPT sees up to 32; it has to do better than this to have learned anything about words.
-
-# %% id="gpt-28"
-counts = np.ones((tokenizer.vocab_size, tokenizer.vocab_size))
-np.add.at(counts, (train_data[:-1], train_data[1:]), 1)
-bigram = counts / counts.sum(axis=1, keepdims=True)
-bigram_loss = -np.log(bigram[held_out[:-1], held_out[1:]]).mean()
-unigram = np.bincount(train_data, minlength=tokenizer.vocab_size) + 1.0
-unigram_loss = -np.log((unigram / unigram.sum())[held_out]).mean()
-print(f"unigram baseline: {unigram_loss:.2f} nats (letter frequencies alone)")
-print(f"bigram baseline: {bigram_loss:.2f} nats")
-
-# %% [markdown] id="gpt-29"
-# A training step is the loss, `backward()`, `clip_grad_norm_` (scale all gradients together so
-# their norm is at most 1) and AdamW, under one TinyJit, exactly as in `examples/gpt.py`. The
-# learning rate follows `cosine_lr` (a short warmup, then a cosine); it lives in the optimizer's
-# `lr` buffer, which we overwrite before each step, so the replays read the new value. Each
-# batch is 64 random windows of 32 characters of the training text; the target is the window
-# moved by one. After 400 steps the **validation loss** is the model's mean loss over the
-# held-out text, cut into windows of 32.
-
-# %% id="gpt-22"
-optimizer = nn.optim.AdamW(get_parameters(model), lr=2e-2, b2=0.99, weight_decay=0.1)
-
-
-@TinyJit
-def train_step(inputs, targets):
-    with Tensor.train():
-        optimizer.zero_grad()
-        loss = model.loss(inputs, targets).backward()
-        norm = clip_grad_norm_(optimizer.params, 1.0)
-        Tensor.realize(loss, norm, *optimizer.schedule_step())   # read before the update
-    return loss
-
-
-def windows(text, starts, length):
-    """Inputs and targets: the windows of `length` at `starts`, and the same moved by one."""
-    return (np.stack([text[s:s + length] for s in starts]),
-            np.stack([text[s + 1:s + length + 1] for s in starts]))
-
-
-def random_batch(batch, length):
-    return windows(train_data, rng.integers(0, len(train_data) - length - 1, batch), length)
-
-
-steps, losses = 400, []
-for step in range(steps):
-    optimizer.lr.assign(Tensor(cosine_lr(step, 2e-2, steps, warmup_steps=10,
-                                         min_lr=2e-3))).realize()
-    inputs, targets = random_batch(64, config.block_size)
-    losses.append(train_step(Tensor(inputs), Tensor(targets)).item())
-print(f"{len(train_step.captured.launches)} kernels per training step")
-print(f"first loss within 0.05 of ln 96 = {math.log(96):.2f}:",
-      abs(losses[0] - math.log(96)) < 0.05)
-for first in range(0, steps, 100):
-    mean = np.mean(losses[first:first + 100])
-    print(f"steps {first:3}-{first + 99}: mean training loss {mean:.2f}")
-inputs, targets = windows(held_out, range(0, len(held_out) - config.block_size - 1,
-                                          config.block_size), config.block_size)
-validation_loss = model.loss(Tensor(inputs), Tensor(targets)).item()
-print(f"validation loss: {validation_loss:.2f} nats (bigram baseline: {bigram_loss:.2f})")
-assert abs(losses[0] - math.log(96)) < 0.05
-assert validation_loss < bigram_loss
-
-# %% [markdown] id="gpt-23"
-# On text it never saw, the 35k-parameter model now does better than a model of which character
-# follows which: it has learned something from the characters further back, short words and
-# where spaces go. (`examples/gpt.py`'s 0.8M parameters, trained for minutes, go much further.)
-# A few lines sampled with temperature 0.8 and top-k 10 (the sampling
-# itself runs on the host in numpy, `sample_token`); the text depends on the Python version
-# whose docstrings were read, so this output is not compared:
-
-# %% id="gpt-24"
-# NBVAL_IGNORE_OUTPUT
-new_tokens = Sampler(model).generate(tokenizer.encode("Return the "), 160, temperature=0.8,
-                                     top_k=10, seed=0)
-sample = "Return the " + tokenizer.decode(new_tokens)
-print(sample)
-letters_and_spaces = sum(c.isalpha() or c.isspace() for c in sample) / len(sample)
-assert letters_and_spaces > 0.8
 
 # %% [markdown] id="gpt-25"
-# `python examples/gpt.py` trains the 0.8M-parameter model (4 blocks of width 128, context 64)
-# for a few minutes and samples 300 characters; `--steps`, `--device`, `--load` and the
-# sampling options are its arguments. `python benchmarks/gpt.py` times a training step and a
-# generation step against PyTorch.
+# `python examples/gpt.py` trains the library's 0.8M-parameter model (4 blocks of width 128,
+# context 64) for a few minutes and samples 300 characters; `--steps`, `--device`, `--load` and
+# the sampling options are its arguments. `python benchmarks/gpt.py` times a training step and
+# a generation step against PyTorch.
 #
-# **Try it.** Replace `attention` in `gpt-08` by a version without the max subtraction
-# (`scores.exp() / scores.exp().sum(...)`). How many kernels does it become, and which reason
-# disappears? Then feed it scores of 100 and see why the max is there.
+# **Try it.**
+#
+# - Replace `attention` in `gpt-08` by a version without the max subtraction
+#   (`scores.exp() / scores.exp().sum(...)`). How many kernels does it become, and which
+#   reason disappears? Then feed it scores of 100 and see why the max is there. Does
+#   `online_softmax_attention` still need its running max?
+# - Train step 3's model (attention, then the MLP, no residuals) for 1,000 steps instead of
+#   300. Does the MLP pay in the end, or only with the residuals?
+# - Train the two-block GPT of `gpt-53` with `lr=1e-2`, and with three blocks.
