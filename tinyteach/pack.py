@@ -26,6 +26,8 @@ computes the output channels last, (y, x, n, co), where the vector tile reads 16
 (n, co, y, x). The same plan serves both gradients of a convolution (the weight gradient's
 channel axis is co again; the packed factor is the upstream gradient, fused elementwise ops
 and all) and x @ w.T (an MLP layer, whose output is channels-last already: no copy back).
+A bias and an activation after the sum (`x.linear(w.T, b).gelu()`, `conv2d(x, w, b).relu()`)
+stay in the kernel: they move with the output.
 Three kernels instead of one, so only for long sums (more than opt.SHORT_REDUCE per output).
 `CHANNEL_TILES=0` turns channel tiles off alone.
 
@@ -184,20 +186,32 @@ def _elements_read(factor: UOp) -> int:
 
 
 def _product_reduction(value: UOp) -> tuple[UOp, UOp, UOp] | None:
-    """(reduce, X, Y) when the kernel stores one float sum of a product, directly or through
-    reshapes that only add or drop size-1 axes, and neither factor holds a reduction."""
-    reduce = value
-    while reduce.op is Ops.RESHAPE:
-        reduce = reduce.src[0]
-    if reduce.op is not Ops.REDUCE_AXIS or reduce.arg[0] is not Ops.ADD or \
-            not dtypes.is_float(reduce.dtype) or reduce.src[0].op is not Ops.MUL:
+    """(reduce, X, Y) when the kernel stores one float sum of a product, directly, through
+    reshapes that only add or drop size-1 axes, or under an elementwise epilogue of the same
+    shape (a Linear layer's bias and activation: x.linear(w.T, b).gelu()), and neither factor
+    holds a reduction."""
+    reductions = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
+    if len(reductions) != 1:
+        return None
+    reduce = reductions[0]
+    if reduce.arg[0] is not Ops.ADD or not dtypes.is_float(reduce.dtype) or \
+            reduce.src[0].op is not Ops.MUL or not _elementwise_above(value, reduce):
         return None
     if [n for n in value.shape if n > 1] != [n for n in reduce.shape if n > 1]:
         return None
     x, y = reduce.src[0].src
-    if any(n.op is Ops.REDUCE_AXIS for n in x.toposort + y.toposort):
-        return None
     return reduce, x, y
+
+
+def _elementwise_above(value: UOp, reduce: UOp) -> bool:
+    """Is every op between the stored value and `reduce` elementwise (or a reshape)? Then the
+    sum's output axes are the value's: the epilogue moves with it when the output is stored
+    channels last. (Reads of other buffers in the epilogue, a bias, may use any view.)"""
+    reaching: set[UOp] = set()  # the nodes whose value depends on the sum
+    for node in value.toposort:  # (sources first)
+        if node is reduce or any(source in reaching for source in node.src):
+            reaching.add(node)
+    return all(node.op in ALU or node.op is Ops.RESHAPE for node in reaching - {reduce})
 
 
 def _axes_used(node: UOp, shape: tuple[int, ...]) -> set[int] | None:
