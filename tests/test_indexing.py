@@ -176,8 +176,7 @@ def test_index_errors(device):
         t[:, -5]
     with pytest.raises(IndexError, match="too many"):
         t[0, 0, 0]
-    with pytest.raises(IndexError, match="out of (range|bounds)"):
-        t[Tensor([0, 3], device=device)].realize()
+    # a tensor index out of range picks 0 instead (tinygrad's rule): test_tinygrad_docs_behaviour
     with pytest.raises(IndexError):
         t[Tensor([0.5], device=device)]
 

@@ -73,7 +73,7 @@ def test_changed_shape_dtype_device_are_errors() -> None:
         double(Tensor([1.0, 2.0, 3.0]))
     with pytest.raises(JitError, match=r"argument 0 changed.*shape \(3,\) -> \(4,\)"):
         double(Tensor([1.0, 2.0, 3.0, 4.0]))
-    with pytest.raises(JitError, match=r"dtype dtypes.float32 -> dtypes.int32"):
+    with pytest.raises(JitError, match=r"dtype dtypes.float -> dtypes.int\b"):
         double(Tensor([1, 2, 3]))
     other = "NUMPY" if Tensor([1.0]).device != "NUMPY" else "CPU"
     with pytest.raises(JitError, match=r"device"):

@@ -242,3 +242,63 @@ def test_debug_warns_about_what_is_not_loaded(capsys):
     printed = capsys.readouterr().out
     assert "WARNING: unused weights in state_dict ['a', 'b']" in printed
     assert "WARNING: not loading l2.bias" in printed
+
+
+# ---- dtypes print as tinygrad prints them: C's short names ----
+
+# what tinygrad 0.14 prints for each dtype (repr and str alike)
+TINYGRAD_PRINTS = {
+    "bool": "dtypes.bool", "int8": "dtypes.char", "uint8": "dtypes.uchar",
+    "int16": "dtypes.short", "uint16": "dtypes.ushort", "int32": "dtypes.int",
+    "uint32": "dtypes.uint", "int64": "dtypes.long", "uint64": "dtypes.ulong",
+    "float16": "dtypes.half", "bfloat16": "dtypes.bfloat16", "float32": "dtypes.float",
+    "float64": "dtypes.double",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINYGRAD_PRINTS))
+def test_a_dtype_prints_as_tinygrad_prints_it(name):
+    dtype = getattr(dtypes, name)
+    assert repr(dtype) == str(dtype) == f"{dtype}" == TINYGRAD_PRINTS[name]
+    assert eval(repr(dtype), {"dtypes": dtypes}) is dtype  # the printed name is the dtype
+    assert dtype.name == name  # the name itself is unchanged (numpy's and safetensors' word)
+
+
+def test_tensors_print_their_dtype_as_tinygrad_does(capsys):
+    # mnist.md's fourth block prints the shape and dtype of uint8 images and labels
+    images, labels = Tensor.zeros(6, 1, 28, 28, dtype=dtypes.uint8), Tensor([1, 2], dtype="uint8")
+    print(images.shape, images.dtype, labels.shape, labels.dtype)
+    print(Tensor([1, 2, 3]).dtype, Tensor([1.0]).dtype, Tensor([1.0]).half().dtype)
+    assert capsys.readouterr().out.splitlines() == [
+        "(6, 1, 28, 28) dtypes.uchar (2,) dtypes.uchar", "dtypes.int dtypes.float dtypes.half"]
+    assert "dtype=dtypes.float " in repr(Tensor([1.0]))
+
+
+def test_a_vector_dtype_prints_as_tinygrad_does():
+    assert repr(dtypes.float32.vec(4)) == "dtypes.float.vec(4)"
+    assert repr(dtypes.uint8.vec(16)) == "dtypes.uchar.vec(16)"
+
+
+# ---- an out-of-range tensor index gives 0 (Tensor.__getitem__'s docstring) ----
+
+def test_the_docstrings_out_of_bounds_example(device):
+    # tinygrad prints [0 0 3] for this example
+    t = Tensor([1, 2, 3], device=device)
+    np.testing.assert_array_equal(t[Tensor([4, 3, 2], device=device)].numpy(), [0, 0, 3])
+
+
+def test_out_of_range_tensor_indices_give_0_in_every_position(device):
+    # tinygrad 0.14's values: -4 and 5 are outside a 3-element axis, -1 and -3 inside it
+    t = Tensor([1, 2, 3], device=device)
+    np.testing.assert_array_equal(t[Tensor([-4, -1, 5, -3], device=device)].numpy(), [0, 3, 0, 1])
+    m = Tensor.arange(12, device=device).reshape(3, 4)
+    np.testing.assert_array_equal(m[Tensor([2, 5], device=device), Tensor([1, 2], device=device)]
+                                  .numpy(), [9, 0])
+    np.testing.assert_array_equal(m[[0, 3]].numpy(), [[0, 1, 2, 3], [0, 0, 0, 0]])
+
+
+def test_an_out_of_range_python_int_index_still_raises():
+    with pytest.raises(IndexError, match="index 5 is out of bounds for axis 0 with size 3"):
+        Tensor([1, 2, 3])[5]
+    with pytest.raises(IndexError, match="out of bounds"):  # gather keeps PyTorch's check
+        Tensor([[1, 2], [3, 4]]).gather(1, Tensor([[0, 2], [1, 1]]))

@@ -16,9 +16,9 @@ Used by every later chapter: the IR carries a dtype on every node and each rende
 it into its language's type name.
 
 >>> least_upper_dtype(dtypes.int8, dtypes.uint8)
-dtypes.int16
+dtypes.short
 >>> least_upper_dtype(dtypes.int32, dtypes.float16)
-dtypes.float16
+dtypes.half
 """
 from __future__ import annotations
 
@@ -91,7 +91,11 @@ class DType(metaclass=_InternedDType):
                      self.kind)
 
     def __repr__(self) -> str:
-        return f"dtypes.{self.name}"
+        """tinygrad's spelling, C's short names: dtypes.float, dtypes.uchar, dtypes.half;
+        a vector is dtypes.float.vec(4)."""
+        if self.count > 1:
+            return f"{self.scalar!r}.vec({self.count})"
+        return f"dtypes.{SHORT_NAMES.get(self.name, self.name)}"
 
     @property
     def np(self) -> np.dtype:
@@ -116,6 +120,12 @@ class DType(metaclass=_InternedDType):
         if self.kind == "bool":
             return True
         return int(np.iinfo(self.np).max)
+
+
+# the names tinygrad prints a dtype by (its repr): C's, where C has one
+SHORT_NAMES = {"int8": "char", "uint8": "uchar", "int16": "short", "uint16": "ushort",
+               "int32": "int", "uint32": "uint", "int64": "long", "uint64": "ulong",
+               "float16": "half", "float32": "float", "float64": "double"}
 
 
 class dtypes:

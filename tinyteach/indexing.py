@@ -6,7 +6,10 @@ What this teaches:
   element, None is a reshape that adds an axis of size 1;
 - indexing with an integer tensor ("advanced indexing") selects with a comparison: each index
   becomes a one-hot row (`index == arange(n)`), and a sum over the axis picks the element. It
-  costs n times more arithmetic than a real gather, but needs no new primitive op.
+  costs n times more arithmetic than a real gather, but needs no new primitive op. An index
+  outside the axis matches no row, so it picks 0, as tinygrad documents (`t[Tensor([4])]` of
+  a 3-element t is [0]; a Python int out of range is still an IndexError). Checking would
+  mean reading the index back to the host before anything runs;
 
 - scatter is the same one-hot run backwards: `index == arange(n)` says which source element
   lands where, and a masked sum (or product, max, min) over the sources combines them;
@@ -222,8 +225,7 @@ def getitem(tensor: T, index: Any) -> T:
         if isinstance(item, CoreTensor):
             if dtypes.is_float(item.dtype) or item.dtype == dtypes.bool:
                 raise IndexError(f"tensors used as indices must be integer, not {item.dtype}")
-            check_index_range(item, size, axis)
-            advanced.append((axis, item))
+            advanced.append((axis, item))  # out of range picks 0 (tinygrad's rule)
         elif isinstance(item, slice):
             x = _take_slice(x, axis, item)
         elif isinstance(item, int):

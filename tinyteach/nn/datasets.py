@@ -31,7 +31,7 @@ Builds on: tensor.py. Used by: the training examples and chapter 11's notebook.
 
 >>> X_train, Y_train, X_test, Y_test = digits()  # doctest: +SKIP
 >>> X_train.shape, Y_train.dtype, X_test.shape  # doctest: +SKIP
-((1500, 1, 8, 8), dtypes.int32, (297, 1, 8, 8))
+((1500, 1, 8, 8), dtypes.int, (297, 1, 8, 8))
 """
 from __future__ import annotations
 
