@@ -1,7 +1,8 @@
 """Issue 26, group 8: what tinygrad's documentation shows, run on tinyteach — tinygrad's device
 names (`DEV=CL`), Python ints wrapping into an integer dtype, a tensor made from a file's
-`pathlib.Path`, and `load_state_dict`'s keyword arguments. Where tinygrad's docs print a value,
-that value is the expected one here."""
+`pathlib.Path`, `load_state_dict`'s keyword arguments, dtypes printed by their short names, an
+out-of-range tensor index giving 0, and `from_blob` of a torch tensor (`_from_torch_dtype`).
+Where tinygrad's docs print a value, that value is the expected one here."""
 from __future__ import annotations
 
 import pathlib
@@ -302,3 +303,37 @@ def test_an_out_of_range_python_int_index_still_raises():
         Tensor([1, 2, 3])[5]
     with pytest.raises(IndexError, match="out of bounds"):  # gather keeps PyTorch's check
         Tensor([[1, 2], [3, 4]]).gather(1, Tensor([[0, 2], [1, 1]]))
+
+
+# ---- runtime.md: a tensor from a torch tensor's memory, with _from_torch_dtype ----
+
+TORCH_DTYPES = ["float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "uint16",
+                "int32", "uint32", "int64", "uint64", "bool"]
+
+
+@pytest.mark.parametrize("name", TORCH_DTYPES)
+def test_from_torch_dtype_names_the_same_dtype(name):
+    torch = pytest.importorskip("torch")
+    from tinyteach.dtype import _from_torch_dtype, _to_torch_dtype
+    assert _from_torch_dtype(getattr(torch, name)) is getattr(dtypes, name)
+    assert _to_torch_dtype(getattr(dtypes, name)) == getattr(torch, name)
+
+
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "int64", "uint8", "bool"])
+def test_runtime_md_from_blob_of_a_torch_tensor(device, name):
+    torch = pytest.importorskip("torch")
+    from tinyteach.dtype import _from_torch_dtype
+    dtype = getattr(dtypes, name)
+    skip_unless_supported(device, dtype)
+    source = (torch.arange(12) % 5 * 3 - 4).reshape(3, 4).to(getattr(torch, name))
+    tensor = Tensor.from_blob(source.data_ptr(), source.shape,
+                              dtype=_from_torch_dtype(source.dtype), device=device)
+    assert tensor.shape == (3, 4) and tensor.dtype is dtype and tensor.device == device
+    assert tensor.tolist() == source.tolist()
+
+
+def test_from_torch_dtype_refuses_what_has_no_dtype():
+    torch = pytest.importorskip("torch")
+    from tinyteach.dtype import _from_torch_dtype
+    with pytest.raises(TypeError, match="torch.complex64 has no tinyteach dtype"):
+        _from_torch_dtype(torch.complex64)

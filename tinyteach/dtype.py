@@ -350,3 +350,24 @@ def _set_default_float(name: str | DType) -> None:
 
 
 DEFAULT_FLOAT.watch(_set_default_float)
+
+
+# ---- PyTorch's dtypes (tinygrad's names; torch is imported only when asked) ----
+
+def _to_torch_dtype(dtype: DType) -> object:
+    """The torch dtype holding `dtype` (torch.float32 for dtypes.float), through numpy's
+    dtype, the one mapping torch promises; bfloat16 has no numpy dtype, so it is named."""
+    import torch  # noqa: PLC0415  (optional: only for code that talks to PyTorch)
+    if dtype.scalar == dtypes.bfloat16:
+        return torch.bfloat16
+    return torch.from_numpy(np.empty(0, dtype=dtype.scalar.np)).dtype
+
+
+def _from_torch_dtype(torch_dtype: object) -> DType:
+    """The dtype for a torch dtype, as tinygrad's runtime.md uses it:
+    `Tensor.from_blob(t.data_ptr(), t.shape, dtype=_from_torch_dtype(t.dtype))`."""
+    for dtype in ALL_DTYPES.values():
+        if _to_torch_dtype(dtype) == torch_dtype:
+            return dtype
+    raise TypeError(f"torch dtype {torch_dtype} has no tinyteach dtype; use one of "
+                    f"{sorted(ALL_DTYPES)}")
