@@ -116,6 +116,26 @@ def test_a_choice_is_searched_once(searches):
     assert searches == [name]
 
 
+def test_ignore_beam_cache_searches_again(searches):
+    """tinygrad's IGNORE_BEAM_CACHE=1: neither the memory nor the disk cache answers; the new
+    choice is stored, so without the setting the next call reads it."""
+    backend = Device["CPU"]
+    name, ast = matmul_ast()
+    with Context(BEAM=1):
+        search.options_for(backend, name, ast)
+        with Context(IGNORE_BEAM_CACHE=1):
+            search.options_for(backend, name, ast)   # the memory cache does not answer
+            search.clear_memory_cache()
+            latest = search.options_for(backend, name, ast)  # nor the disk cache
+        assert search.options_for(backend, name, ast) == latest  # the new choice, kept
+        search.clear_memory_cache()
+        assert search.options_for(backend, name, ast) == latest  # and written to disk
+    assert searches == [name, name, name]  # (timings may pick another winner each time)
+    with Context(BEAM=1, IGNORE_BEAM_CACHE=1):  # tinygrad's test_beam: a result as without
+        np.testing.assert_array_equal((Tensor([1.0, 2, 3]) + Tensor([4.0, 5, 6])).numpy(),
+                                      [5.0, 7.0, 9.0])
+
+
 def test_a_wider_beam_searches_again(searches):
     backend = Device["CPU"]
     name, ast = matmul_ast()

@@ -22,7 +22,8 @@ What this teaches:
   and DEBUG=2 says so;
 - a search costs seconds (a compiler call per round), so its choice is cached, in memory and on
   disk (one small JSON file per kernel, keyed by device, compiler, machine and the kernel's AST):
-  a second process reuses it without timing anything.
+  a second process reuses it without timing anything (`IGNORE_BEAM_CACHE=1`, tinygrad's name,
+  searches again and stores the new choice);
 
 `BEAM=n` (environment, or `with Context(BEAM=2):`) turns the search on with a beam of width n;
 `BEAM=0`, the default, keeps the heuristic and changes nothing. `DEBUG=2` prints one line per
@@ -95,6 +96,7 @@ from tinyteach.opt import (
     tensor_core_block_for,
     tile_plan,
 )
+from tinyteach.settings import IGNORE_BEAM_CACHE
 from tinyteach.uop import Ops, UOp
 
 SEARCHED_DEVICES = ("CPU", "OPENCL", "WEBGPU", "PYTHON", "CUDA")
@@ -582,8 +584,8 @@ def options_for(backend: Backend, name: str, ast: UOp) -> KernelOptions:
     if not neighbours(heuristic, kernel_value(ast).shape, space=space):
         return heuristic  # nothing else to try: no need to time anything
     key = cache_key(backend, ast, BEAM.value)
-    if key not in _memory_cache:
-        cached = read_cached(key, ast, backend)
+    if key not in _memory_cache or IGNORE_BEAM_CACHE:
+        cached = None if IGNORE_BEAM_CACHE else read_cached(key, ast, backend)
         if cached is None:
             result = beam_search(backend, ast, name, BEAM.value)
             _report(name, result)

@@ -154,6 +154,9 @@ NOOPT = ContextVar("NOOPT", 0, meaning="1: no kernel optimizations (tiles, vecto
                                        "packing)")
 BEAM = ContextVar("BEAM", 0, meaning="n: search each kernel's optimizations with a beam of "
                                      "width n, the choice cached on disk (search.py)")
+IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0,
+                               meaning="1: BEAM searches again instead of reading its cached "
+                                       "choices (search.py)")
 TRAINING = ContextVar("TRAINING", 0, compiles=False,
                       meaning="1: dropout and batchnorm behave as in training (as "
                               "Tensor.training)")
