@@ -247,6 +247,21 @@ def test_tiering_can_be_turned_off(cache: Path, setting: dict[str, int]) -> None
     assert all(isinstance(b, Path) and b.parent == cache for b in binaries)
 
 
+def test_a_heavy_flag_keeps_a_kernel_off_the_fast_tier(cache: Path) -> None:
+    """The ProgramSpec's `heavy` flag, passed beside the source, has compile_many build that
+    kernel optimized at once; the same kind of source without the flag starts fast. Flags that
+    do not match the sources one to one are refused."""
+    first, second = unique_kernels(2)[:2]
+    assert not cpu.starts_optimized(first) and cpu.starts_optimized(first, heavy=True)
+    binaries = compiler().compile_many([first, second], heavy=[True, False])
+    assert isinstance(binaries[0], Path) and binaries[0].parent == cache
+    assert isinstance(binaries[1], cpu.TieredBinary)
+    assert run_kernel(cpu.CPUProgram(function_name(first), binaries[0])) == [2.0, 4.0, 6.0, 8.0]
+    with pytest.raises(ValueError, match="1 heavy flags for 2 sources"):
+        compiler().compile_many([first, second], heavy=[True])
+    cpu.wait_for_optimized_builds(timeout=120)
+
+
 def test_compile_errors_come_from_the_optimizing_compiler(cache: Path) -> None:
     broken = "void broken(float* restrict data0) {\n  data0[0] = undeclared_name;\n}\n"
     with pytest.raises(CompileError, match=r"undeclared_name(.|\n)*line \d+: data0\[0\] ="):

@@ -21,8 +21,9 @@ import pytest
 import tinyteach.runtime.cpu as cpu
 from tinyteach import Context, Tensor
 from tinyteach.device import Buffer, Device
+from tinyteach.lower import ProgramSpec
 from tinyteach.realize import Launch, record_launches
-from tinyteach.render.c import HEAVY_MARK, HEAVY_WORK, CRenderer
+from tinyteach.render.c import HEAVY_WORK, CRenderer
 
 RNG = np.random.default_rng(16)
 NAN, INF = float("nan"), float("inf")
@@ -172,14 +173,18 @@ def test_a_vector_matmul_is_written_with_fused_multiply_adds_and_starts_fast(
 
 def test_a_heavy_kernel_waits_for_its_optimized_build() -> None:
     """A 512x512 matmul (2^27 multiply-adds) would run longer unoptimized than its optimized
-    build takes: it is marked and skips the fast tier; a 64x64 one is not."""
-    def matmul_sources(size: int) -> list[str]:
+    build takes: its ProgramSpec says `heavy` and it skips the fast tier; a 64x64 one is not.
+    Being heavy is a flag of the spec, not text in the source."""
+    def matmul_specs(size: int) -> list[ProgramSpec]:
         a = cpu_tensor(random(size, size))
         kernels, _ = optimized_launches(lambda: a @ a)
-        return [k.runner.source for k in kernels if k.runner is not None and k.runner.source]
-    assert any(HEAVY_WORK <= 512**3 and cpu.starts_optimized(s) for s in matmul_sources(512))
-    assert not any(cpu.starts_optimized(s) for s in matmul_sources(64))
-    assert not cpu.needs_optimized_build(HEAVY_MARK)  # the bits would be the same
+        return [k.runner.spec for k in kernels if k.runner is not None and k.runner.spec]
+    big = matmul_specs(512)
+    assert HEAVY_WORK <= 512**3 and any(spec.heavy for spec in big)
+    assert all(cpu.starts_optimized(spec.source, spec.heavy) for spec in big if spec.heavy)
+    assert not any(spec.heavy or cpu.starts_optimized(spec.source, spec.heavy)
+                   for spec in matmul_specs(64))
+    assert not any("heavy" in spec.source for spec in big)  # nothing to read in the text
 
 
 @pytest.mark.skipif(not fuses(), reason="this CPU has no fast fma, or no vector registers")

@@ -734,8 +734,10 @@ class ProgramSpec:
     launched (`global_size` threads in all, in groups of `local_size`; None on a device whose
     output loops are loops), its `buffers` (parameters 0..n-1) and `variables` (int parameters
     after them, by name), the `linear` program it was rendered from and the optimizer's actions
-    that shaped it (`applied_opts`). A runtime reads sizes and bindings here, never from the
-    source; DEBUG=4 and viz show this source, the one that runs."""
+    that shaped it (`applied_opts`), and its compile flags: `heavy`, a kernel of so much work
+    that the CPU builds it optimized at once (render/c.py, HEAVY_WORK). A runtime reads sizes,
+    bindings and flags here, never from the source; DEBUG=4 and viz show this source, the one
+    that runs."""
 
     name: str
     source: str
@@ -745,6 +747,7 @@ class ProgramSpec:
     buffers: int = 0
     variables: tuple[str, ...] = ()
     applied_opts: tuple[object, ...] = ()
+    heavy: bool = False
 
     @property
     def groups(self) -> tuple[int, int, int]:

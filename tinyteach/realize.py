@@ -269,7 +269,8 @@ def _compile_together(backend: Backend, group: list[ScheduleItem]) -> None:
     names = _unique_names([item.name for item in group])  # one library: no two alike
     linears = [lower(item.ast, _plan(backend, item.name, item.ast)) for item in group]
     specs = [backend.renderer.spec(name, linear) for name, linear in zip(names, linears)]
-    binaries = backend.compiler.compile_many([spec.source for spec in specs])  # type: ignore
+    binaries = backend.compiler.compile_many(  # type: ignore[union-attr]
+        [spec.source for spec in specs], heavy=[spec.heavy for spec in specs])
     for item, name, linear, spec, binary in zip(group, names, linears, specs, binaries):
         runner = Runner(name, backend.name, backend.load_program(spec, binary), item.ast,
                         linear, spec.source, estimate_ops(item.ast), spec=spec)

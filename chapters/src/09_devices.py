@@ -395,7 +395,8 @@ if saved is None:
     del os.environ["TINYTEACH_CACHE"]
 else:
     os.environ["TINYTEACH_CACHE"] = saved
-waited = [cpu.starts_optimized(launch.runner.source) for launch in launches]
+waited = [cpu.starts_optimized(launch.runner.source, launch.runner.spec.heavy)
+          for launch in launches]  # (heavy: a flag of the kernel's ProgramSpec)
 assert waited == [False, True] and tiers[0] != "optimized" and tiers[1] == "optimized"
 assert not any(cpu.needs_optimized_build(launch.runner.source) for launch in launches)
 assert launches[0].runner.program.tier == "optimized"  # swapped in

@@ -28,7 +28,7 @@ import numpy as np
 from tinyteach.device import Capabilities
 from tinyteach.dtype import ALL_DTYPES, DType, dtypes, to_bfloat16_bits
 from tinyteach.helpers import memo
-from tinyteach.lower import LinearProgram, identity_element
+from tinyteach.lower import LinearProgram, ProgramSpec, identity_element, spec_of
 from tinyteach.render import (
     ALU,
     MATH_FUNCTIONS,
@@ -256,11 +256,10 @@ FMA_FUNCTIONS = {dtypes.float32: "__builtin_fmaf", dtypes.float64: "__builtin_fm
 # the fast tier's unoptimized build runs a kernel ~10-30x slower than gcc -O2 (a vector
 # multiply-add becomes a call per lane): a kernel with this many multiply-adds or stores (each
 # lane counted) would run longer than the optimized build takes to compile, and every launch
-# until the swap pays it. Such a kernel is marked, and waits for its optimized build
-# (runtime/cpu.py). A 1024x1024 matmul (2^30) and its packing (2^24) wait; the MLP's
-# 128x784x128 matmuls (2^23.6) do not
+# until the swap pays it. Such a kernel's ProgramSpec says so (`heavy`), and the CPU's
+# compiler has it wait for its optimized build (runtime/cpu.py). A 1024x1024 matmul (2^30)
+# and its packing (2^24) wait; the MLP's 128x784x128 matmuls (2^23.6) do not
 HEAVY_WORK = 2**24
-HEAVY_MARK = "/* heavy: built optimized at once */\n"
 
 
 def work_of(program: LinearProgram) -> int:
@@ -518,12 +517,23 @@ class CRenderer(CStyleRenderer):
         self.vector_width = vector_width
         self.fused_multiply_add = fused_multiply_add
 
+    def spec(self, name: str, program: LinearProgram) -> ProgramSpec:
+        """The rendered kernel (lower.ProgramSpec), `heavy` when it does at least HEAVY_WORK
+        accumulations and stores: the CPU's compiler then builds it optimized at once."""
+        source, work = self._render_with_work(name, program)
+        return spec_of(name, source, program, heavy=work >= HEAVY_WORK)
+
     def render(self, name: str, program: LinearProgram) -> str:
         """Kernels are compiled with -ffp-contract=off, so `a*b+c` rounds twice, as numpy does.
         A vector multiply-accumulate is the exception (where the CPU has the instruction):
         written as a fused multiply-add (FMA_FUNCTIONS), twice as fast and rounded once, the
         same bits on every tier. EXP2 is written as arithmetic first (transcendental.py), and
         such a kernel is compiled without -ftrapping-math (NO_TRAPS)."""
+        return self._render_with_work(name, program)[0]
+
+    def _render_with_work(self, name: str, program: LinearProgram) -> tuple[str, int]:
+        """The source, and the work (`work_of`) of the program it was written from: the
+        program after the rewrites below, each lane counted."""
         if ROW_CACHE:
             program = cache_row_values(program)
         positions_only = integers_are_positions(program)  # (before exp2's bit fields)
@@ -539,9 +549,7 @@ class CRenderer(CStyleRenderer):
         if options:
             attribute = "__attribute__((optimize(" + ", ".join(f'"{o}"' for o in options) + ")))"
             source = source.replace(f"void {name}(", f"{attribute}\nvoid {name}(", 1)
-        if work_of(program) >= HEAVY_WORK:
-            source = HEAVY_MARK + source
-        return source
+        return source, work_of(program)
 
     def render_fused(self, name: str, program: LinearProgram) -> str:
         """CStyleRenderer.render, but a product that only feeds a vector sum (`fused_products`)

@@ -27,8 +27,10 @@ What this teaches:
   (render/c.py), correctly rounded on every tier (tests/test_fma_tiers.py), so in the MLP's
   first step all 33 kernels start on the fast tier: tcc builds 29 in one call of tens of
   milliseconds, cc -O0 the 4 vector matmuls (tcc knows no vector types). A kernel of much
-  work (render/c.py, HEAVY_WORK: a 1024x1024 matmul) still waits (`starts_optimized`): its
-  unoptimized build would run longer than the optimized one takes to compile.
+  work (a 1024x1024 matmul) still waits (`starts_optimized`): its unoptimized build would run
+  longer than the optimized one takes to compile. The renderer says so in the kernel's
+  ProgramSpec (`heavy`, render/c.py's HEAVY_WORK), and realize passes that flag to
+  `compile_many(sources, heavy=...)`: no flag is read out of the source text.
 
 Settings: `CC` chooses the compiler (gcc or clang; default: cc, then gcc, then clang),
 `CPU_ARCH` the CPU the C is built for: a `-march=` value such as `x86-64-v3` (AVX2) or
@@ -67,7 +69,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +86,7 @@ from tinyteach.device import (
     HostAllocator,
 )
 from tinyteach.helpers import machine_identity, memo
-from tinyteach.render.c import HEAVY_MARK, CRenderer
+from tinyteach.render.c import CRenderer
 from tinyteach.settings import (
     BEAM,
     CC,
@@ -350,11 +352,11 @@ def needs_optimized_build(source: str) -> bool:
     return any(mark in source for mark in REORDERING_MARKS)
 
 
-def starts_optimized(source: str) -> bool:
+def starts_optimized(source: str, heavy: bool = False) -> bool:
     """Does `source` skip the fast tier? When its bits could differ (needs_optimized_build),
-    or when it is so much work that its unoptimized build would run longer than the optimized
-    build takes to compile (the renderer marks it: render/c.py, HEAVY_WORK)."""
-    return needs_optimized_build(source) or HEAVY_MARK in source
+    or when it is `heavy`, so much work that its unoptimized build would run longer than the
+    optimized build takes to compile (its ProgramSpec's flag: render/c.py, HEAVY_WORK)."""
+    return heavy or needs_optimized_build(source)
 
 
 class FastCompiler:
@@ -545,17 +547,23 @@ class ClangStyleCompiler(Compiler):
         the builds it is given)."""
         return bool(CPU_TIERED) and not BEAM >= 1
 
-    def compile_many(self, sources: list[str]) -> list[Path | TieredBinary]:
+    def compile_many(self, sources: list[str],
+                     heavy: Sequence[bool] = ()) -> list[Path | TieredBinary]:
         """Several kernels (with different function names) in a few shared objects: one
         compiler process per core instead of one per kernel, all running at once. Kernels
-        that skip the fast tier (starts_optimized) are grouped apart from the others; with
-        tiering, the others' groups that are not in the cache start on the fast tier and are
-        optimized in the background. Each kernel's program loads its group's library."""
-        exact = [s for s in sources if not starts_optimized(s)]
-        waited = [s for s in sources if starts_optimized(s)]
+        that skip the fast tier (starts_optimized; `heavy[k]`: the k-th kernel's ProgramSpec
+        flag, False when not given) are grouped apart from the others; with tiering, the
+        others' groups that are not in the cache start on the fast tier and are optimized in
+        the background. Each kernel's program loads its group's library."""
+        flags = list(heavy) or [False] * len(sources)
+        if len(flags) != len(sources):
+            raise ValueError(f"compile_many: {len(heavy)} heavy flags for {len(sources)} sources")
+        waits = {s for s, flag in zip(sources, flags) if starts_optimized(s, flag)}
+        waited = [s for s in sources if s in waits]
+        exact = [s for s in sources if s not in waits]
         # the kernels that skip the fast tier are waited for: spread them over every core
         groups = chunks_of(waited, per_process=1) + chunks_of(exact)
-        late = [g for g in groups if self.tiering() and not starts_optimized(g[0])
+        late = [g for g in groups if self.tiering() and g[0] not in waits
                 and not self.library_path("\n".join(g)).exists()]
         now = [g for g in groups if not any(g is other for other in late)]
         with ThreadPoolExecutor(len(now) + 1) as pool:  # the threads only wait for compilers
