@@ -16,8 +16,8 @@
 #   device;
 # - **the GPT, one piece at a time**: one attention head, several heads, an MLP, residual
 #   connections, LayerNorm. Each step trains for the same 300 steps and prints its loss on the
-#   held-out text, so each piece shows what it pays; the last model beats the bigram model
-#   clearly and writes words;
+#   held-out text, so each piece shows what it pays; the last model, two blocks trained
+#   longer, beats the bigram model clearly and writes words;
 # - a **KV cache** for generation over a **symbolic length**: the position is a `Variable`,
 #   so one compiled kernel and one TinyJit capture serve every length.
 #
@@ -422,10 +422,10 @@ print(f"one kernel, key blocks of {KEY_BLOCK}: equals softmax(q k^T / sqrt(d)) v
 # random windows of 32 characters (the same windows for every model), a learning rate of 1e-2
 # with a short warmup and a cosine decay (`cosine_lr`), and the gradients clipped to norm 1
 # (`clip_grad_norm_`). A training step is the loss, `backward()` and the update under one
-# TinyJit (chapter 10): captured once, replayed 299 times. The learning rate lives in the
-# optimizer's `lr` buffer, overwritten before each step, so the replays read the new value.
-# After training, the **validation loss** is the model's mean loss over the held-out text, cut
-# into windows of 32.
+# TinyJit (chapter 10): it runs the first call, captures the kernels of the second and replays
+# them for the other 298. The learning rate lives in the optimizer's `lr` buffer, overwritten
+# before each step, so the replays read the new value. After training, the **validation loss**
+# is the model's mean loss over the held-out text, cut into windows of 32.
 
 # %% id="gpt-41"
 VOCAB, CONTEXT, WIDTH, HEADS = tokenizer.vocab_size, 32, 64, 4
@@ -538,10 +538,10 @@ assert results["one head"] < bigram_loss
 #
 # One head computes one weighting of the past per position: it cannot at once look at the
 # previous character *and* at the start of the word. Four heads of size 16 can, each with its
-# own queries and keys, for about the same number of parameters. As in `transformer.py`, one
-# `Linear(C, 3C)` makes q, k and v for all heads at once and the heads are a reshape, not a
-# loop: (B, T, C) becomes (B, heads, T, C / heads), and `attention` works on the last two axes
-# of every head together. A last Linear (`proj`) mixes what the heads found.
+# own queries and keys, for a few more parameters (the Linear that mixes them). As in
+# `transformer.py`, one `Linear(C, 3C)` makes q, k and v for all heads at once and the heads are
+# a reshape, not a loop: (B, T, C) becomes (B, heads, T, C / heads), and `attention` works on
+# the last two axes of every head together. A last Linear (`proj`) mixes what the heads found.
 
 # %% id="gpt-45"
 class MultiHeadAttention:
@@ -614,7 +614,10 @@ residual = build_and_train("residuals", lambda: [Residual(MultiHeadAttention(WID
 assert results["residuals"] < results["4 heads"] < bigram_loss
 
 # %% [markdown] id="gpt-50"
-# That is the largest step of all. (The MLP was not useless in step 3: it was unreachable.)
+# That is the largest step of all. Two things changed at once: each character's own embedding
+# now reaches the head past the attention (step 1's head had to attend to itself to know it),
+# and the training reaches both layers through their ways around. (Which of the two pays how
+# much: see the Try it at the end.)
 #
 # ### Step 5: LayerNorm, and the transformer block
 #
@@ -622,7 +625,8 @@ assert results["residuals"] < results["4 heads"] < bigram_loss
 # arrives. **LayerNorm** (chapter 11) normalizes each position's vector to mean 0 and variance 1
 # (then scales and shifts it by learned weights) before a layer reads it: *pre-norm*, as in
 # GPT-2, so the stream itself is never normalized, only what each layer reads. With one more
-# LayerNorm before the head, this is a GPT's **block**, exactly `Block` in `transformer.py`:
+# LayerNorm before the head, this is a GPT's **block**, the structure of `Block` in
+# `transformer.py`:
 
 # %% id="gpt-51"
 class Block:
@@ -662,10 +666,10 @@ assert results["GPT, 2 blocks"] < results["block (+ LayerNorm)"]
 assert results["GPT, 2 blocks"] < bigram_loss - 0.5
 
 # %% [markdown] id="gpt-54"
-# Each piece paid, except the one that could not be reached until the residuals came: from the
-# bigram model's loss to well below it. (The training loss, printed above, is lower than the
-# validation loss by the last steps: the models begin to learn the training text itself, 73k
-# characters seen several times over.)
+# Each piece paid, except the MLP stacked without a way around it: from the bigram model's loss
+# to well below it. (The training loss, printed above, is lower than the validation loss by the
+# last steps: the models begin to learn the training text itself, 73k characters, each seen
+# about four times in 300 steps of 32 windows of 32.)
 #
 # ### Samples
 #
@@ -812,5 +816,6 @@ assert scores.var_vals == {"start_pos": len(prefix) - 1}   # the value of the la
 #   reason disappears? Then feed it scores of 100 and see why the max is there. Does
 #   `online_softmax_attention` still need its running max?
 # - Train step 3's model (attention, then the MLP, no residuals) for 1,000 steps instead of
-#   300. Does the MLP pay in the end, or only with the residuals?
+#   300. Does the MLP pay in the end, or only with the residuals? And step 4 without its MLP,
+#   `[Residual(MultiHeadAttention(WIDTH, HEADS))]`: how much of step 4's gain is the MLP's?
 # - Train the two-block GPT of `gpt-53` with `lr=1e-2`, and with three blocks.
