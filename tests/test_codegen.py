@@ -184,3 +184,21 @@ def test_debug_memory_reads_in_units():
     from tinyteach.helpers import format_bytes
     assert [format_bytes(n) for n in (0, 72, 1500, 4_194_304, 1_073_741_824)] == \
         ["0 B", "72 B", "1.50 KB", "4.19 MB", "1.07 GB"]
+
+
+def test_bool_buffers_are_passed_as_bytes():
+    """A bool buffer is an `unsigned char*` parameter (numpy's bool arrays hold 0/1 bytes):
+    gcc finds no vector type for a `_Bool` load, so a loop reading a mask stayed scalar. A
+    stored comparison and a masked sum read back as numpy computes them, NaN rows included."""
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(8, 64)).astype(np.float32)
+    values[3, 5] = np.nan
+    mask = Tensor(values > 0).realize()
+    (stored,) = source_of(Tensor(values) > 0)
+    assert "unsigned char* restrict data0" in stored and "bool*" not in stored
+    masked = mask.where(Tensor(values), 0.0).sum(1)
+    (summed,) = source_of(masked)
+    assert "const unsigned char* restrict data1" in summed
+    np.testing.assert_array_equal((Tensor(values) > 0).numpy(), values > 0)
+    np.testing.assert_allclose(masked.numpy(), np.where(values > 0, values, 0).sum(1),
+                               rtol=1e-6)

@@ -714,8 +714,12 @@ class CRenderer(CStyleRenderer):
         return f"#pragma omp simd reduction(+:{','.join(accumulators)})"
 
     def param(self, define: UOp, is_output: bool) -> str:
+        """`const float* restrict data1`. A bool buffer is passed as bytes (`unsigned char*`,
+        the same 0/1 bytes numpy's bool arrays hold): gcc finds no vector type for a load of
+        `_Bool`, so every loop reading a mask (attention's causal mask) stayed scalar."""
         const = "" if is_output else "const "
-        return f"{const}{self.type_name(define.dtype)}* restrict data{define.arg[0]}"
+        element = "unsigned char" if define.dtype == dtypes.bool else self.type_name(define.dtype)
+        return f"{const}{element}* restrict data{define.arg[0]}"
 
     def render_kernel(self, writer: KernelWriter, name: str, params: list[str],
                       body: list[str]) -> str:
