@@ -246,15 +246,18 @@ class TinyImpl:
 
 class TinyGPT:
     """examples/gpt.py's GPT written once in tinygrad's API (so tinyteach and tinygrad run the
-    same code): token and position embeddings, pre-norm blocks of causal multi-head attention
+    same code): token and position embeddings (nn.Embedding), pre-norm blocks of causal multi-head attention
     and a GELU MLP, a final LayerNorm, logits through the tied token embedding."""
 
     def __init__(self, impl: TinyImpl, data: Data):
         c = GPT_CONFIG
         self.Tensor, self.heads = impl.Tensor, c["heads"]
         weights = {name: impl.tensor(data[f"gpt_{name}"]) for name in gpt_shapes()}
-        self.token, self.position = weights["token_embedding.weight"], \
-            weights["position_embedding.weight"]
+        self.token, self.position = impl.nn.Embedding(c["vocab"], c["width"]), \
+            impl.nn.Embedding(c["context"], c["width"])
+        self.token.weight = weights["token_embedding.weight"]
+        self.position.weight = weights["position_embedding.weight"]
+        self.positions = impl.Tensor.arange(c["context"]).reshape(1, -1).realize()
         self.blocks = []
         for i in range(c["layers"]):
             block = {}
@@ -285,9 +288,9 @@ class TinyGPT:
 
     def __call__(self, tokens: Any) -> Any:
         length = tokens.shape[1]
-        x = self.token[tokens] + self.position[:length]
+        x = self.token(tokens) + self.position(self.positions[:, :length])
         for block in self.blocks:
             x = x + self.attention(self.layernorm(x, block["norm1"]), block)
             hidden = self.linear(self.layernorm(x, block["norm2"]), block["mlp.fc"]).gelu()
             x = x + self.linear(hidden, block["mlp.proj"])
-        return self.layernorm(x, self.norm) @ self.token.T
+        return self.layernorm(x, self.norm) @ self.token.weight.T
