@@ -792,7 +792,7 @@ print(scores.runner.source)
 assert "const int start_pos" in scores.runner.source
 assert "< (start_pos+1);" in scores.runner.source
 assert sampler.jitted_step.captured.symbolic
-assert scores.var_vals == {"start_pos": len(prefix) - 1}   # the value of the last replay
+assert sampler.jitted_step.captured.var_vals == {"start_pos": len(prefix) - 1}  # last replay
 
 # %% [markdown] id="gpt-57"
 # At position 3 the scores loop runs over 4 slots, at position 31 over 32: the work grows with
