@@ -264,3 +264,19 @@ def test_max_pool_and_nearest_interpolate_keep_integer_dtypes(device: str) -> No
     assert resized.dtype == dtypes.uint8
     np.testing.assert_equal(resized.numpy(),
                             F.interpolate(torch.tensor(u), size=(3, 4), mode="nearest").numpy())
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("shape,size", [((2, 3, 64, 64), (10, 10)), ((1, 2, 13, 17), (31, 40)),
+                                        ((1, 1, 5, 9), (7, 29))])
+def test_uint8_bilinear_interpolate_is_torchs_bit_for_bit(device, shape, size, align_corners):
+    """PyTorch resamples uint8 images in fixed point (int16 weights, rounded at each axis):
+    tinyteach computes the same integers, over the whole 0..255 range (tinygrad's
+    TestOpsUint8.test_interpolate_bilinear)."""
+    data = np.random.default_rng(0).integers(0, 256, shape).astype(np.uint8)
+    theirs = F.interpolate(torch.tensor(data), size=size, mode="bilinear",
+                           align_corners=align_corners).numpy()
+    ours = Tensor(data, device=device).interpolate(size, mode="linear",
+                                                   align_corners=align_corners)
+    assert ours.dtype == dtypes.uint8
+    np.testing.assert_array_equal(ours.numpy(), theirs)

@@ -31,6 +31,8 @@ import string
 from collections.abc import Callable, Sequence
 from typing import Any, Self, TypeVar
 
+import numpy as np
+
 from tinyteach.dtype import DType, dtypes, least_upper_dtype
 from tinyteach.gradient import register_gradient
 from tinyteach.settings import TRAINING
@@ -393,8 +395,15 @@ class TensorNN(TensorMath):
                              f"{self.shape}, got {size}")
         if align_corners and mode != "linear":
             raise ValueError("interpolate: align_corners only applies to mode 'linear'")
+        axes = list(zip(range(self.ndim - len(sizes), self.ndim), sizes))
+        if self.dtype == dtypes.uint8 and mode == "linear":
+            x = self
+            for axis, out in reversed(axes):  # the last axis first, as PyTorch's uint8 kernel
+                x = _resample_uint8_axis(x.transpose(axis, -1), out, align_corners)
+                x = x.transpose(axis, -1)
+            return x
         x = self._to_float()
-        for axis, out in zip(range(self.ndim - len(sizes), self.ndim), sizes):
+        for axis, out in axes:
             x = _resample_axis(x.transpose(axis, -1), out, mode, align_corners).transpose(axis, -1)
         if dtypes.is_float(self.dtype):
             return x
@@ -794,6 +803,37 @@ def _resample_axis(x: N, out: int, mode: str, align_corners: bool) -> N:
     mixed = (column == low).where(rows * (1 - weight), 0.0) + \
         (column == high).where(rows * weight, 0.0)
     return mixed.sum(-1)
+
+def _resample_uint8_axis(x: N, out: int, align_corners: bool) -> N:
+    """Linear resampling of a uint8 axis in integers, as PyTorch's uint8 kernel computes it
+    (and so, bit for bit, its results): the two weights of each output are rounded to
+    fixed point with the most fraction bits that keep the largest weight in an int16, the
+    weighted sum rounds to the nearest integer, and each axis's result is a uint8 again."""
+    n = x.shape[-1]
+    o = np.arange(out, dtype=np.float64)
+    if align_corners:
+        source = o * ((n - 1) / (out - 1)) if out > 1 else o * 0.0
+    else:
+        source = np.maximum((o + 0.5) * (n / out) - 0.5, 0.0)
+    low = np.floor(source).astype(np.int64)
+    high = np.minimum(low + 1, n - 1)
+    weights = (1 - (source - low), source - low)
+    bits = _int16_weight_bits(max(float(w.max()) for w in weights))
+    matrix = np.zeros((n, out), dtype=np.int32)  # input i's share of output o
+    for index, weight in ((low, weights[0]), (high, weights[1])):
+        np.add.at(matrix, (index, np.arange(out)), np.floor(weight * (1 << bits) + 0.5))
+    shares = type(x)(matrix, device=x.device, dtype=dtypes.int32)
+    total = (x.cast(dtypes.int32).unsqueeze(-1) * shares).sum(-2) + (1 << (bits - 1))
+    return (total // (1 << bits)).clip(0, 255).cast(dtypes.uint8)
+
+
+def _int16_weight_bits(largest: float) -> int:
+    """The fraction bits for weights up to `largest` that still fit an int16 (PyTorch's)."""
+    bits = 0
+    while bits < 22 and int(0.5 + largest * (1 << (bits + 1))) < (1 << 15):
+        bits += 1
+    return bits
+
 
 SVD_SWEEPS = 30  # at most this many Jacobi sweeps over all column pairs
 SVD_TOLERANCE = 1e-7  # done when every pair of columns has |cos(angle)| below this
