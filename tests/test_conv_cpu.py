@@ -206,6 +206,33 @@ def test_a_convolution_with_bias_and_relu_keeps_its_epilogue_in_the_channel_tile
     np.testing.assert_allclose(out.numpy(), expected.relu().numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_attention_products_over_short_heads_get_a_channel_tile():
+    """q @ k.T and weights @ v over heads of 32: sums of 32 and 64, short for a convolution's
+    channel tile (whose output is copied back), but here the channel axis is the output's last
+    already: two kernels, no copy back, and torch's attention."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 4, 64, 32)).astype(np.float32) for _ in range(3))
+    scores = Tensor(q) @ Tensor(k).transpose(-1, -2)
+    names = [item.name for item in _kernels([scores])]
+    assert names[0].startswith("pack_c") and len(names) == 2, names
+    out = Tensor(q).scaled_dot_product_attention(Tensor(k), Tensor(v), is_causal=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        torch.tensor(q), torch.tensor(k), torch.tensor(v), is_causal=True)
+    np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_short_sum_whose_output_is_copied_back_gets_no_channel_tile():
+    """beautiful_mnist's first convolution: one input channel, 5x5 (a sum of 25). A channel
+    tile would copy its 32-channel output back into (n, c, y, x): not for a sum this short."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 1, 28, 28)).astype(np.float32)
+    w = rng.normal(size=(32, 1, 5, 5)).astype(np.float32)
+    schedule = build_schedule([Tensor(x).conv2d(Tensor(w)).uop], "CPU")
+    assert not any(item.name.startswith(("pack", "unpack")) for item in schedule.items)
+    assert all(plan_channel_tile(item.ast, 8) is None for item in schedule.items
+               if item.kind == "kernel")
+
+
 def _split_into_lanes(source: str) -> bool:
     """A sum split across SIMD lanes: explicit lane arrays (FIXED_LANES) or `omp simd`."""
     return "_lanes[" in source or "omp simd" in source

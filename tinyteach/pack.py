@@ -28,7 +28,10 @@ channel axis is co again; the packed factor is the upstream gradient, fused elem
 and all) and x @ w.T (an MLP layer, whose output is channels-last already: no copy back).
 A bias and an activation after the sum (`x.linear(w.T, b).gelu()`, `conv2d(x, w, b).relu()`)
 stay in the kernel: they move with the output.
-Three kernels instead of one, so only for long sums (more than opt.SHORT_REDUCE per output).
+Three kernels instead of one, so only for long sums (more than opt.SHORT_REDUCE per output);
+where no copy back is needed (the channel axis is the output's last already: x @ w.T, and
+attention's q @ k.T and weights @ v over heads of 32), two kernels pay from sums of
+CHANNEL_MIN_SUM on, in a kernel of SHORT_SUM_MIN_WORK multiply-adds or more.
 `CHANNEL_TILES=0` turns channel tiles off alone.
 
 Builds on: opt.py (which kernels get a vector tile), schedule.py (ScheduleItem).
@@ -110,6 +113,9 @@ def _packed_pair(item: ScheduleItem, plan: PackPlan) -> tuple[ScheduleItem, Sche
 # ---- channel tiles: a convolution as a matmul over a packed operand ----
 
 CHANNEL_MIN_WORK = 1 << 16    # multiply-adds below which three kernels cost more than one
+CHANNEL_MIN_SUM = 16          # the shortest sum per output a channel tile without a copy back
+#                               pays for (attention's q @ k.T over heads of 32: 0.72 -> 0.37 ms)
+SHORT_SUM_MIN_WORK = 1 << 20  # ... and only in a kernel of this many multiply-adds or more
 
 
 @dataclass(frozen=True)
@@ -157,7 +163,8 @@ def _channel_plan(ast: UOp, width: int) -> ChannelPlan | None:
         return None
     reduce, x, y = found
     work = prod(reduce.src[0].shape)
-    if work // max(prod(reduce.shape), 1) <= SHORT_REDUCE or work < CHANNEL_MIN_WORK:
+    sum_length = work // max(prod(reduce.shape), 1)
+    if sum_length < CHANNEL_MIN_SUM or work < CHANNEL_MIN_WORK:
         return None
     shape = reduce.src[0].shape
     used = {side: _axes_used(side, shape) for side in (x, y)}
@@ -177,7 +184,11 @@ def _channel_plan(ast: UOp, width: int) -> ChannelPlan | None:
     if best is None:
         return None
     _, axis, packed, other_axes = best
-    return _build_channel_plan(ast, value, reduce, axis, packed, other_axes)
+    plan = _build_channel_plan(ast, value, reduce, axis, packed, other_axes)
+    if plan is not None and sum_length <= SHORT_REDUCE and \
+            (plan.unpack_ast is not None or work < SHORT_SUM_MIN_WORK):
+        return None  # a short sum pays neither for copying its output back nor when small
+    return plan
 
 
 def _elements_read(factor: UOp) -> int:
