@@ -663,7 +663,7 @@ def _base_of_lane_index(index: UOp, lane: UOp) -> UOp | None:
     base = index_const(0)
     for term in rest:
         base = base + term
-    return graph_rewrite(base, symbolic)
+    return graph_rewrite(base, symbolic, memo=_symbolic_memo)  # (the lanes' loads share terms)
 
 
 

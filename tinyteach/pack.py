@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import NOOPT, LRUCache, prod, remember
-from tinyteach.lower import lower_ast, vectorize
+from tinyteach.lower import _symbolic_memo, lower_ast, vectorize
 from tinyteach.opt import SHORT_REDUCE, buffer_reads, choose_options, kernel_value, step_along
 from tinyteach.rewrite import graph_rewrite, symbolic
 from tinyteach.schedule import ScheduleItem
@@ -250,7 +250,7 @@ def _axes_used(node: UOp, shape: tuple[int, ...]) -> set[int] | None:
             return None
     reached: set[UOp] = set()
     for expression in expressions:
-        simplified = graph_rewrite(expression, symbolic)
+        simplified = graph_rewrite(expression, symbolic, memo=_symbolic_memo)
         if any(n.op is Ops.LOAD for n in simplified.toposort):
             return None
         reached.update(n for n in simplified.toposort if n.op is Ops.RANGE)
