@@ -8,8 +8,9 @@ What this teaches:
   becomes a one-hot row (`index == arange(n)`), and a sum over the axis picks the element. It
   costs n times more arithmetic than a real gather, but needs no new primitive op. An index
   outside the axis matches no row, so it picks 0, as tinygrad documents (`t[Tensor([4])]` of
-  a 3-element t is [0]; a Python int out of range is still an IndexError). Checking would
-  mean reading the index back to the host before anything runs;
+  a 3-element t is [0]). Checking would mean reading the index back to the host before
+  anything runs; an int, or a list of ints, out of range is an IndexError (its values are on
+  the host already);
 
 - scatter is the same one-hot run backwards: `index == arange(n)` says which source element
   lands where, and a masked sum (or product, max, min) over the sources combines them;
@@ -24,6 +25,8 @@ Builds on: tensor_nn.py and the parts below it. Used by: tensor.py (`Tensor.__ge
 from __future__ import annotations
 
 from typing import Any, Literal, Self, TypeVar
+
+import numpy as np
 
 from tinyteach.dtype import dtypes
 from tinyteach.tensor_core import ArgumentError, CoreTensor, DTypeError, ShapeError, broadcast_shape
@@ -137,7 +140,7 @@ class TensorIndexing(TensorNN):
         if leaves and all(isinstance(leaf, bool) for leaf in leaves):
             raise IndexError(f"a list of only bools is not an index (use a bool tensor's "
                              f"nonzero() or masked_select): {item}")
-        return type(self)(item, self.device, dtype=dtypes.int32)
+        return _ListIndex(item, self)
 
 
 def _as_lists(item: Any) -> Any:
@@ -155,8 +158,7 @@ def _leaves(item: Any) -> list[Any]:
 
 def _normalize(tensor: TensorIndexing, index: Any) -> list[Any]:
     items = list(index) if isinstance(index, tuple) else [index]
-    items = [type(tensor)(i, tensor.device, dtype=dtypes.int32) if isinstance(i, list) else i
-             for i in items]
+    items = [_ListIndex(i, tensor) if isinstance(i, list) else i for i in items]
     ndim = tensor.ndim
     if sum(i is Ellipsis for i in items) > 1:
         raise IndexError("an index can only have a single ellipsis (...)")
@@ -168,6 +170,23 @@ def _normalize(tensor: TensorIndexing, index: Any) -> list[Any]:
     if at is not None:
         return items[:at] + [slice(None)] * (ndim - used) + items[at + 1:]
     return items + [slice(None)] * (ndim - used)
+
+
+class _ListIndex:
+    """A list of ints in an index: a tensor index whose values are on the host already, so
+    an out-of-range one is an IndexError (as PyTorch and numpy), at no cost."""
+
+    def __init__(self, values: list, tensor: TensorIndexing):
+        self.values = values
+        self.tensor = type(tensor)(values, tensor.device, dtype=dtypes.int32)
+
+    def checked(self, size: int, axis: int) -> Any:
+        flat = np.asarray(self.values).reshape(-1)
+        outside = flat[(flat < -size) | (flat >= size)] if flat.dtype.kind in "iu" else flat[:0]
+        if outside.size:
+            raise IndexError(f"index {outside[0]} is out of bounds for axis {axis} with size "
+                             f"{size}")
+        return self.tensor
 
 
 def _take_symbolic_slice(x: T, axis: int, item: slice) -> T:
@@ -222,6 +241,8 @@ def getitem(tensor: T, index: Any) -> T:
             out_shape_ops.append(("new", axis))
             continue
         size = x.shape[axis]
+        if isinstance(item, _ListIndex):
+            item = item.checked(size, axis)
         if isinstance(item, CoreTensor):
             if dtypes.is_float(item.dtype) or item.dtype == dtypes.bool:
                 raise IndexError(f"tensors used as indices must be integer, not {item.dtype}")
