@@ -24,10 +24,15 @@ def test_scatter_as_torch(device: str) -> None:
     t, index, src = torch.tensor(X), torch.tensor(INDEX).long(), torch.tensor(SRC)
     close(Tensor(X).scatter(1, Tensor(INDEX), Tensor(SRC)), t.scatter(1, index, src))
     close(Tensor(X).scatter(1, Tensor(INDEX), 2.5), t.scatter(1, index, 2.5))
-    close(Tensor(X).scatter(-1, Tensor(INDEX), Tensor(SRC), reduce="add"),
-          t.scatter_add(-1, index, src))
-    close(Tensor(X).scatter(1, Tensor(INDEX), Tensor(SRC), reduce="multiply"),
-          t.scatter_reduce(1, index, src, "prod"))
+    close(Tensor(X).scatter(-1, Tensor(INDEX), 2.5, reduce="add"),
+          t.scatter(-1, index, 2.5, reduce="add"))
+    close(Tensor(X).scatter(1, Tensor(INDEX), 2.5, reduce="multiply"),
+          t.scatter(1, index, 2.5, reduce="multiply"))
+    # a tensor src with reduce: tinygrad refuses it, PyTorch deprecates it for scatter_reduce
+    with pytest.raises(TypeError, match="use scatter_reduce\\(dim, index, src, 'sum'\\)"):
+        Tensor(X).scatter(-1, Tensor(INDEX), Tensor(SRC), reduce="add")
+    with pytest.raises(TypeError, match="'prod'"):  # (before the axis is checked, as there)
+        Tensor.ones(4).scatter(1, Tensor([0]), Tensor.ones(4), reduce="multiply")
     small = np.array([[0, 1], [2, 0]], dtype=np.int32)  # covers part of the tensor
     close(Tensor(X).scatter(0, Tensor(small), Tensor(SRC)),
           t.scatter(0, torch.tensor(small).long(), src))
@@ -50,7 +55,7 @@ def test_scatter_reduce_integer_mean_rounds_down_and_gradients_flow() -> None:
                                              "mean")
     np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
     x, src = Tensor(X, requires_grad=True), Tensor(SRC, requires_grad=True)
-    (x.scatter(1, Tensor(INDEX), src, reduce="add") ** 2).sum().backward()
+    (x.scatter_reduce(1, Tensor(INDEX), src, "sum") ** 2).sum().backward()
     tx, tsrc = torch.tensor(X, requires_grad=True), torch.tensor(SRC, requires_grad=True)
     (tx.scatter_add(1, torch.tensor(INDEX).long(), tsrc) ** 2).sum().backward()
     assert x.grad is not None and src.grad is not None

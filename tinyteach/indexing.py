@@ -54,9 +54,16 @@ class TensorIndexing(TensorNN):
         """A copy with src's values written along `dim` where `index` points (PyTorch's and
         tinygrad's): for dim=1, out[i][index[i][j]] = src[i][j]. Where two sources hit one
         place the last one wins (as PyTorch on the CPU); `reduce` adds or multiplies them into
-        the value there instead. `src` may be a number."""
+        the value there instead. `src` may be a number; with `reduce` it must be one (a tensor
+        src with reduce is refused, as tinygrad refuses it and PyTorch deprecates it:
+        scatter_reduce does that)."""
         if reduce not in (None, "add", "multiply"):
             raise ValueError(f"scatter: reduce must be 'add' or 'multiply', not {reduce!r}")
+        if reduce is not None and isinstance(src, CoreTensor):
+            names = {"add": "sum", "multiply": "prod"}
+            raise TypeError(f"scatter: a tensor src with reduce={reduce!r} is not supported (as "
+                            f"in tinygrad; PyTorch deprecates it): use scatter_reduce(dim, "
+                            f"index, src, {names[reduce]!r})")
         scatter_ = _Scatter(self, dim, index, src)
         if reduce == "add":
             return scatter_.put(scatter_.region + scatter_.combine("sum"))
