@@ -291,3 +291,17 @@ def test_the_schedulers_gpu_row_limit_is_the_optimizers():
     """schedule.py cannot import opt.py (a layer above it), so it keeps its own copy."""
     from tinyteach import opt
     assert schedule_module.MAX_GROUP_ROW == opt.MAX_GROUP_ROW
+
+
+def test_a_row_kernel_is_threaded_by_its_work_per_output():
+    """A row kernel's work is its outputs times its ops per output (each output reads its row
+    in every pass). Counted as outputs times the sum's length per output (1 for a softmax,
+    whose sum is as long as its output row), attention's masked softmax (16 x 4 heads x 64 x
+    64, ~20 ops each) stayed on one core; a small one still does."""
+    scores = Tensor(inputs((16, 4, 64, 64), special=False), device="CPU")
+    mask = Tensor.ones(64, 64, dtype="bool").tril()
+    masked = (scores / 8).masked_fill(mask.logical_not(), float("-inf"))
+    (item,) = [i for i in schedule_of(masked.softmax(-1)) if i.name.startswith("r_16_4_64_64")]
+    assert lower(item.ast, None, vector_width=8).options.parallel
+    (small,) = schedule_of(Tensor(inputs((4, 64), special=False), device="CPU").softmax(-1))
+    assert not lower(small.ast, None, vector_width=8).options.parallel

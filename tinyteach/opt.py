@@ -555,7 +555,7 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
     if group_reduce and not reduces:  # (group_reduce: a GPU renderer)
         return gpu_elementwise_upcast(shape)
     if row_kernel_axis(ast) is not None:
-        return _one_row_at_a_time(shape, reduces)
+        return _one_row_at_a_time(value, shape)
     if tensor_core and _worth_a_tensor_core(ast):
         return KernelOptions(tensor_core=True, tensor_core_block=tensor_core_block_for(ast))
     if local_tile and worth_a_local_tile(ast):
@@ -591,13 +591,21 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
     return _with_threads(KernelOptions(tuple(upcasts)), shape, reduces)
 
 
-def _one_row_at_a_time(shape: tuple[int, ...], reduces: list[UOp]) -> KernelOptions:
+def _one_row_at_a_time(value: UOp, shape: tuple[int, ...]) -> KernelOptions:
     """A kernel over whole rows (a fused softmax or layernorm) on a CPU: no tile, one row per
     iteration of the outer loop, the rows split across cores. Each of the row's loops (the
     max, the sum, the output's columns) then walks one row in order, which the compiler
     turns into vector instructions. (A 4x4 tile interleaved 4 rows: the column loop wrote 16
-    outputs from 4 rows per iteration, and gcc did not vectorize it.)"""
-    return _with_threads(NO_OPTIONS, shape, reduces)
+    outputs from 4 rows per iteration, and gcc did not vectorize it.)
+
+    Its work is its outputs times the ops it computes per output, as an elementwise kernel's
+    (each output reads its row in every pass): a softmax's row sum is as long as its output
+    row, so counting outputs times the sum's length per output (1) kept attention's 262,144
+    masked exponentials on one core."""
+    ops = sum(1 for node in value.toposort if node.op in ALU)
+    outer = outer_loop_size(shape, NO_OPTIONS)
+    return replace(NO_OPTIONS, parallel=prod(shape) * max(ops, 1) >= PARALLEL_MIN_WORK and
+                   outer >= 2)
 
 
 def _worth_a_tensor_core(ast: UOp) -> bool:
