@@ -41,6 +41,16 @@ def test_matmul_gets_a_vector_tile():
     assert "vectors: axis 1's 32 values as 2 vector(s) of 16 lanes" in options.describe()
 
 
+def test_a_long_epilogue_keeps_eight_rows():
+    """gelu after the sum (23 ops per output) keeps the 8-row vector tile: on an idle AVX2
+    machine 8 rows were faster for gelu (2.20 against 2.43 ms) and for gelu's gradient (1.77
+    against 2.06)."""
+    a, b = Tensor(data(64, 64)), Tensor(data(64, 64, seed=1))
+    (ast,) = kernel_asts((a @ b).gelu())
+    options = choose_options(ast, 8)
+    assert options.upcasts == ((0, 8), (1, 16)) and options.vector_width == 8
+
+
 def test_without_vector_types_the_tile_is_scalar():
     a, b = Tensor(data(64, 64)), Tensor(data(64, 64, seed=1))
     (ast,) = kernel_asts(a @ b)

@@ -565,7 +565,7 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
         return KernelOptions(group=GROUP_THREADS)
     if reduces and vector_width and len(value.toposort) <= MAX_UPCAST_GRAPH \
             and not reads_contiguously_along_reduction(reduces[0]):
-        vectored = _vector_tile(shape, vector_width, epilogue_ops(value))
+        vectored = _vector_tile(shape, vector_width)
         if vectored is not None:
             return _with_threads(vectored, shape, reduces)
     block = _output_block(shape, reduces) if len(value.toposort) <= MAX_UPCAST_GRAPH else None
@@ -719,26 +719,14 @@ def _elementwise_with_threads(value: UOp, shape: tuple[int, ...]) -> KernelOptio
                    outer >= 2)
 
 
-LONG_EPILOGUE = 16  # ops per output after the sums from which a vector tile has 4 rows, not 8
-
-
-def epilogue_ops(value: UOp) -> int:
-    """How many ops a kernel computes per output besides its sums: gelu after a matmul has 23,
-    a bias 1, and gelu's gradient (computed from other inputs, multiplied by a matmul) 31."""
-    summed: set[UOp] = set()
-    for reduce in (n for n in value.toposort if n.op is Ops.REDUCE_AXIS):
-        summed.update(reduce.src[0].toposort)
-    return sum(1 for node in value.toposort if node.op in ALU and node not in summed)
-
-
-def _vector_tile(shape: tuple[int, ...], width: int, epilogue: int = 0) -> KernelOptions | None:
+def _vector_tile(shape: tuple[int, ...], width: int) -> KernelOptions | None:
     """A matmul-like tile in vector registers: the innermost output axis in one or two vectors
     of `width` lanes, the next axis by 8 (or 4) rows: 8 x 2 vectors = 16 accumulators, plus the
     two vectors loaded each step. Each loaded vector serves 8 rows; each row's one loaded
-    number serves 32 outputs. A long epilogue (`epilogue` ops per output, at least
-    LONG_EPILOGUE: gelu) gets 4 rows: with 16 accumulators its temporaries spilled to the
-    stack (1024x128 @ 128x512 + gelu on AVX2: 8 rows 2.96 ms, 4 rows 2.01 ms; without gelu
-    8 rows stay faster, 1.64 against 2.02).
+    number serves 32 outputs. A long epilogue (gelu after the sum, gelu's gradient) keeps the
+    8 rows: on an idle AVX2 machine 1024x128 @ 128x512 + gelu takes 2.20 ms with 8 rows and
+    2.43 with 4, and gelu's gradient 1.77 against 2.06 (an earlier rule gave such kernels 4
+    rows on figures taken while other processes shared the cores).
 
     The loops are interchanged: the column loop goes outside the row loop, so one panel of
     columns of `b` (all its rows, 32 columns wide) stays in cache while every row of `a` passes
@@ -751,8 +739,7 @@ def _vector_tile(shape: tuple[int, ...], width: int, epilogue: int = 0) -> Kerne
     upcasts = [(inner, lanes)]
     order: tuple[int, ...] = ()
     if len(axes) >= 2:
-        heights = (4,) if epilogue >= LONG_EPILOGUE else (8, 4)
-        rows = next((f for f in heights if shape[axes[-2]] % f == 0), None)
+        rows = next((f for f in (8, 4) if shape[axes[-2]] % f == 0), None)
         if rows is not None:
             upcasts.insert(0, (axes[-2], rows))
         order = (*axes[:-2], inner, axes[-2])
