@@ -59,6 +59,14 @@ class TinyImpl:
     def sync(self, _: Any = None) -> None:
         self.device.synchronize()
 
+    def settle(self) -> None:
+        """Wait until the kernels compiled so far run their optimized builds: tinyteach's CPU
+        starts a new kernel on a fast, unoptimized build while gcc -O2 builds it in the
+        background (runtime/cpu.py), and a steady-state figure must not time that."""
+        if self.name == "tinyteach":
+            from tinyteach.runtime.cpu import wait_for_optimized_builds
+            wait_for_optimized_builds()
+
     def count_kernels(self, fn: Callable[[], Any]) -> int:
         """How many kernels `fn()` launches (GlobalCounters.kernel_count)."""
         self.sync()
@@ -246,8 +254,9 @@ class TinyImpl:
 
 class TinyGPT:
     """examples/gpt.py's GPT written once in tinygrad's API (so tinyteach and tinygrad run the
-    same code): token and position embeddings (nn.Embedding), pre-norm blocks of causal multi-head attention
-    and a GELU MLP, a final LayerNorm, logits through the tied token embedding."""
+    same code): token and position embeddings (nn.Embedding), pre-norm blocks of causal
+    multi-head attention and a GELU MLP, a final LayerNorm, logits through the tied token
+    embedding."""
 
     def __init__(self, impl: TinyImpl, data: Data):
         c = GPT_CONFIG
