@@ -116,6 +116,9 @@ CHANNEL_MIN_WORK = 1 << 16    # multiply-adds below which three kernels cost mor
 CHANNEL_MIN_SUM = 16          # the shortest sum per output a channel tile without a copy back
 #                               pays for (attention's q @ k.T over heads of 32: 0.72 -> 0.37 ms)
 SHORT_SUM_MIN_WORK = 1 << 20  # ... and only in a kernel of this many multiply-adds or more
+MIN_PACKED_REUSE = 8          # multiply-adds per packed element, at least: a copy of w for a
+#                               single row (generating one token: 1 x 128 @ 128 x 512) read it
+#                               once, and cost 134 us where the product takes 30
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,8 @@ def _channel_plan(ast: UOp, width: int) -> ChannelPlan | None:
         cost = prod(shape[a] for a in packed_axes)  # the packed copy's elements
         if cost > MAX_PACK_GROWTH * _elements_read(packed):
             continue  # a convolution's windows: the copy would hold each pixel k*k times
+        if work < MIN_PACKED_REUSE * cost:
+            continue  # each packed element would serve too few outputs (one token's x @ w.T)
         for axis, size in enumerate(reduce.shape):
             if size > 1 and size % width == 0 and axis not in reduce.arg[1] and \
                     axis in packed_axes and axis not in other_axes and \
