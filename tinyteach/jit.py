@@ -10,6 +10,11 @@ What this teaches:
   (`Tensor.assign`), so the captured launches keep pointing at the right memory;
 - graph execution: on the CPU, a replay is one native call — a small generated C function calls
   every kernel in turn — so a launch costs a few microseconds, not a trip through Python;
+- a capture is a plan of the executor (realize.py): the captured buffers by slot and a step
+  per launch. A replay puts the new inputs in their slots and runs that plan with
+  `realize.run`, the same run as an eager realize: counted the same in GlobalCounters,
+  watched the same by DEBUG and `record_launches` (it calls the device's graph when nobody
+  records each launch);
 - the JIT is honest: DEBUG>=1 says when it captured and how many kernels it replays, and an
   input of another shape, dtype or device than the captured one is an error, never a silent
   wrong result;
@@ -24,7 +29,8 @@ What this teaches:
   the variable, not the value, so one capture replays for every value: the new values are
   passed to the launches, and the outputs get the new sizes (a growing sequence, a KV cache).
 
-Builds on: realize.py (record_launches), device.py, tensor.py. Used by: nn training loops.
+Builds on: realize.py (record_launches, Plan, run), device.py, tensor.py. Used by: nn training
+loops.
 
 >>> from tinyteach import Tensor, TinyJit
 >>> @TinyJit
@@ -37,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,9 +50,9 @@ from typing import Any, Generic, TypeVar, cast
 
 from tinyteach.device import Allocation, Buffer, Device
 from tinyteach.dtype import DType
-from tinyteach.helpers import GlobalCounters, format_bytes
+from tinyteach.helpers import format_bytes
 from tinyteach.multi import shards_of
-from tinyteach.realize import Launch, launch_kernel, record_launches
+from tinyteach.realize import Launch, Plan, PlanStep, Slots, record_launches, run, step_of
 from tinyteach.schedule import ScheduleItem, is_contiguous_buffer
 from tinyteach.settings import DEBUG, MEMORY_PLANNER
 from tinyteach.tensor import Tensor
@@ -379,6 +384,23 @@ def _buffers_of(outputs: list[Tensor]) -> list[Buffer]:
     return [node.arg for node in nodes if node.op is Ops.BUFFER]
 
 
+class GraphRun:
+    """A captured plan's graph: the device's batched executor (`Device[d].graph`, built from
+    the launches), called with the plan's buffers. It swaps each changed input into its
+    launch (the graph reads the new addresses there), then runs every launch at once."""
+
+    def __init__(self, graph: Any, launches: list[Launch], steps: tuple[PlanStep, ...],
+                 changed: list[tuple[int, int]]):
+        self.graph, self.launches, self.changed = graph, launches, changed
+        self.places = [(launches[k].buffers, position, steps[k].slots[position])
+                       for k, position in changed]
+
+    def __call__(self, buffers: list[Buffer]) -> None:
+        for launch_buffers, position, slot in self.places:
+            launch_buffers[position] = buffers[slot]
+        self.graph(self.launches, self.changed)
+
+
 class CapturedJit:
     """The launches recorded during the capture call, ready to replay with new inputs. With
     MEMORY_PLANNER on, `plan_memory` has given their intermediates shared memory first
@@ -402,6 +424,32 @@ class CapturedJit:
         # a device graph replays the values it was built with: symbolic launches go one by one
         self.graph = None if self.symbolic else self._make_graph()
         self.var_vals: dict[str, int] = {}  # the values of the latest replay
+        self.plan, self.buffers = self._make_plan()
+        # (plan slot, input) of each input: a replay puts the new buffers there
+        self.inputs = sorted({(self.plan.steps[k].slots[position], i)
+                              for k, position, i in self.input_slots})
+        self._release_inputs()
+
+    def _release_inputs(self) -> None:
+        """Hold none of the capture call's input buffers (they are the caller's): their slots,
+        and their places in the launches, get a buffer of their size without memory, until a
+        replay puts its inputs there."""
+        for slot, _ in self.inputs:
+            old = self.buffers[slot]
+            self.buffers[slot] = Buffer(old.device, old.size, old.dtype)
+        for k, position, _ in self.input_slots:
+            self.launches[k].buffers[position] = self.buffers[self.plan.steps[k].slots[position]]
+
+    def _make_plan(self) -> tuple[Plan, list[Buffer]]:
+        """The executor's plan of the launches (realize.Plan): each buffer by slot, and each
+        launch a step on its slots; with the device's graph, when there is one."""
+        slots = Slots()
+        steps = tuple(step_of(launch.item, launch.runner,
+                              tuple(slots.slot(b) for b in launch.buffers))
+                      for launch in self.launches)
+        graph = None if self.graph is None else GraphRun(self.graph, self.launches, steps,
+                                                         self.changed)
+        return Plan((), steps, graph=graph, captured=True), slots.buffers
 
     def _find_input_slots(self, input_buffers: list[Buffer]) -> list[tuple[int, int, int]]:
         """(launch, position, input) for every place an input buffer is passed."""
@@ -421,45 +469,23 @@ class CapturedJit:
         graph_class = getattr(Device[devices.pop()], "graph", None)
         return None if graph_class is None else graph_class(self.launches)
 
-    @functools.cached_property
+    @property
     def counts(self) -> tuple[int, int]:
-        """(operations, bytes) of one replay: the launches' estimates, summed once (a replay's
-        new inputs have the sizes of the captured ones)."""
-        ops = sum(launch.runner.ops_estimate for launch in self.launches if launch.runner)
-        nbytes = sum(b.nbytes for launch in self.launches for b in launch.buffers)
-        return ops, nbytes
+        """(operations, bytes) of one replay, as the eager run of the same launches counts
+        them (a replay's new inputs have the sizes of the captured ones)."""
+        return self.plan.ops, self.plan.nbytes
 
     def replay(self, input_buffers: list[Buffer], var_vals: dict[str, int] | None = None) -> None:
-        """Run the captured launches on new input buffers, with new values of the Variables."""
+        """Run the captured plan on new input buffers, with new values of the Variables: the
+        executor's run (realize.run), as every realize, counted and watched the same way."""
         self.var_vals = {} if var_vals is None else var_vals
-        for k, position, i in self.input_slots:
-            self.launches[k].buffers[position] = input_buffers[i]
-        for captured in self.launches if self.symbolic else ():
+        buffers = list(self.buffers)
+        for slot, i in self.inputs:
+            buffers[slot] = input_buffers[i]
+        for captured in self.launches if self.symbolic else ():  # (they show the latest)
             captured.var_vals.update((name, value) for name, value in self.var_vals.items()
                                      if name in captured.var_vals)
-        start = time.perf_counter()
-        if self.graph is not None:
-            self.graph(self.launches, self.changed)
-        else:
-            for launch in self.launches:
-                self._run_one(launch)
-        seconds = time.perf_counter() - start
-        GlobalCounters.kernel_count += len(self.launches)
-        GlobalCounters.time_sum_s += seconds
-        # the same counts as the eager run of the same launches (realize._count)
-        GlobalCounters.global_ops += self.counts[0]
-        GlobalCounters.global_mem += self.counts[1]
-        if DEBUG.value >= 1:
-            how = "one graph call" if self.graph is not None else "one by one"
-            print(f"TinyJit: replayed {len(self.launches)} kernels ({how}) in "
-                  f"{seconds * 1e6:.1f}us")
-
-    @staticmethod
-    def _run_one(launch: Launch) -> None:
-        if launch.runner is None:  # a copy between devices
-            launch.buffers[0].copyin(launch.buffers[1].numpy())
-        else:
-            launch_kernel(launch.runner, launch.buffers, launch.var_vals)
+        run(self.plan, buffers, self.var_vals)
 
     def outputs(self) -> Any:
         """The function's result, with tensors pointing at the replayed output buffers (a

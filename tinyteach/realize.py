@@ -6,6 +6,12 @@ What this teaches:
   get a runnable program for each kernel (interpret it, or lower -> render -> compile it:
   chapters 7-8), then run them in order on their buffers. viz draws the schedule that
   `build_schedule` returns, so what it shows is what runs;
+- one executor. The executor's contract: a `Plan` is a list of buffers by slot and the steps
+  that launch one program each on their slots (writing the first, reading the rest), and
+  `run(plan, buffers, var_vals)` launches its steps in order, counts each in GlobalCounters
+  the same way, and shows each to whoever observes the run. Every eager realize and every
+  TinyJit replay (jit.py) is such a run; the plan cache, the lean key and a capture are ways
+  to find a plan;
 - programs are cached by kernel AST: the second time the same computation runs, nothing is
   lowered or compiled again (the cache holds at most `RUNNER_CACHE_SIZE` programs, and
   `clear_caches()` empties it);
@@ -18,10 +24,13 @@ What this teaches:
   off, `clear_caches()` empties it). The lean path (`realize_elementwise`) finds the plan of
   the commonest eager graph, one elementwise op over realized buffers and constants, without
   walking it: by the structures its leaves keep (`elementwise_key`);
-- everything the engine does can be watched: DEBUG=1 prints each launch, 2 adds timings (and
-  the build a launch ran when it was not the optimized one: `(tcc)`, chapter 9), 3 the
-  AST and the fusion reasons, 4 the generated source; `GlobalCounters` counts kernels, ops,
-  bytes and time; `record_launches()` hands each launch to Python code (viz, the JIT).
+- everything the engine does can be watched, by observers of that run: DEBUG=1 prints each
+  launch, 2 adds timings (and the build a launch ran when it was not the optimized one:
+  `(tcc)`, chapter 9), 3 the AST and the fusion reasons, 4 the generated source;
+  `record_launches()` hands each launch to Python code (viz, the JIT); `GlobalCounters`
+  counts kernels, ops, bytes and time on every run. When nobody observes, `run` checks that
+  once and only launches; a watched realize plans afresh, so each step keeps the item the
+  scheduler made (its reasons, its buffers), and is run by the same `run`.
 
 Builds on: device.py, schedule.py, pack.py, lower.py, render/. Used by: tensor.py, viz.
 """
@@ -184,65 +193,14 @@ def forget_runners(device: str) -> None:
                 del cache[plan_id]
 
 
-def _print_item(item: ScheduleItem) -> None:
-    print(f"--- kernel {item.name} on {item.device}: stored because {item.boundary_reason}")
-    for note in item.fusions + item.input_reasons:
-        print(f"    {note}")
-    if item.var_vals:
-        values = ", ".join(f"{name}={value}" for name, value in sorted(item.var_vals.items()))
-        print(f"    symbolic sizes: {values} (one compiled kernel serves every value)")
-    print(pretty(item.ast))
-
-
-def run_item(item: ScheduleItem) -> None:
-    if DEBUG >= 3:
-        _print_item(item)
-    runner = None if item.kind == "copy" else get_runner(item)
-    for buffer in item.buffers:
-        _ = buffer.storage  # allocate now, so allocation is not counted as kernel time
-    start = time.perf_counter()
-    if runner is None:
-        item.output.copyin(item.buffers[1].numpy())
-    else:
-        launch_kernel(runner, item.buffers, item.var_vals)
-        if DEBUG >= 2:
-            Device[item.device].synchronize()
-    seconds = time.perf_counter() - start
-    _count(item, runner, seconds)
-    for log in _launch_logs:
-        log.append(Launch(item, runner, seconds, list(item.buffers), dict(item.var_vals)))
-
-
-def _count(item: ScheduleItem, runner: Runner | None, seconds: float) -> None:
-    GlobalCounters.kernel_count += 1
-    GlobalCounters.global_ops += runner.ops_estimate if runner else 0
-    memory = sum(b.nbytes for b in item.buffers)
-    GlobalCounters.global_mem += memory
-    GlobalCounters.time_sum_s += seconds
-    if DEBUG >= 1:
-        timing = f" tm {seconds * 1e6:9.2f}us" if DEBUG >= 2 else ""
-        values = "".join(f" {name}={value}" for name, value in sorted(item.var_vals.items()))
-        if DEBUG >= 2 and runner is not None:
-            timing += _tier_note(runner)
-        print(f"*** {item.device:<6} {GlobalCounters.kernel_count:4d} {item.name:<26} "
-              f"arg {len(item.buffers):2d} mem {format_bytes(memory):>9}{timing}{values}")
-
-
-def _tier_note(runner: Runner) -> str:
-    """` (tcc)` when this launch ran a fast tier's build (the CPU's tiers, runtime/cpu.py: tcc
-    or cc -O0 first, while cc -O2 builds the kernel in the background); nothing when it ran
-    the optimized build, so a line reads the same whenever the disk cache was warm."""
-    tier = getattr(runner.program, "tier", "optimized")
-    if tier == "optimized":
-        return ""
-    return f" ({getattr(runner.program, 'tier_name', tier)})"
-
-
 def run_schedule(items: list[ScheduleItem]) -> None:
-    """Run the items in order (as `build_schedule` made them: packing copies included)."""
+    """Run the items in order (as `build_schedule` made them: packing copies included): their
+    new kernels compiled together first (`precompile`), then the plan of the items as they
+    are (`plan_of_items`) run by the executor."""
     precompile(items)
-    for item in items:
-        run_item(item)
+    plan, buffers = plan_of_items(items)
+    values = {name: value for item in items for name, value in item.var_vals.items()}
+    run(plan, buffers, values)
 
 
 def precompile(items: list[ScheduleItem]) -> None:
@@ -306,43 +264,273 @@ def build_schedule(roots: list[UOp], default_device: str,
     return dataclasses.replace(schedule, items=items)
 
 
-# ---- the plan cache (eager dispatch) ----
-
-PLAN_CACHE_SIZE = 1024
-
+# ---- the executor: one plan, one run ----
 
 @dataclass(frozen=True)
 class PlanStep:
-    """One launch of a cached plan: the item it came from (its buffers dropped) and the
-    slots of the realize's buffer list it runs on, output first."""
+    """One launch of a plan: the item it came from, its program (None: a copy between
+    devices; or not compiled yet, in a plan of a watched realize that compiles each kernel at
+    its step), the slots of the plan's buffer list it runs on (output first: it writes
+    `slots[0]` and reads the rest), and what it counts: its operations and bytes."""
 
     item: ScheduleItem
     runner: Runner | None
     slots: tuple[int, ...]
     nbytes: int
+    ops: int = 0
+
+    @property
+    def writes(self) -> int:
+        """The slot it writes."""
+        return self.slots[0]
+
+    @property
+    def reads(self) -> tuple[int, ...]:
+        """The slots it reads."""
+        return self.slots[1:]
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What realizing a graph of one structure does: holes 0..n-1 are its input buffers,
-    `fresh` the new buffers to allocate (slots n, n+1, ...), `steps` the launches in order,
-    `results` for each root (slot, alias?, its shape or None when symbolic) or None when
-    the root stays as it is, and `assigned` the slots an assign writes into."""
+    """What running a schedule does, on a list of buffers by slot. For an eager plan, holes
+    0..n-1 are its input buffers and `fresh` the new buffers to allocate (slots n, n+1, ...);
+    `steps` are the launches in order, `results` for each root (slot, alias?, its shape or
+    None when symbolic) or None when the root stays as it is, and `assigned` the slots an
+    assign writes into. `graph`: a device's batched executor of every step at once (a
+    TinyJit capture's, called with the buffer list), and `captured`: the plan is a TinyJit
+    capture, whose replay DEBUG reports in one line."""
 
     fresh: tuple[tuple[str, int, DType], ...]
     steps: tuple[PlanStep, ...]
-    results: tuple[tuple[int, bool, tuple[int, ...] | None] | None, ...]
-    assigned: tuple[int, ...]
+    results: tuple[tuple[int, bool, tuple[int, ...] | None] | None, ...] = ()
+    assigned: tuple[int, ...] = ()
+    graph: Callable[[list[Buffer]], None] | None = None
+    captured: bool = False
 
     @functools.cached_property  # (a frozen dataclass allows it: it writes the instance's dict)
     def ops(self) -> int:
         """The operations its launches count (GlobalCounters.global_ops)."""
-        return sum(step.runner.ops_estimate for step in self.steps if step.runner)
+        return sum(step.ops for step in self.steps)
 
     @functools.cached_property
     def nbytes(self) -> int:
         """The bytes its launches count (GlobalCounters.global_mem)."""
         return sum(step.nbytes for step in self.steps)
+
+
+class Slots:
+    """Numbers buffers by slot as a plan is made: the first buffer seen is slot 0, and so on
+    (a Buffer is known by identity)."""
+
+    def __init__(self, buffers: list[Buffer] | None = None):
+        self.buffers: list[Buffer] = []
+        self.number: dict[int, int] = {}
+        for buffer in buffers or []:
+            self.slot(buffer)
+
+    def slot(self, buffer: Buffer) -> int:
+        if id(buffer) not in self.number:
+            self.number[id(buffer)] = len(self.buffers)
+            self.buffers.append(buffer)
+        return self.number[id(buffer)]
+
+
+def step_of(item: ScheduleItem, runner: Runner | None, slots: tuple[int, ...],
+            template: bool = False) -> PlanStep:
+    """The step that launches `item` (with `runner`) on `slots`. A `template` step keeps the
+    item without its buffers and graph (a cached plan runs on other buffers every time)."""
+    ops = runner.ops_estimate if runner else 0
+    if runner is None and item.kind == "kernel":
+        ops = estimate_ops(item.ast)  # (compiled at its step: the count is the runner's)
+    nbytes = sum(b.nbytes for b in item.buffers)
+    if template:
+        item = dataclasses.replace(item, buffers=[], old_contents_read=[], node=None,
+                                   input_nodes=[])
+    return PlanStep(item, runner, slots, nbytes, ops)
+
+
+def plan_of_items(items: list[ScheduleItem]) -> tuple[Plan, list[Buffer]]:
+    """The plan of a schedule's items as they are, and its buffers by slot (the items' own,
+    allocated when a step first uses them). In a watched run each kernel not compiled yet is
+    compiled at its step, so what its compile prints (DEBUG=3's stages, BEAM's line) follows
+    the launches before it."""
+    watched = DEBUG.value or _launch_logs
+    slots = Slots()
+    steps = []
+    for item in items:
+        runner = get_runner(item) if item.kind == "kernel" and not watched else None
+        steps.append(step_of(item, runner, tuple(slots.slot(b) for b in item.buffers)))
+    assigned = tuple(slots.slot(item.output) for item in items
+                     if item.node is not None and item.node.op is Ops.ASSIGN)
+    return Plan((), tuple(steps), assigned=assigned), slots.buffers
+
+
+def run(plan: Plan, buffers: list[Buffer], var_vals: dict[str, int] | None = None) -> None:
+    """The executor: launch the plan's steps in order on `buffers` (by slot), with the values
+    of the Variables, and count them in GlobalCounters. Every realize and every TinyJit replay
+    runs here. When nothing watches (no DEBUG, no recording) it only launches (the device's
+    graph when the plan has one) and counts the whole plan at once; otherwise the observers
+    see each launch (`observers`)."""
+    if DEBUG.value or _launch_logs:
+        _run_watched(plan, buffers, var_vals or {}, observers())
+    else:
+        _run_lean(plan, buffers, var_vals)
+    for k in plan.assigned:
+        buffers[k].overwritten = True  # older graphs must not read it as if unchanged
+
+
+def _run_lean(plan: Plan, buffers: list[Buffer], var_vals: dict[str, int] | None) -> float:
+    """Launch every step (or the plan's graph) and count them all at once; the seconds."""
+    start = time.perf_counter()
+    if plan.graph is not None:
+        plan.graph(buffers)
+    else:
+        for step in plan.steps:
+            if step.runner is None:
+                buffers[step.slots[0]].copyin(buffers[step.slots[1]].numpy())
+            elif step.runner.variables:  # a kernel over symbolic sizes: the values
+                launch_kernel(step.runner, [buffers[k] for k in step.slots], var_vals or {})
+            else:
+                step.runner.program(*[buffers[k] for k in step.slots])
+    seconds = time.perf_counter() - start
+    GlobalCounters.time_sum_s += seconds
+    GlobalCounters.kernel_count += len(plan.steps)
+    GlobalCounters.global_ops += plan.ops
+    GlobalCounters.global_mem += plan.nbytes
+    return seconds
+
+
+def _run_watched(plan: Plan, buffers: list[Buffer], var_vals: dict[str, int],
+                 watching: list[Observer]) -> None:
+    """The run with observers: launch by launch, each timed and counted on its own and shown
+    to those that watch launches; the plan's graph runs only when none does."""
+    per_launch = [observer for observer in watching if observer.watches_launches(plan)]
+    if not per_launch and plan.graph is not None:
+        seconds = _run_lean(plan, buffers, var_vals)
+        for observer in watching:
+            observer.finished(plan, seconds, batched=True)
+        return
+    total = 0.0
+    for step in plan.steps:
+        values = {name: var_vals.get(name, value) for name, value in step.item.var_vals.items()}
+        for observer in per_launch:
+            observer.starting(step, values)
+        launch = _launch_one(step, [buffers[k] for k in step.slots], var_vals, values)
+        total += launch.seconds
+        for observer in per_launch:
+            observer.launched(launch, step)
+    for observer in watching:
+        observer.finished(plan, total, batched=False)
+
+
+def _launch_one(step: PlanStep, args: list[Buffer], var_vals: dict[str, int],
+                values: dict[str, int]) -> Launch:
+    """One step launched and counted, its program compiled first if it is not yet."""
+    runner = step.runner
+    if runner is None and step.item.kind == "kernel":
+        runner = get_runner(step.item)
+    for buffer in args:
+        _ = buffer.storage  # allocate now, so allocation is not counted as kernel time
+    start = time.perf_counter()
+    if runner is None:
+        args[0].copyin(args[1].numpy())
+    else:
+        launch_kernel(runner, args, var_vals)
+        if DEBUG >= 2:
+            Device[step.item.device].synchronize()
+    seconds = time.perf_counter() - start
+    GlobalCounters.kernel_count += 1
+    GlobalCounters.global_ops += step.ops
+    GlobalCounters.global_mem += step.nbytes
+    GlobalCounters.time_sum_s += seconds
+    return Launch(step.item, runner, seconds, args, values)
+
+
+# ---- observers: what DEBUG prints, what record_launches keeps ----
+
+class Observer:
+    """Watches runs of the executor: `starting` before a launch, `launched` after it (both
+    only when `watches_launches` of the plan), `finished` after the run."""
+
+    def watches_launches(self, plan: Plan) -> bool:
+        return True
+
+    def starting(self, step: PlanStep, values: dict[str, int]) -> None:
+        pass
+
+    def launched(self, launch: Launch, step: PlanStep) -> None:
+        pass
+
+    def finished(self, plan: Plan, seconds: float, batched: bool) -> None:
+        pass
+
+
+class DebugPrinter(Observer):
+    """DEBUG's lines: from 1 on a line per launch (2 adds its time and tier), from 3 the item
+    before it (its AST and fusion reasons); a TinyJit replay is one line for the whole run."""
+
+    def watches_launches(self, plan: Plan) -> bool:
+        return not plan.captured
+
+    def starting(self, step: PlanStep, values: dict[str, int]) -> None:
+        if DEBUG >= 3:
+            _print_item(step.item, values)
+
+    def launched(self, launch: Launch, step: PlanStep) -> None:
+        timing = f" tm {launch.seconds * 1e6:9.2f}us" if DEBUG >= 2 else ""
+        values = "".join(f" {name}={value}" for name, value in sorted(launch.var_vals.items()))
+        if DEBUG >= 2 and launch.runner is not None:
+            timing += _tier_note(launch.runner)
+        item = launch.item
+        print(f"*** {item.device:<6} {GlobalCounters.kernel_count:4d} {item.name:<26} "
+              f"arg {len(step.slots):2d} mem {format_bytes(step.nbytes):>9}{timing}{values}")
+
+    def finished(self, plan: Plan, seconds: float, batched: bool) -> None:
+        if plan.captured:
+            how = "one graph call" if batched else "one by one"
+            print(f"TinyJit: replayed {len(plan.steps)} kernels ({how}) in "
+                  f"{seconds * 1e6:.1f}us")
+
+
+class LaunchRecorder(Observer):
+    """Appends each launch to a list: `record_launches`' (viz, TinyJit's capture)."""
+
+    def __init__(self, log: list[Launch]):
+        self.log = log
+
+    def launched(self, launch: Launch, step: PlanStep) -> None:
+        self.log.append(launch)
+
+
+def observers() -> list[Observer]:
+    """Who watches a run now: DEBUG's printer from DEBUG=1 on, and each open recording."""
+    printer: list[Observer] = [DebugPrinter()] if DEBUG >= 1 else []
+    return printer + [LaunchRecorder(log) for log in _launch_logs]
+
+
+def _print_item(item: ScheduleItem, values: dict[str, int]) -> None:
+    print(f"--- kernel {item.name} on {item.device}: stored because {item.boundary_reason}")
+    for note in item.fusions + item.input_reasons:
+        print(f"    {note}")
+    if values:
+        listed = ", ".join(f"{name}={value}" for name, value in sorted(values.items()))
+        print(f"    symbolic sizes: {listed} (one compiled kernel serves every value)")
+    print(pretty(item.ast))
+
+
+def _tier_note(runner: Runner) -> str:
+    """` (tcc)` when this launch ran a fast tier's build (the CPU's tiers, runtime/cpu.py: tcc
+    or cc -O0 first, while cc -O2 builds the kernel in the background); nothing when it ran
+    the optimized build, so a line reads the same whenever the disk cache was warm."""
+    tier = getattr(runner.program, "tier", "optimized")
+    if tier == "optimized":
+        return ""
+    return f" ({getattr(runner.program, 'tier_name', tier)})"
+
+
+# ---- the plan cache (eager dispatch) ----
+
+PLAN_CACHE_SIZE = 1024
 
 
 plan_cache: LRUCache[tuple[Any, ...], Plan] = LRUCache("realize.plans", PLAN_CACHE_SIZE)
@@ -384,22 +572,14 @@ def plan_key(roots: list[UOp], default_device: str) -> tuple[tuple[Any, ...], li
 
 
 def make_plan(schedule_: Schedule, roots: list[UOp], holes: list[Buffer]) -> Plan:
-    """The plan of a schedule just built: each buffer by slot (holes first, then new ones)."""
-    slot_of = {id(buffer): k for k, buffer in enumerate(holes)}
-    fresh: list[tuple[str, int, DType]] = []
-
-    def slot(buffer: Buffer) -> int:
-        if id(buffer) not in slot_of:
-            slot_of[id(buffer)] = len(holes) + len(fresh)
-            fresh.append((buffer.device, buffer.size, buffer.dtype))
-        return slot_of[id(buffer)]
+    """The plan of a schedule just built, to cache: each buffer by slot (holes first, then
+    the new ones, which each run allocates afresh), each step compiled and without buffers."""
+    slots = Slots(holes)
+    slot = slots.slot
     steps = []
     for item in schedule_.items:
-        template = dataclasses.replace(item, buffers=[], old_contents_read=[], node=None,
-                                       input_nodes=[])
         runner = None if item.kind == "copy" else get_runner(item)
-        steps.append(PlanStep(template, runner, tuple(slot(b) for b in item.buffers),
-                              sum(b.nbytes for b in item.buffers)))
+        steps.append(step_of(item, runner, tuple(slot(b) for b in item.buffers), template=True))
     assigned = tuple(slot(item.output) for item in schedule_.items
                      if item.node is not None and item.node.op is Ops.ASSIGN)
     results: list[tuple[int, bool, tuple[int, ...] | None] | None] = []
@@ -416,38 +596,22 @@ def make_plan(schedule_: Schedule, roots: list[UOp], holes: list[Buffer]) -> Pla
         shape = root.shape  # kept when plain ints: a later root of this structure has it too
         plain = None if any(isinstance(size, UOp) for size in shape) else shape
         results.append((slot(buffer), is_alias, plain))
-    return Plan(tuple(fresh), tuple(steps), tuple(results), assigned)
+    fresh = tuple((b.device, b.size, b.dtype) for b in slots.buffers[len(holes):])
+    return Plan(fresh, tuple(steps), tuple(results), assigned)
 
 
 def run_plan(plan: Plan, roots: list[UOp], holes: list[Buffer],
              var_vals: dict[str, int] | None = None) -> list[UOp]:
-    """Launch a cached plan on this graph's buffers: the lean path of an eager realize. It
-    does only what a launch needs (no DEBUG checks: a watched realize takes the whole path),
-    and its steps' counts were summed when the plan was made (`Plan.ops`, `Plan.nbytes`).
-    `var_vals`: this graph's values of its Variables (the plan's key holds no value, so a
-    new value reuses the plan and its kernels run with the new value)."""
+    """Run a cached plan on this graph's buffers (its holes, then new buffers allocated now,
+    so allocation is not counted as kernel time) and return the roots' results. `var_vals`:
+    this graph's values of its Variables (the plan's key holds no value, so a new value
+    reuses the plan and its kernels run with the new value)."""
     for buffer in holes:
         if not buffer.is_allocated:  # (an input may be a tensor's memory not yet written)
             _ = buffer.storage
-    # allocate now, so allocation is not counted as kernel time
     buffers = holes + [Buffer(device, size, dtype, allocate=True)
                        for device, size, dtype in plan.fresh]
-    start = time.perf_counter()
-    for step in plan.steps:
-        if step.runner is None:
-            buffers[step.slots[0]].copyin(buffers[step.slots[1]].numpy())
-        else:
-            args = [buffers[k] for k in step.slots]
-            if step.runner.variables:  # a kernel over symbolic sizes: this graph's values
-                launch_kernel(step.runner, args, var_vals or {})
-            else:
-                step.runner.program(*args)
-    GlobalCounters.time_sum_s += time.perf_counter() - start
-    GlobalCounters.kernel_count += len(plan.steps)
-    GlobalCounters.global_ops += plan.ops
-    GlobalCounters.global_mem += plan.nbytes
-    for k in plan.assigned:
-        buffers[k].overwritten = True  # older graphs must not read it as if unchanged
+    run(plan, buffers, var_vals)
     results = []
     for root, result in zip(roots, plan.results):
         if result is None:
@@ -517,13 +681,11 @@ def _bound_result(root: UOp, unbound: UOp, result: UOp) -> UOp:
 def _realize_unbound(roots: list[UOp], default_device: str,
                      var_vals: dict[str, int]) -> list[UOp]:
     if not PLAN_CACHE or DEBUG >= 1 or _launch_logs:
-        # the whole path when it is watched: DEBUG prints each step, and a recording (the
-        # JIT's capture, viz) keeps every item as the scheduler made it
+        # a watched realize plans afresh: DEBUG prints each item as the scheduler made it,
+        # and a recording (the JIT's capture, viz) keeps each with its own buffers; the
+        # executor that runs the plan is the same
         schedule_ = build_schedule(roots, default_device, var_vals)
         run_schedule(schedule_.items)
-        for item in schedule_.items:
-            if item.node is not None and item.node.op is Ops.ASSIGN:
-                item.output.overwritten = True  # older graphs must not read it as if unchanged
         return [schedule_.becomes.get(node, node) for node in roots]
     plan, holes = plan_for(roots, default_device)
     return run_plan(plan, roots, holes, var_vals)

@@ -474,10 +474,11 @@ print(f"{len(launches)} launches:", ", ".join(f"{n} ran a {t} build" for t, n in
 # Where did the step's time go? Python's profiler answers: `cProfile` (enabled around the step
 # above) records every Python call, and `pstats` gives each function's *cumulative* time, its
 # own and that of everything it called. Five functions are the stages: `build_schedule`
-# (chapter 6), `lower` (chapter 7), the renderer's `render` (chapter 8), the compiler's
-# `compile_many` and `run_item` (this chapter). "compile" is the time the step waited in
-# `compile_many`: the tcc call and, at the same time, the `cc -O0` build of the vector
-# matmuls; the optimized builds start after it, in the background. The profiler adds a cost
+# (chapter 6), `lower` (chapter 7), the renderer's `spec`, which renders the source and says
+# how to build and launch it (chapter 8), the compiler's `compile_many` and the executor's
+# `run`, which launches every kernel of a realize (this chapter). "compile" is the time the
+# step waited in `compile_many`: the tcc call and, at the same time, the `cc -O0` build of the
+# vector matmuls; the optimized builds start after it, in the background. The profiler adds a cost
 # to every Python call, so the Python stages look slower than they run without it, while
 # compile, mostly waiting for the compilers' processes, does not (`DEBUG=2` adds its printing
 # to the run stage too). Measured here, so different on every run and machine;
@@ -490,8 +491,8 @@ import pstats
 import tinyteach.realize as realize
 
 STAGES = {"schedule": realize.build_schedule, "lower": realize.lower,
-          "render": Device["CPU"].renderer.render, "compile": Device["CPU"].compiler.compile_many,
-          "run": realize.run_item}
+          "render": Device["CPU"].renderer.spec, "compile": Device["CPU"].compiler.compile_many,
+          "run": realize.run}
 recorded = pstats.Stats(profile).stats  # (file, line, name) -> (calls, calls, own, cumulative, _)
 for stage, function in STAGES.items():
     code = getattr(function, "__func__", function).__code__  # (a method's function)
