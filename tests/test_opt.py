@@ -51,6 +51,19 @@ def test_a_long_epilogue_keeps_eight_rows():
     assert options.upcasts == ((0, 8), (1, 16)) and options.vector_width == 8
 
 
+def test_a_sum_of_expensive_terms_is_threaded_by_its_work():
+    """Threads pay by work: outputs x terms x ops per term. A sum of 64 terms per output over
+    4,096 outputs is 262,144 terms: one multiply each stays on one core, a masked exponential
+    each (softmax's gradient recomputes one per term) is split across cores."""
+    scores, grads = Tensor(data(16, 4, 64, 64)), Tensor(data(16, 4, 64, 64, seed=1))
+    (cheap,) = kernel_asts((scores * grads).sum(-1))
+    assert not choose_options(cheap, 8).parallel
+    mask = Tensor.ones(64, 64, dtype="bool").tril()
+    costly = ((scores / 8).masked_fill(mask.logical_not(), float("-inf")).exp() * grads).sum(-1)
+    asts = kernel_asts(costly)
+    assert any(choose_options(ast, 8).parallel for ast in asts)
+
+
 def test_without_vector_types_the_tile_is_scalar():
     a, b = Tensor(data(64, 64)), Tensor(data(64, 64, seed=1))
     (ast,) = kernel_asts(a @ b)

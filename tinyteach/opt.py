@@ -702,10 +702,14 @@ def local_tile_fits(options: KernelOptions, itemsize: int) -> bool:
 def _with_threads(options: KernelOptions, shape: tuple[int, ...],
                   reduces: list[UOp]) -> KernelOptions:
     """Split a reduction's outer loop across cores when it does enough work to pay for it: its
-    outputs times the length of its sum (an elementwise kernel: _elementwise_with_threads)."""
+    outputs times the length of its sum times the ops of each summed term (an elementwise
+    kernel: _elementwise_with_threads). A matmul's term is one multiply; attention's softmax
+    gradient recomputes a masked exponential in each of its 64 terms per output (30 ops),
+    which counted as one kept it on one core at 1 GFLOP/s."""
     reduce_work = prod(reduces[0].src[0].shape) // max(prod(shape), 1) if reduces else 1
+    term_ops = sum(1 for n in reduces[0].src[0].toposort if n.op in ALU) if reduces else 1
     outer = outer_loop_size(shape, options)
-    parallel = prod(shape) * reduce_work >= PARALLEL_MIN_WORK and outer >= 2
+    parallel = prod(shape) * reduce_work * max(term_ops, 1) >= PARALLEL_MIN_WORK and outer >= 2
     return replace(options, parallel=parallel)
 
 
