@@ -45,8 +45,14 @@ from tinyteach.opt import KernelOptions
 from tinyteach.runtime.python import SharedMemoryRaceError, emulate, record_threads
 from tinyteach.schedule import create_schedule
 from tinyteach.uop import Ops
-from viz.threads import (access_pattern, launch_grid, launch_summary, shared_traffic, strides,
-                         thread_map)
+from viz.threads import (
+    access_pattern,
+    launch_grid,
+    launch_summary,
+    shared_traffic,
+    strides,
+    thread_map,
+)
 
 # %% [markdown] id="gpu-03"
 # ## Threads and work-groups
