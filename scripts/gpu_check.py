@@ -308,13 +308,14 @@ def bench_kernel(impl: Any, workload: str, sizes: Sizes) -> dict[str, Any]:
     from benchmarks.worker import kernel_workload
     arrays, work, unit = kernel_inputs(workload, sizes)
     fn = impl.matmul if workload.startswith("matmul") else getattr(impl, workload)
-    timings, kernels = kernel_workload(impl, fn, arrays, 1, sizes.repeats)
+    timings, reused, kernels = kernel_workload(impl, fn, arrays, 1, sizes.repeats)
     seconds = timings.median
     error = relative_error(to_numpy(fn(*[impl.tensor(a) for a in arrays])),
                            reference(workload, arrays))
     tolerance = 1e-2 if workload == "matmul_f16" else 1e-4
     result = {"ms": seconds * 1e3, "kernels": kernels, "rel_error": error,
-              "correct": error < tolerance, "run_ms": [t * 1e3 for t in timings.runs]}
+              "correct": error < tolerance, "run_ms": [t * 1e3 for t in timings.runs],
+              "reused_ms": reused.median * 1e3}
     if unit == "flops":
         result["tflops"] = work / seconds / 1e12
     else:

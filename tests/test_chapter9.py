@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tinyteach import Tensor
-from tinyteach.device import Backend, Buffer, Device
+from tinyteach.device import Backend, Buffer, Device, HostMemory
 from tinyteach.dtype import dtypes
 from tinyteach.realize import get_runner
 from tinyteach.runtime import opencl
@@ -34,9 +34,13 @@ def faults_of_first_copy(size: int, data: np.ndarray) -> tuple[int, int]:
     return page_faults() - before, buffer.storage.address
 
 
-def test_reused_host_memory_takes_fewer_page_faults_than_fresh_memory():
+def test_reused_host_memory_takes_fewer_page_faults_than_fresh_memory(monkeypatch):
     size = (16 << 20) + 17  # 64 MB, of a size no other test uses: memory fresh from the system
     data = np.ones(size, dtype=np.float32)
+    # an empty pool: buffers other tests of this worker left there could fill its limit, and
+    # then the freed 64 MB would go back to the system (both copies faulted alike in CI)
+    monkeypatch.setattr(HostMemory, "pool", {})
+    monkeypatch.setattr(HostMemory, "pooled_bytes", 0)
     fresh_faults, fresh_address = faults_of_first_copy(size, data)
     gc.collect()
     reused_faults, reused_address = faults_of_first_copy(size, data)
