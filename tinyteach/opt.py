@@ -602,10 +602,7 @@ def _one_row_at_a_time(value: UOp, shape: tuple[int, ...]) -> KernelOptions:
     (each output reads its row in every pass): a softmax's row sum is as long as its output
     row, so counting outputs times the sum's length per output (1) kept attention's 262,144
     masked exponentials on one core."""
-    ops = sum(1 for node in value.toposort if node.op in ALU)
-    outer = outer_loop_size(shape, NO_OPTIONS)
-    return replace(NO_OPTIONS, parallel=prod(shape) * max(ops, 1) >= PARALLEL_MIN_WORK and
-                   outer >= 2)
+    return _elementwise_with_threads(value, shape)
 
 
 def _worth_a_tensor_core(ast: UOp) -> bool:
