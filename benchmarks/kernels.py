@@ -4,7 +4,7 @@
 on the same buffers) `repeats` times and keeps the median, so each row is one kernel's own
 time, without Python dispatch. A row: the kernel's name, its output shape, ms, GFLOP/s (the
 kernel's operation count, `estimate_ops`, over its time) and the optimizations it was lowered
-with (opt.py's words, or "none"). `format_kernel_table` prints the rows slowest first.
+with (opt/'s words, or "none"). `format_kernel_table` prints the rows slowest first.
 
 Only tinyteach records launches; the other frameworks have no table.
 """

@@ -63,7 +63,7 @@ def kernels_also_compile_for_cuda(request: pytest.FixtureRequest) -> Iterator[No
     if request.node.path.name not in OP_SUITE or not on_cpu or _cuda_compiler() is None:
         yield
         return
-    from tinyteach.realize import record_launches
+    from tinyteach.engine.realize import record_launches
     from tinyteach.runtime.cuda import render_for_cuda
     with record_launches() as launches:
         yield
@@ -127,7 +127,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 #
 # pocl, the CPU OpenCL the suite runs on, compiles a kernel in ~0.5 s (its build, then a work-group
 # function at the first launch): 40% of the suite's time went to it. A parametrization that only
-# varies shapes, axes or index expressions tests the GPU lowering (render/gpu.py, lower.py), which
+# varies shapes, axes or index expressions tests the GPU lowering (render/gpu.py, codegen/lower.py),
+# which
 # OPENCL shares with WEBGPU, PYTHON (the emulator) and CUDA; the OpenCL C itself is the same ops
 # on the same types. Such a test is marked `@pytest.mark.one_case_on_opencl("axis")`: on OPENCL
 # its first `axis` runs (with every value of its other parameters), on every other device all.

@@ -37,15 +37,15 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tinyteach import Tensor, clear_caches  # noqa: E402
-from tinyteach import search as search_module  # noqa: E402
+from tinyteach.codegen.lower import lower  # noqa: E402
+from tinyteach.codegen.plan import KernelOptions, can_group_reduce, tile_plan  # noqa: E402
+from tinyteach.codegen.wmma import why_no_tensor_core  # noqa: E402
 from tinyteach.device import Device, capabilities_of  # noqa: E402
 from tinyteach.dtype import dtypes, from_bfloat16_bits, to_bfloat16_bits  # noqa: E402
-from tinyteach.lower import lower  # noqa: E402
-from tinyteach.opt import KernelOptions, can_group_reduce, tile_plan  # noqa: E402
-from tinyteach.realize import record_launches  # noqa: E402
-from tinyteach.schedule import create_schedule  # noqa: E402
-from tinyteach.uop import UOp  # noqa: E402
-from tinyteach.wmma import why_no_tensor_core  # noqa: E402
+from tinyteach.engine.realize import record_launches  # noqa: E402
+from tinyteach.engine.schedule import create_schedule  # noqa: E402
+from tinyteach.ir.uop import UOp  # noqa: E402
+from tinyteach.opt import search as search_module  # noqa: E402
 
 RUN_DEVICES = ("OPENCL", "WEBGPU", "PYTHON")
 SIZES = (1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 19, 24, 31, 32, 33, 40, 64, 70)

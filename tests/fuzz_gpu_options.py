@@ -47,21 +47,21 @@ from fuzz_gpu_matmul import (  # noqa: E402
 )
 
 from tinyteach import clear_caches  # noqa: E402
-from tinyteach import search as search_module  # noqa: E402
-from tinyteach.device import capabilities_of
-from tinyteach.lower import lower  # noqa: E402
-from tinyteach.opt import (  # noqa: E402
+from tinyteach.codegen.lower import lower  # noqa: E402
+from tinyteach.codegen.plan import (
     KernelOptions,
     can_group_reduce,
     kernel_value,
-    local_tile_fits,
     row_kernel_axis,
     tile_plan,
 )
-from tinyteach.realize import record_launches  # noqa: E402
-from tinyteach.schedule import create_schedule  # noqa: E402
-from tinyteach.uop import UOp  # noqa: E402
-from tinyteach.wmma import why_no_tensor_core  # noqa: E402
+from tinyteach.codegen.wmma import why_no_tensor_core  # noqa: E402
+from tinyteach.device import capabilities_of
+from tinyteach.engine.realize import record_launches  # noqa: E402
+from tinyteach.engine.schedule import create_schedule  # noqa: E402
+from tinyteach.ir.uop import UOp  # noqa: E402
+from tinyteach.opt import search as search_module  # noqa: E402
+from tinyteach.opt.heuristic import local_tile_fits
 
 TILES = (4, 8, 16)
 TILE_UPCASTS = (1, 2, 3, 4)

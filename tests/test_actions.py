@@ -13,18 +13,11 @@ from helpers import test_devices
 
 from tinyteach import Tensor
 from tinyteach.device import NO_CAPABILITIES, Capabilities, Device
-from tinyteach.opt import (
-    Kernel,
-    KernelOptError,
-    Opt,
-    OptOps,
-    actions_of,
-    hand_coded_optimizations,
-    heuristic_actions,
-    plan_of,
-)
-from tinyteach.realize import record_launches
-from tinyteach.schedule import create_schedule
+from tinyteach.engine.realize import record_launches
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.opt import Kernel, KernelOptError, Opt, OptOps, hand_coded_optimizations
+from tinyteach.opt.heuristic import heuristic_actions
+from tinyteach.opt.kernel import actions_of, plan_of
 
 PACKAGE = Path(__file__).parent.parent / "tinyteach"
 DEVICES = [d for d in test_devices() if d in ("CPU", "OPENCL", "PYTHON", "WEBGPU")]
@@ -115,8 +108,8 @@ def test_a_local_tile_needs_both_axes_and_fits_shared_memory():
 def run_with(device: str, out: Tensor, opts: list[Opt], monkeypatch) -> np.ndarray:
     """Realize `out` with these actions on its last kernel (realize applies them, as it
     applies the heuristic's), after checking that the kernel ran with them."""
-    from tinyteach import search
     from tinyteach.helpers import clear_caches
+    from tinyteach.opt import search
     ast = last_kernel(out, device).ast
     chosen = search.actions_for
     monkeypatch.setattr(search, "actions_for", lambda backend, name, kernel_ast:
@@ -184,7 +177,7 @@ def test_every_heuristic_plan_is_its_action_list(device, name):
         actions = heuristic_actions(item.ast, backend.capabilities)
         rebuilt = plan_of(item.ast, actions, backend.capabilities, device)
         assert actions_of(item.ast, rebuilt) == actions
-        from tinyteach.opt import options_for
+        from tinyteach.opt.heuristic import options_for
         assert rebuilt == options_for(item.ast, backend.capabilities)
 
 
@@ -199,13 +192,14 @@ def test_capabilities_are_data():
 def test_no_module_probes_a_renderer_for_capabilities():
     probe = re.compile(r"(getattr|hasattr)\([^)]*(renderer|backend)[^)]*\"(supports_|"
                        r"output_loops|vector_width|thread_id)")
-    for name in ("opt.py", "search.py", "schedule.py", "pack.py", "lower.py", "plan.py"):
-        text = (PACKAGE / name).read_text()
-        assert not probe.search(text), f"{name} probes a renderer with getattr/hasattr"
+    paths = [*(PACKAGE / "opt").glob("*.py"), *(PACKAGE / "codegen").glob("*.py"),
+             PACKAGE / "engine/schedule.py"]
+    for path in paths:
+        assert not probe.search(path.read_text()), f"{path} probes a renderer with getattr/hasattr"
 
 
 def test_the_beam_cache_holds_actions(tmp_path, monkeypatch):
-    from tinyteach import search
+    from tinyteach.opt import search
     monkeypatch.setenv("TINYTEACH_CACHE", str(tmp_path))
     _, _, item = matmul("CPU", 64)
     backend = Device["CPU"]

@@ -17,7 +17,7 @@ import pytest
 from helpers import default_device
 
 from tinyteach import Tensor, dtypes
-from tinyteach.uop import Ops
+from tinyteach.ir.uop import Ops
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -177,7 +177,7 @@ def test_gradient_rule(device, name):
 
 
 def test_every_differentiable_primitive_is_covered():
-    from tinyteach import gradient
+    from tinyteach.tensor import gradient
     covered = {rule.op for rule in RULES.values()} | {Ops.COPY}  # COPY: test_copy_...
     no_gradient = {op for op, rule in gradient.GRADIENT_RULES.items()
                    if rule is gradient._no_grad}
@@ -427,7 +427,7 @@ def test_seed_example_model(device):
 def test_a_registered_rule_is_used_instead_of_the_primitive_rules():
     """The walk sends a registered node's gradient straight to its inputs, by the rule (a rule
     that gives another number than the primitive rules shows which one ran)."""
-    from tinyteach.gradient import register_gradient
+    from tinyteach.tensor.gradient import register_gradient
     x = Tensor([1.0, 2.0], requires_grad=True)
     y = x * 2
     register_gradient(y.uop, (x.uop,), lambda grad, source: (grad * 3,))
@@ -441,7 +441,7 @@ def test_a_registered_rule_is_used_instead_of_the_primitive_rules():
 def test_conv2d_keeps_its_rule_when_its_input_was_realized():
     """backward() rebuilds a realized input's graph (graph_before_realize); the conv rebuilt on
     it keeps its rule: its input gradient is one convolution, and equals PyTorch's."""
-    from tinyteach.realize import build_schedule
+    from tinyteach.engine.realize import build_schedule
     x_np, w_np = uniform(2, 3, 8, 8).astype(np.float32), uniform(4, 3, 3, 3).astype(np.float32)
     x = Tensor(x_np, requires_grad=True)
     hidden = (x * 2).realize()

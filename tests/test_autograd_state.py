@@ -11,9 +11,9 @@ import pytest
 from helpers import default_device
 
 from tinyteach import Tensor, dtypes
+from tinyteach.ir.uop import Ops
 from tinyteach.nn.optim import SGD
 from tinyteach.tensor import AUTOGRAD
-from tinyteach.uop import Ops
 
 torch = pytest.importorskip("torch")
 

@@ -16,14 +16,17 @@ from fuzz_graphs import fuzz  # noqa: E402
 from helpers import fuzz_budget  # noqa: E402
 
 from tinyteach import Context, Tensor, TinyJit, dtypes  # noqa: E402
+from tinyteach.codegen.lower import lower  # noqa: E402
 from tinyteach.device import Device, DeviceUnavailable  # noqa: E402
-from tinyteach.lower import lower  # noqa: E402
-from tinyteach.opt import options_for_renderer  # noqa: E402
+from tinyteach.engine.schedule import create_schedule  # noqa: E402
+from tinyteach.opt.heuristic import (
+    heuristic_plan,
+    options_for_renderer,  # noqa: E402
+)
 from tinyteach.render.cuda import CUDARenderer  # noqa: E402
 from tinyteach.render.gpu import MAX_GROUPS, MAX_THREADS_PER_GROUP, launch_of, plan_launch  # noqa: E402
 from tinyteach.render.opencl import OpenCLRenderer  # noqa: E402
 from tinyteach.render.wgsl import UnsupportedDType, WGSLRenderer  # noqa: E402
-from tinyteach.schedule import create_schedule  # noqa: E402
 
 GPU_DEVICES = ["OPENCL", "WEBGPU"]
 
@@ -174,12 +177,14 @@ def test_wgsl_renderer_refuses_without_a_device():
     item = create_schedule([Tensor.ones(4, dtype=dtypes.float64).realize().sqrt().uop],
                            "CPU")[0][0]
     with pytest.raises(UnsupportedDType, match="float64.*no 64-bit floats"):
-        WGSLRenderer().render(item.name, lower(item.ast))
+        WGSLRenderer().render(item.name, lower(item.ast, heuristic_plan(item.ast)))
     item16 = create_schedule([Tensor.ones(4, dtype=dtypes.float16).realize().sqrt().uop],
                              "CPU")[0][0]
     with pytest.raises(UnsupportedDType, match="shader-f16"):
-        WGSLRenderer(shader_f16=False).render(item16.name, lower(item16.ast))
-    assert "enable f16;" in WGSLRenderer().render(item16.name, lower(item16.ast))
+        program = lower(item16.ast, heuristic_plan(item16.ast))
+        WGSLRenderer(shader_f16=False).render(item16.name, program)
+    program = lower(item16.ast, heuristic_plan(item16.ast))
+    assert "enable f16;" in WGSLRenderer().render(item16.name, program)
 
 
 def _sum_of(count: int, device: str) -> Tensor:
@@ -192,7 +197,8 @@ def _sum_of(count: int, device: str) -> Tensor:
 def test_webgpu_storage_buffer_limit():
     item = create_schedule([_sum_of(9, "CPU").uop], "CPU")[0][-1]
     with pytest.raises(RuntimeError, match="needs 10 storage buffers.*allows 8"):
-        WGSLRenderer(max_storage_buffers=8).render(item.name, lower(item.ast))
+        program = lower(item.ast, heuristic_plan(item.ast))
+        WGSLRenderer(max_storage_buffers=8).render(item.name, program)
     if not Device.is_available("WEBGPU"):
         pytest.skip(f"WEBGPU unavailable: {_why_unavailable('WEBGPU')}")
     limit = Device["WEBGPU"].renderer.max_storage_buffers
@@ -363,7 +369,7 @@ def test_cuda_without_a_gpu_says_so():
 
 def test_renderers_need_no_hardware():
     item = create_schedule([(Tensor.ones(4, 4).realize() + 1).uop], "CPU")[0][0]
-    program = lower(item.ast)
+    program = lower(item.ast, heuristic_plan(item.ast))
     for renderer, expected in [(OpenCLRenderer(), "get_global_id(0)"),
                                (CUDARenderer(), "threadIdx.x"),
                                (WGSLRenderer(), "global_invocation_id")]:

@@ -126,7 +126,7 @@ def test_backward_as_torch(device: str) -> None:
 
 
 def test_the_generated_c_holds_words_and_converts() -> None:
-    from tinyteach.realize import get_runner
+    from tinyteach.engine.realize import get_runner
     out = Tensor(Y, device="CPU").bfloat16() * 2
     (item,) = out.schedule()
     source = get_runner(item).source or ""
@@ -149,10 +149,11 @@ def test_a_bfloat16_buffer_from_words() -> None:
 
 
 def test_the_generated_opencl_holds_words_and_converts() -> None:
-    from tinyteach.lower import lower
+    from tinyteach.codegen.lower import lower
+    from tinyteach.opt.heuristic import heuristic_plan
     from tinyteach.render.opencl import OpenCLRenderer
     (item,) = (Tensor(Y, device="CPU").bfloat16() * 2).schedule()
-    source = OpenCLRenderer().render(item.name, lower(item.ast))
+    source = OpenCLRenderer().render(item.name, lower(item.ast, heuristic_plan(item.ast)))
     assert "__global ushort* restrict data0" in source
     assert "as_float((uint)h << 16)" in source and "tt_f32_to_bf16(" in source
 

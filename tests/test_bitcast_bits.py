@@ -28,14 +28,15 @@ from helpers import (
 )
 
 from tinyteach import Tensor, dtypes
+from tinyteach.codegen.lower import LinearProgram, linearize, lower
 from tinyteach.device import Device
 from tinyteach.dtype import BFLOAT16_WORDS
-from tinyteach.lower import LinearProgram, linearize, lower, make_range
-from tinyteach.realize import record_launches
+from tinyteach.engine.realize import record_launches
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.rewrite import graph_rewrite, symbolic
+from tinyteach.ir.uop import Ops, UOp, is_bitcast, make_range
+from tinyteach.opt.heuristic import heuristic_plan
 from tinyteach.render.c import CRenderer
-from tinyteach.rewrite import graph_rewrite, symbolic
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops, UOp, is_bitcast
 
 UNSIGNED = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 PAIRS_16 = [("int16", "float16"), ("uint16", "float16"), ("int16", "bfloat16"),
@@ -227,7 +228,7 @@ def cpu_kernel(source: str, target: str, name: str) -> str:
     size = len(CPU_PATTERNS[dtypes.as_dtype(source).itemsize])
     x = Tensor.empty(size, dtype=source, device="CPU").realize()
     (item,) = create_schedule([x.bitcast(target).uop], "CPU")[0]
-    code = CRenderer(vector_width=8).render(item.name, lower(item.ast, None, 8))
+    code = CRenderer(vector_width=8).render(item.name, lower(item.ast, heuristic_plan(item.ast, 8)))
     return code.replace(f"void {item.name}(", f"void {name}(")
 
 
@@ -308,7 +309,7 @@ def test_cuda_bitcast_kernels_compile_to_ptx() -> None:
     for number, (source, target) in enumerate(CUDA_PAIRS):
         x = Tensor.empty(256, dtype=source, device="NUMPY").realize()
         (item,) = create_schedule([x.bitcast(target).uop], "NUMPY")[0]
-        code = renderer.render(f"bitcast{number}", lower(item.ast))
+        code = renderer.render(f"bitcast{number}", lower(item.ast, heuristic_plan(item.ast)))
         body = code.split("__global__ void", 1)[1]  # (the prelude spells INFINITY with bits)
         for dtype, (from_bits, to_bits) in renderer.bits_functions.items():
             assert (from_bits in body) == (dtype.name == target), (source, target)

@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinyteach import Tensor, dtypes, nn, schedule
-from tinyteach.rewrite import PatternMatcher, graph_rewrite, symbolic
+from tinyteach import Tensor, dtypes, nn
+from tinyteach.engine import schedule
+from tinyteach.ir.rewrite import PatternMatcher, graph_rewrite, symbolic
+from tinyteach.ir.uop import PRIMITIVE_OPS, Ops, UOp
 from tinyteach.runtime import cpu
 from tinyteach.runtime.numpy import NUMPY_OPS
-from tinyteach.uop import PRIMITIVE_OPS, Ops, UOp
 
 CHAPTERS = Path(__file__).resolve().parent.parent / "chapters"
 

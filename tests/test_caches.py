@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import tinyteach
-from tinyteach import Tensor, clear_caches, opt, search
+from tinyteach import Tensor, clear_caches
+from tinyteach.engine.realize import build_schedule, get_runner, record_launches, runner_cache
 from tinyteach.helpers import LRUCache, cache_dir
-from tinyteach.realize import build_schedule, get_runner, record_launches, runner_cache
+from tinyteach.opt import heuristic, search
 
 PACKAGE = Path(tinyteach.__file__).parent
 
@@ -85,18 +86,18 @@ def _imported_modules(path: Path) -> set[str]:
 def test_search_does_not_import_a_runtime():
     """BEAM's cache path and the machine's identity come from helpers.py, not the CPU runtime.
     The one runtime it reads is the emulator's thread record, for PYTHON's cost model."""
-    imported = _imported_modules(PACKAGE / "search.py") - {"tinyteach.runtime.python"}
+    imported = _imported_modules(PACKAGE / "opt/search.py") - {"tinyteach.runtime.python"}
     assert not any(name.startswith("tinyteach.runtime") for name in imported), imported
 
 
 def test_one_max_upcast_axes():
-    assert search.MAX_UPCAST_AXES is opt.MAX_UPCAST_AXES
-    assert "MAX_UPCAST_AXES =" not in (PACKAGE / "search.py").read_text()
+    assert search.MAX_UPCAST_AXES is heuristic.MAX_UPCAST_AXES
+    assert "MAX_UPCAST_AXES =" not in (PACKAGE / "opt/search.py").read_text()
 
 
 def test_every_chapter_part_has_its_own_label():
-    """"Chapter 7 (part 3)" names one module only (search.py and pack.py shared it): the core's
-    modules and runtimes, chapters 1 to 10."""
+    """"Chapter 7 (part 3)" names one module only (opt/search.py and opt/pack.py shared it): the
+    core's modules and runtimes, chapters 1 to 10."""
     labels: dict[str, list[str]] = {}
     for path in sorted([*PACKAGE.glob("*.py"), *PACKAGE.glob("runtime/*.py")]):
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
@@ -110,7 +111,7 @@ def test_every_chapter_part_has_its_own_label():
 # ---- what runs is what viz draws ----
 
 def _big_matmul() -> tuple[Tensor, np.ndarray, np.ndarray]:
-    """b has 2**20 elements: big enough for pack.py to copy it into panels first."""
+    """b has 2**20 elements: big enough for opt/pack.py to copy it into panels first."""
     rng = np.random.default_rng(0)
     an, bn = rng.random((16, 1024), dtype=np.float32), rng.random((1024, 1024), dtype=np.float32)
     a, b = Tensor(an, device="CPU").realize(), Tensor(bn, device="CPU").realize()

@@ -34,14 +34,15 @@ from helpers import (
 )
 
 from tinyteach import Tensor, dtypes
+from tinyteach.codegen.lower import LinearProgram, linearize, lower
 from tinyteach.device import Device
 from tinyteach.dtype import BFLOAT16_WORDS, DType, from_bfloat16_bits, to_bfloat16_bits
-from tinyteach.lower import LinearProgram, linearize, lower, make_range
-from tinyteach.realize import record_launches
+from tinyteach.engine.realize import record_launches
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.rewrite import graph_rewrite, symbolic
+from tinyteach.ir.uop import Ops, UOp, make_range
+from tinyteach.opt.heuristic import heuristic_plan
 from tinyteach.render.c import CRenderer
-from tinyteach.rewrite import graph_rewrite, symbolic
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops, UOp
 
 SOURCES = ["float16", "bfloat16", "float32", "float64"]
 TARGETS = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
@@ -153,7 +154,7 @@ def test_the_issue_values_on_every_device(device: str) -> None:
 # ---- constants: folded on the graph, the same numbers ----
 
 def test_constant_casts_fold_to_the_same_integers() -> None:
-    """A CAST of a constant folds (rewrite.py) to what the devices compute, NaN and inf too
+    """A CAST of a constant folds (ir/rewrite.py) to what the devices compute, NaN and inf too
     (before, inf raised 'cannot store inf' and 1e10 wrapped around)."""
     values = [math.nan, math.inf, -math.inf, 1e10, -1e10, 2.0**31, -2.0**31 - 256, 2.0**63,
               2.0**64, -0.0, 0.99, -0.99, 127.5, -128.5, 255.9, 65535.5, 2.0**63 - 1024]
@@ -184,7 +185,8 @@ def cpu_kernel(source: str, target: str, name: str) -> str:
     """The CPU renderer's C for a `source` -> `target` CAST of SIZE values, named `name`."""
     x = Tensor.empty(SIZE, dtype=source, device="CPU").realize()
     (item,) = create_schedule([x.cast(target).uop], "CPU")[0]
-    code = CRenderer(vector_width=16).render(item.name, lower(item.ast, None, 16))
+    program = lower(item.ast, heuristic_plan(item.ast, 16))
+    code = CRenderer(vector_width=16).render(item.name, program)
     return code.replace(f"void {item.name}(", f"void {name}(")
 
 
@@ -238,7 +240,7 @@ def test_a_vector_cast_converts_each_lane_alike(tmp_path: Path, source: str, lan
 def gpu_kernel(renderer_class: type, source: str, target: str, name: str) -> str:
     x = Tensor.empty(256, dtype=source, device="NUMPY").realize()
     (item,) = create_schedule([x.cast(target).uop], "NUMPY")[0]
-    return renderer_class().render(name, lower(item.ast))
+    return renderer_class().render(name, lower(item.ast, heuristic_plan(item.ast)))
 
 
 def test_opencl_converts_with_its_saturating_conversion() -> None:

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from tinyteach import Device, Tensor, nn
+from tinyteach.engine.realize import Launch, record_launches
 from tinyteach.nn.state import get_parameters, get_state_dict
-from tinyteach.realize import Launch, record_launches
 
 torch = pytest.importorskip("torch")
 

@@ -13,9 +13,9 @@ import pytest
 from tinyteach import Tensor
 from tinyteach.device import Backend, Buffer, Device, HostMemory
 from tinyteach.dtype import dtypes
-from tinyteach.realize import get_runner
+from tinyteach.engine.realize import get_runner
+from tinyteach.engine.schedule import create_schedule
 from tinyteach.runtime import opencl
-from tinyteach.schedule import create_schedule
 
 cl = opencl.cl
 needs_opencl = pytest.mark.skipif(not Device.is_available("OPENCL"),

@@ -23,7 +23,7 @@ Row = tuple[str, str, str | None, tuple[str, ...], tuple[str, ...]]  # id, title
 
 
 def package_modules() -> list[str]:
-    """Every module of tinyteach/, as the table writes it: 'uop.py', 'render/c.py'."""
+    """Every module of tinyteach/, as the table writes it: 'ir/uop.py', 'render/c.py'."""
     return sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                   if "__pycache__" not in p.parts)
 
@@ -155,8 +155,8 @@ def test_every_header_names_its_chapter():
 
 # ---- the README's map and the package docstring's table ----
 
-BARE_NAME = r"[\w./]+(?:\.py|/)"  # the docstring's table: uop.py, render/
-QUOTED_NAME = r"`([\w./]+)`"  # the README's: `uop.py` (a note), `render/`
+BARE_NAME = r"[\w./]+(?:\.py|/)"  # the docstring's table: ir/uop.py, render/
+QUOTED_NAME = r"`([\w./]+)`"  # the README's: `ir/uop.py` (a note), `render/`
 
 
 def modules_in(text: str, name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -243,11 +243,11 @@ def test_the_tour_map_lists_every_chapter():
 
 def test_a_wrong_readme_row_is_caught():
     readme = (ROOT / "README.md").read_text()
-    assert "`wmma.py`" in readme
-    moved = readme.replace("`wmma.py`", "`wmma.py`, `opt.py`", 1)
+    assert "`codegen/wmma.py`" in readme
+    moved = readme.replace("`codegen/wmma.py`", "`codegen/wmma.py`, `opt/`", 1)
     assert any("chapter 8b" in problem for problem in
                row_problems(CHAPTERS, readme_rows(moved), "README.md"))
-    dropped = readme.replace("`transcendental.py`", "", 1)
+    dropped = readme.replace("`codegen/transcendental.py`", "", 1)
     assert row_problems(CHAPTERS, readme_rows(dropped), "README.md") != []
 
 
@@ -259,29 +259,29 @@ def test_a_wrong_docstring_row_is_caught():
 
 def test_a_wrong_header_is_caught():
     first_lines = dict(headers())
-    first_lines["wmma.py"] = "Chapter 7 (part 9): tensor cores"
+    first_lines["codegen/wmma.py"] = "Chapter 7 (part 9): tensor cores"
     first_lines["settings.py"] = "Chapter 0: every setting"
-    first_lines["uop.py"] = "The IR: one node type"
-    first_lines["view.py"] = first_lines["uop.py"].replace("The IR", "Chapter 4")
+    first_lines["ir/uop.py"] = "The IR: one node type"
+    first_lines["ir/view.py"] = first_lines["ir/uop.py"].replace("The IR", "Chapter 4")
     first_lines["nn/optim.py"] = first_lines["nn/state.py"]
     problems = header_problems(CHAPTERS, INFRASTRUCTURE, first_lines)
-    assert any("wmma.py says chapter 7, the table 8b" in p for p in problems)
+    assert any("codegen/wmma.py says chapter 7, the table 8b" in p for p in problems)
     assert any(p.startswith("settings.py is infrastructure") for p in problems)
-    assert any(p.startswith("uop.py: header") for p in problems)
+    assert any(p.startswith("ir/uop.py: header") for p in problems)
     assert any("is the header of ['nn/optim.py', 'nn/state.py']" in p for p in problems)
-    assert len(problems) == 4  # view.py's made-up header is right: chapter 4
+    assert len(problems) == 4  # ir/view.py's made-up header is right: chapter 4
 
 
 def test_a_module_in_no_chapter_or_two_is_caught():
     by_id = {chapter.id: chapter for chapter in CHAPTERS}
     without_jit = tuple(replace(c, modules=()) if c.id == "10" else c for c in CHAPTERS)
-    assert "jit.py is in no chapter and not infrastructure" in \
+    assert "engine/jit.py is in no chapter and not infrastructure" in \
         ownership_problems(without_jit, INFRASTRUCTURE, package_modules())
-    twice = tuple(replace(c, modules=(*c.modules, "wmma.py")) if c.id == "7" else c
+    twice = tuple(replace(c, modules=(*c.modules, "codegen/wmma.py")) if c.id == "7" else c
                   for c in CHAPTERS)
-    assert any("wmma.py is claimed by" in p for p in
+    assert any("codegen/wmma.py is claimed by" in p for p in
                ownership_problems(twice, INFRASTRUCTURE, package_modules()))
-    ghost = tuple(replace(c, also=("lower.py", "gone.py")) if c is by_id["8b"] else c
+    ghost = tuple(replace(c, also=("codegen/lower.py", "gone.py")) if c is by_id["8b"] else c
                   for c in CHAPTERS)
     assert "chapter 8b: gone.py does not exist" in \
         ownership_problems(ghost, INFRASTRUCTURE, package_modules())

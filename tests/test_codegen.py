@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from tinyteach import Context, GlobalCounters, Tensor
+from tinyteach.codegen.lower import lower
 from tinyteach.device import Device
-from tinyteach.lower import lower
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.uop import Ops
+from tinyteach.opt.heuristic import heuristic_plan
 
 
 def realized(*shape: int, device: str = "CPU") -> Tensor:
@@ -25,7 +26,8 @@ def source_of(tensor: Tensor) -> list[str]:
     """The C source of every kernel realizing `tensor` (on CPU)."""
     items, _ = create_schedule([tensor.uop], "CPU")
     renderer = Device["CPU"].renderer
-    return [renderer.render(item.name, lower(item.ast)) for item in items if item.kind == "kernel"]
+    return [renderer.render(item.name, lower(item.ast, heuristic_plan(item.ast)))
+            for item in items if item.kind == "kernel"]
 
 
 def test_elementwise_kernel_source():
@@ -85,7 +87,7 @@ def test_index_math_is_simplified():
 def test_lowered_program_opens_and_closes_loops():
     a = realized(4, 8)
     items, _ = create_schedule([a.sum(axis=1).uop], "CPU")
-    program = lower(items[0].ast)
+    program = lower(items[0].ast, heuristic_plan(items[0].ast))
     ops = [u.op for u in program.uops]
     assert ops.count(Ops.RANGE) == ops.count(Ops.END_RANGE) == 2
     assert program.global_sizes == (4,)

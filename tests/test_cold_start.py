@@ -20,18 +20,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tinyteach.lower as lower_module
+import tinyteach.codegen.lower as lower_module
 import tinyteach.runtime.cpu as cpu
 from tinyteach import Tensor
+from tinyteach.codegen.lower import lower_ast
+from tinyteach.codegen.plan import index_value
 from tinyteach.device import Device
 from tinyteach.dtype import dtypes
-from tinyteach.lower import lower_ast
-from tinyteach.opt import choose_options, index_value
-from tinyteach.realize import record_launches
-from tinyteach.rewrite import record_rewrites
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops, UOp
-from tinyteach.view import index_add, index_div, index_into_buffer, index_mod, index_mul
+from tinyteach.engine.realize import record_launches
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.rewrite import record_rewrites
+from tinyteach.ir.uop import Ops, UOp
+from tinyteach.ir.view import index_add, index_div, index_into_buffer, index_mod, index_mul
+from tinyteach.opt.heuristic import choose_options
 
 # ---- index arithmetic without trivial terms ----
 

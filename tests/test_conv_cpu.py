@@ -1,5 +1,5 @@
-"""Convolutions on the CPU (issue 16): channel tiles (pack.py), output blocks (opt.py) and the
-short-loop rule for vector lanes (lower.py) change how a convolution runs, never what it
+"""Convolutions on the CPU (issue 16): channel tiles (opt/pack.py), output blocks (opt/) and the
+short-loop rule for vector lanes (codegen/lower.py) change how a convolution runs, never what it
 computes. Forward and both gradients are checked against PyTorch, with the optimizations on,
 off (NOOPT=1) and without channel tiles (CHANNEL_TILES=0), for odd sizes, strides, padding,
 dilation and groups."""
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from tinyteach import Context, Tensor
+from tinyteach.codegen.lower import lower
 from tinyteach.device import Device
-from tinyteach.lower import lower
-from tinyteach.opt import choose_options
-from tinyteach.pack import pack_operands, plan_channel_tile
-from tinyteach.realize import build_schedule
-from tinyteach.uop import Ops
+from tinyteach.engine.realize import build_schedule
+from tinyteach.ir.uop import Ops
+from tinyteach.opt.heuristic import choose_options, heuristic_plan
+from tinyteach.opt.pack import pack_operands, plan_channel_tile
 
 torch = pytest.importorskip("torch")
 
@@ -259,17 +259,19 @@ def test_short_loops_are_not_split_into_vector_lanes():
     w = Tensor(np.ones((16, 8, 3, 3), np.float32))
     with Context(CHANNEL_TILES=0):
         (item,) = _kernels([x.conv2d(w)])
-    source = renderer.render(item.name, lower(item.ast, vector_width=renderer.vector_width))
+    program = lower(item.ast, heuristic_plan(item.ast, renderer.vector_width))
+    source = renderer.render(item.name, program)
     assert not _split_into_lanes(source)
     long_sum = _kernels([Tensor(np.ones((8, 64), np.float32)).sum(1)])[0]
-    source = renderer.render(long_sum.name, lower(long_sum.ast, vector_width=8))
+    source = renderer.render(long_sum.name, lower(long_sum.ast, heuristic_plan(long_sum.ast, 8)))
     assert _split_into_lanes(source)
 
 
 def test_beam_search_keeps_channel_tiled_convolutions_correct(tmp_path, monkeypatch):
     """BEAM times other options for the channel-tiled kernel (its candidates are checked against
     the heuristic's output); the convolution still matches PyTorch."""
-    from tinyteach import clear_caches, search
+    from tinyteach import clear_caches
+    from tinyteach.opt import search
     monkeypatch.setattr(search, "beam_cache_dir", lambda: tmp_path / "beam")
     clear_caches()
     case = (2, 8, 16, 10, 10, 3, 1, 0, 1, 1)

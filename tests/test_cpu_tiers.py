@@ -20,7 +20,7 @@ import pytest
 import tinyteach.runtime.cpu as cpu
 from tinyteach import Context, Tensor, TinyJit, dtypes
 from tinyteach.device import Buffer, CompileError, Device
-from tinyteach.realize import Launch, record_launches
+from tinyteach.engine.realize import Launch, record_launches
 
 NAN, INF = float("nan"), float("inf")
 FLOATS = np.array([NAN, INF, -INF, -0.0, 0.0, 1e-40, -1e-40, float(np.finfo(np.float32).tiny),
@@ -317,7 +317,7 @@ def test_a_first_training_step_runs_every_new_kernel_on_a_fast_tier(
     (an empty cache), runs each kernel's fast build (tcc, or cc -O0: the vector matmuls, which
     tcc cannot build), none waits for cc -O2, and its loss is numpy's."""
     from tinyteach import nn
-    from tinyteach.realize import runner_cache
+    from tinyteach.engine.realize import runner_cache
 
     rng = np.random.default_rng(0)
     Tensor.manual_seed(0)

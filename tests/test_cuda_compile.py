@@ -17,8 +17,8 @@ from helpers import default_device
 
 from tinyteach import Tensor, dtypes, nn
 from tinyteach.device import DeviceUnavailable
+from tinyteach.engine.realize import record_launches
 from tinyteach.nn.optim import Adam
-from tinyteach.realize import record_launches
 from tinyteach.runtime.cuda import CUDACompiler, compile_for_cuda, cuda_include_directory
 
 RNG = np.random.default_rng(0)
@@ -136,9 +136,10 @@ def test_half_kernels_include_cuda_fp16(compiler):
         pytest.skip("no CUDA toolkit headers here")
     with default_device("NUMPY"), record_launches() as launches:
         (_t(A).cast(dtypes.half) + 1).numpy()
-    from tinyteach.lower import lower
+    from tinyteach.codegen.lower import lower
+    from tinyteach.opt.heuristic import heuristic_plan
     from tinyteach.render.cuda import CUDARenderer
     item = next(launch.item for launch in launches if launch.runner is not None)
-    source = CUDARenderer().render(item.name, lower(item.ast))
+    source = CUDARenderer().render(item.name, lower(item.ast, heuristic_plan(item.ast)))
     assert "#include <cuda_fp16.h>" in source
     assert compiler.compile(source).cubin is not None

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from tinyteach import Tensor, TinyJit
+from tinyteach.codegen.lower import ProgramSpec
 from tinyteach.device import Buffer, Device, DeviceUnavailable
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import Context
-from tinyteach.lower import ProgramSpec
 from tinyteach.runtime import cuda
 
 driver = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from tinyteach import Tensor, TinyJit
+from tinyteach.codegen.plan import index_value
 from tinyteach.dtype import dtypes
-from tinyteach.opt import index_value
-from tinyteach.rewrite import graph_rewrite, sum_terms, symbolic
-from tinyteach.schedule import MAX_KERNEL_DEPTH, create_schedule
-from tinyteach.uop import ALU, Ops, UOp
+from tinyteach.engine.schedule import MAX_KERNEL_DEPTH, create_schedule
+from tinyteach.ir.rewrite import graph_rewrite, sum_terms, symbolic
+from tinyteach.ir.uop import ALU, Ops, UOp
 
 DEVICES = ["NUMPY", "CPU"]
 
@@ -185,7 +185,7 @@ def test_freeing_a_100k_deep_graph() -> None:
     code = textwrap.dedent("""
         import gc, sys
         from tinyteach.dtype import dtypes
-        from tinyteach.uop import Ops, UOp
+        from tinyteach.ir.uop import Ops, UOp
         assert sys.getrecursionlimit() == 1000
         node = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), (1, 4))
         for _ in range(100_000):

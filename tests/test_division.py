@@ -14,13 +14,14 @@ import torch
 from helpers import skip_unless_supported
 
 from tinyteach import Tensor, dtypes
+from tinyteach.codegen.lower import lower
 from tinyteach.device import Device
-from tinyteach.lower import lower
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.rewrite import PYTHON_ALU
+from tinyteach.ir.uop import Ops, float_divide
+from tinyteach.opt.heuristic import heuristic_plan
 from tinyteach.render.cuda import CUDARenderer
 from tinyteach.render.wgsl import WGSLRenderer
-from tinyteach.rewrite import PYTHON_ALU
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops, float_divide
 
 NAN, INF = float("nan"), float("inf")
 SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
@@ -213,7 +214,8 @@ def test_half_float_remainder_is_exact(device):
 def test_wgsl_remainder_is_the_exact_helper():
     x = Tensor(random_floats(8, 52), device="NUMPY").realize()
     y = Tensor(random_floats(8, 53), device="NUMPY").realize()
-    source = WGSLRenderer().render("E_8", lower(kernel_ast(x.fmod(y))))
+    ast = kernel_ast(x.fmod(y))
+    source = WGSLRenderer().render("E_8", lower(ast, heuristic_plan(ast)))
     kernel = source.split("@compute")[1]
     assert "fn fmod_f32" in source and "fmod_f32(" in kernel and "%" not in kernel
 
@@ -305,10 +307,12 @@ def test_the_graph_divides_with_fdiv_except_by_powers_of_two():
 def test_each_renderer_writes_a_division():
     x = Tensor(random_floats(8, 13), device="NUMPY").realize()
     y = Tensor(random_floats(8, 14), device="NUMPY").realize()
-    program = lower(kernel_ast(x / y))
+    ast = kernel_ast(x / y)
+    program = lower(ast, heuristic_plan(ast))
     assert "/" in CUDARenderer().render("E_8", program)
     assert "(val0/val1)" in WGSLRenderer().render("E_8", program).replace(" ", "")
-    guarded = WGSLRenderer().render("E_8", lower(kernel_ast(x / 0.0)))
+    ast = kernel_ast(x / 0.0)
+    guarded = WGSLRenderer().render("E_8", lower(ast, heuristic_plan(ast)))
     assert "divide_f32(" in guarded and "fn divide_f32" in guarded
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tinyteach.dtype import ALL_DTYPES, DType, dtypes, least_upper_dtype
-from tinyteach.uop import UOp
+from tinyteach.ir.uop import UOp
 
 SCALARS = sorted(set(ALL_DTYPES.values()))
 VECTORS = [d.vec(n) for d in SCALARS for n in (2, 4, 16)]

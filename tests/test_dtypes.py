@@ -10,7 +10,7 @@ from helpers import check, compare, skip_unless_supported
 
 from tinyteach import Tensor, dtypes
 from tinyteach.dtype import least_upper_dtype
-from tinyteach.schedule import is_contiguous_buffer
+from tinyteach.engine.schedule import is_contiguous_buffer
 
 NAMES = ["bool", "int8", "uint8", "int16", "int32", "uint32", "int64", "uint64", "float16",
          "float32", "float64"]

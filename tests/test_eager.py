@@ -14,9 +14,9 @@ import pytest
 import tinyteach.runtime.cpu as cpu
 from tinyteach import Context, Tensor, dtypes
 from tinyteach.device import Device
+from tinyteach.engine.realize import plan_cache, plan_key, record_launches
 from tinyteach.helpers import GlobalCounters, LRUCache
-from tinyteach.realize import plan_cache, plan_key, record_launches
-from tinyteach.uop import Ops, UOp, UOpMetaClass, toposort_of
+from tinyteach.ir.uop import Ops, UOp, UOpMetaClass, toposort_of
 
 # (tensor dtype, Python scalar, the result's dtype): the scalar fast path takes the first four
 # (the scalar adapts to the tensor); the last two promote (a float on ints, an int on bools)

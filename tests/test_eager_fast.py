@@ -9,11 +9,12 @@ import gc
 import numpy as np
 import pytest
 
-from tinyteach import Context, Tensor, TinyJit, realize
+from tinyteach import Context, Tensor, TinyJit
+from tinyteach.engine import realize
+from tinyteach.engine.jit import JitError
+from tinyteach.engine.realize import elementwise_key, elementwise_plans, plan_cache
 from tinyteach.helpers import clear_caches
-from tinyteach.jit import JitError
-from tinyteach.realize import elementwise_key, elementwise_plans, plan_cache
-from tinyteach.tensor_core import AUTOGRAD, LiveTensors
+from tinyteach.tensor.core import AUTOGRAD, LiveTensors
 
 DEVICES = ["CPU", "NUMPY"]
 

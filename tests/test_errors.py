@@ -12,7 +12,7 @@ from helpers import default_device
 
 from tinyteach import Device, Tensor, dtypes, nn
 from tinyteach.device import CompileError
-from tinyteach.uop import Ops
+from tinyteach.ir.uop import Ops
 
 
 @pytest.fixture(params=["NUMPY", "CPU"])

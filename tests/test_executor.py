@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tinyteach import Context, Tensor, TinyJit
+from tinyteach.engine.realize import Plan, record_launches
 from tinyteach.helpers import GlobalCounters
-from tinyteach.realize import Plan, record_launches
 
 DATA = np.arange(1024, dtype=np.float32) / 1024
 

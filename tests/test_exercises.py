@@ -37,8 +37,8 @@ from tinyteach.exercises.student_version import (
     student_text,
     write_student_version,
 )
-from tinyteach.rewrite import UPat, graph_rewrite, symbolic
-from tinyteach.uop import ALU, PRIMITIVE_OPS, Ops, UOp
+from tinyteach.ir.rewrite import UPat, graph_rewrite, symbolic
+from tinyteach.ir.uop import ALU, PRIMITIVE_OPS, Ops, UOp
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "chapters" / "12_exercise_backend.ipynb"

@@ -20,9 +20,9 @@ import pytest
 
 import tinyteach.runtime.cpu as cpu
 from tinyteach import Context, Tensor
+from tinyteach.codegen.lower import ProgramSpec
 from tinyteach.device import Buffer, Device
-from tinyteach.lower import ProgramSpec
-from tinyteach.realize import Launch, record_launches
+from tinyteach.engine.realize import Launch, record_launches
 from tinyteach.render.c import HEAVY_WORK, CRenderer
 
 RNG = np.random.default_rng(16)

@@ -18,13 +18,14 @@ import torch
 from helpers import test_devices
 
 from tinyteach import GlobalCounters, Tensor
-from tinyteach import schedule as schedule_module
+from tinyteach.codegen.lower import LinearProgram, lower
+from tinyteach.codegen.plan import NO_OPTIONS
+from tinyteach.engine import schedule as schedule_module
+from tinyteach.engine.schedule import MAX_FUSED_ROW_BYTES, ScheduleItem, create_schedule
 from tinyteach.helpers import Context
-from tinyteach.lower import LinearProgram, lower
-from tinyteach.opt import NO_OPTIONS
+from tinyteach.ir.uop import Ops
+from tinyteach.opt.heuristic import heuristic_plan
 from tinyteach.render.c import CRenderer
-from tinyteach.schedule import MAX_FUSED_ROW_BYTES, ScheduleItem, create_schedule
-from tinyteach.uop import Ops
 
 LOOP_DEVICES = ["NUMPY", "CPU"]
 DEVICES = [d for d in test_devices() if d != "CUDA"]  # (CUDA runs nothing without a GPU)
@@ -209,7 +210,7 @@ def test_the_c_source_computes_each_row_once_with_the_heuristics_options():
     parallel for` splits the rows across cores."""
     x = Tensor(inputs((4096, 1024), special=False), device="CPU").realize()
     (item,) = schedule_of(x.softmax(-1))
-    program = lower(item.ast, None, vector_width=8)
+    program = lower(item.ast, heuristic_plan(item.ast, 8))
     assert program.options.parallel
     source = CRenderer().render(item.name, program)
     loops = re.findall(r"for \(int (\w+) = 0; \w+ < (\d+);", source)
@@ -247,7 +248,7 @@ def loads_executed(program: LinearProgram) -> int:
 def test_a_regressed_placement_would_be_counted():
     """The counter itself: the same kernel with all output loops opened first (as before this
     change) executes its row loads once per output element."""
-    from tinyteach import lower as lower_module
+    from tinyteach.codegen import lower as lower_module
     program = fused_program(OPS["softmax"][0], (8, 64), NO_OPTIONS)
     original = lower_module._loops_of_row_reductions
     try:
@@ -276,7 +277,7 @@ def test_other_kernels_open_every_output_loop_first():
     """A matmul whose rows are one upcast tile (4 rows, upcast by 4: a loop of one iteration,
     which the index simplifier drops) keeps the usual placement: all output loops, then the
     reduction inside them."""
-    from tinyteach.opt import KernelOptions
+    from tinyteach.codegen.plan import KernelOptions
     a = Tensor(inputs((4, 64), special=False), device="CPU").realize()
     b = Tensor(inputs((64, 8), special=False), device="CPU").realize()
     (item,) = schedule_of(a @ b)
@@ -288,9 +289,9 @@ def test_other_kernels_open_every_output_loop_first():
 
 
 def test_the_schedulers_gpu_row_limit_is_the_optimizers():
-    """schedule.py cannot import opt.py (a layer above it), so it keeps its own copy."""
-    from tinyteach import opt
-    assert schedule_module.MAX_GROUP_ROW == opt.MAX_GROUP_ROW
+    """engine/schedule.py cannot import opt/ (a layer above it), so it keeps its own copy."""
+    from tinyteach.codegen import plan
+    assert schedule_module.MAX_GROUP_ROW == plan.MAX_GROUP_ROW
 
 
 def test_a_row_kernel_is_threaded_by_its_work_per_output():
@@ -302,6 +303,6 @@ def test_a_row_kernel_is_threaded_by_its_work_per_output():
     mask = Tensor.ones(64, 64, dtype="bool").tril()
     masked = (scores / 8).masked_fill(mask.logical_not(), float("-inf"))
     (item,) = [i for i in schedule_of(masked.softmax(-1)) if i.name.startswith("r_16_4_64_64")]
-    assert lower(item.ast, None, vector_width=8).options.parallel
+    assert lower(item.ast, heuristic_plan(item.ast, 8)).options.parallel
     (small,) = schedule_of(Tensor(inputs((4, 64), special=False), device="CPU").softmax(-1))
-    assert not lower(small.ast, None, vector_width=8).options.parallel
+    assert not lower(small.ast, heuristic_plan(small.ast, 8)).options.parallel

@@ -25,10 +25,10 @@ from fuzz_gpu_matmul import (  # noqa: E402
 )
 
 from tinyteach import Tensor  # noqa: E402
-from tinyteach.opt import KernelOptions  # noqa: E402
+from tinyteach.codegen.plan import KernelOptions  # noqa: E402
+from tinyteach.engine.schedule import create_schedule  # noqa: E402
 from tinyteach.render.cuda import CUDARenderer  # noqa: E402
 from tinyteach.render.opencl import OpenCLRenderer  # noqa: E402
-from tinyteach.schedule import create_schedule  # noqa: E402
 
 
 def test_fuzzed_matmuls_with_gpu_options_match_numpy():

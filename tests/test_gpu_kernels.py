@@ -14,25 +14,20 @@ sys.path.insert(0, os.path.dirname(__file__))
 from helpers import fuzz_budget  # noqa: E402
 from test_backends import gpu_device  # noqa: E402
 
-import tinyteach.opt as opt  # noqa: E402
+import tinyteach.opt.heuristic as heuristic  # noqa: E402
 from tinyteach import Context, Tensor, clear_caches  # noqa: E402
-from tinyteach import search as search_module  # noqa: E402
+from tinyteach.codegen.lower import lower  # noqa: E402
+from tinyteach.codegen.plan import KernelOptions, can_group_reduce, local_tile_plan
 from tinyteach.device import Device, DeviceUnavailable  # noqa: E402
-from tinyteach.lower import lower  # noqa: E402
-from tinyteach.opt import (  # noqa: E402
-    LOCAL_TILE,
-    KernelOptions,
-    choose_options,
-    local_tile_plan,
-    options_for_renderer,
-)
-from tinyteach.realize import record_launches  # noqa: E402
+from tinyteach.engine.realize import record_launches  # noqa: E402
+from tinyteach.engine.schedule import create_schedule  # noqa: E402
+from tinyteach.opt import search as search_module  # noqa: E402
+from tinyteach.opt.heuristic import LOCAL_TILE, choose_options, options_for_renderer
 from tinyteach.render.cuda import CUDARenderer  # noqa: E402
 from tinyteach.render.gpu import launch_of  # noqa: E402
 from tinyteach.render.opencl import OpenCLRenderer  # noqa: E402
 from tinyteach.render.wgsl import WGSLRenderer  # noqa: E402
 from tinyteach.runtime.python import emulate, record_threads  # noqa: E402
-from tinyteach.schedule import create_schedule  # noqa: E402
 
 DEVICES = [gpu_device("OPENCL"), gpu_device("WEBGPU"), "PYTHON"]
 RENDERERS = {"OPENCL": OpenCLRenderer, "CUDA": CUDARenderer, "WEBGPU": WGSLRenderer}
@@ -149,7 +144,7 @@ def test_group_reduction_matches_numpy(device, combine, name, forced_options):
     build = REDUCTIONS[name][0]
     array = _reduction_input(name)
     forced_options(lambda ast: KernelOptions(group=8, group_combine=combine)
-                   if opt.can_group_reduce(ast) else KernelOptions())
+                   if can_group_reduce(ast) else KernelOptions())
     with record_launches() as launches:
         got = build(Tensor(array, device=device)).numpy()
     assert launches[-1].runner.linear.options.group == 8
@@ -202,8 +197,8 @@ def test_local_tile_reads_each_element_once_per_tile():
 
 
 def test_local_tile_without_its_first_barrier_races():
+    from tinyteach.ir.uop import Ops
     from tinyteach.runtime.python import SharedMemoryRaceError
-    from tinyteach.uop import Ops
     item = last_kernel(Tensor(floats(8, 8)) @ Tensor(floats(8, 8, seed=1)))
     program = lower(item.ast, KernelOptions(local_tile=4))
     first = next(u for u in program.uops if u.op is Ops.BARRIER and u.src[0].op is Ops.RANGE)
@@ -286,19 +281,19 @@ def test_fuzzed_graphs_with_gpu_options_match_numpy(device, monkeypatch):
     reductions become group reductions (a fixed-seed slice; its graphs have no matmuls, which
     the local-tile tests above cover)."""
     from fuzz_graphs import fuzz
-    monkeypatch.setattr(opt, "GROUP_MIN_REDUCE", 2)
-    monkeypatch.setattr(opt, "GROUP_THREADS", 4)
-    monkeypatch.setattr(opt, "_chosen", {})
+    monkeypatch.setattr(heuristic, "GROUP_MIN_REDUCE", 2)
+    monkeypatch.setattr(heuristic, "GROUP_THREADS", 4)
+    monkeypatch.setattr(heuristic, "_chosen", {})
     monkeypatch.setattr(search_module, "heuristic_options",
                         lambda backend, ast: options_for_renderer(ast, backend.renderer))
     clear_caches()
     chosen: list[KernelOptions] = []
-    choose = opt._choose
+    choose = heuristic._choose
 
     def counting(*args):
         chosen.append(choose(*args))
         return chosen[-1]
-    monkeypatch.setattr(opt, "_choose", counting)
+    monkeypatch.setattr(heuristic, "_choose", counting)
     # 25 graphs, 10 on OPENCL (pocl builds each kernel in ~0.2 s); `make fuzz` runs more
     report = fuzz(fuzz_budget(10 if device.startswith("OPENCL") else 25), [device], seed=77)
     assert report.ok(), "\n\n".join(report.failures[:3])

@@ -15,27 +15,26 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_backends import gpu_device  # noqa: E402
 
 from tinyteach import Context, Tensor, clear_caches  # noqa: E402
-from tinyteach import search as search_module  # noqa: E402
+from tinyteach.codegen.lower import lower  # noqa: E402
+from tinyteach.codegen.plan import KernelOptions, tile_plan
 from tinyteach.device import Device, DeviceUnavailable  # noqa: E402
-from tinyteach.lower import lower  # noqa: E402
-from tinyteach.opt import (  # noqa: E402
+from tinyteach.engine.realize import record_launches  # noqa: E402
+from tinyteach.engine.schedule import create_schedule  # noqa: E402
+from tinyteach.ir.uop import Ops  # noqa: E402
+from tinyteach.opt import search as search_module  # noqa: E402
+from tinyteach.opt.heuristic import (
     GPU_RESIDENT_THREADS,
     GPU_UPCAST,
     LOCAL_TILE,
-    KernelOptions,
     choose_options,
     gpu_elementwise_upcast,
     local_tile_fits,
     options_for_renderer,
-    tile_plan,
 )
-from tinyteach.realize import record_launches  # noqa: E402
 from tinyteach.render.cuda import CUDARenderer  # noqa: E402
 from tinyteach.render.opencl import OpenCLRenderer  # noqa: E402
 from tinyteach.render.wgsl import WGSLRenderer  # noqa: E402
 from tinyteach.runtime.python import emulate  # noqa: E402
-from tinyteach.schedule import create_schedule  # noqa: E402
-from tinyteach.uop import Ops  # noqa: E402
 
 DEVICES = [gpu_device("OPENCL"), gpu_device("WEBGPU"), "PYTHON"]
 
@@ -97,7 +96,7 @@ def test_tile_upcast_matches_numpy(device, tile, block, name, forced_options):
 
 @pytest.mark.parametrize("device", [gpu_device("WEBGPU"), "PYTHON"])
 def test_half_matmul_takes_a_tile_upcast_through_its_float32_sum(device, forced_options):
-    """A half matmul sums in float32 (REDUCE_AXIS(CAST(MUL))): opt.tile_plan sees through the
+    """A half matmul sums in float32 (REDUCE_AXIS(CAST(MUL))): plan.tile_plan sees through the
     cast, the tiles hold half values, and each product is widened as the kernel says."""
     a, b = floats(33, 20).astype(np.float16), floats(20, 35, seed=1).astype(np.float16)
     chosen = KernelOptions(local_tile=8, tile_upcast=2)
@@ -363,9 +362,9 @@ def test_fuzzed_matmuls_with_drawn_gpu_options_compile_for_cuda():
 
 def test_a_cuda_search_of_a_half_matmul_reaches_both_tensor_core_kinds():
     """A half matmul that fills a 64x64 block: BEAM may try one warp per tile and the staged
-    block (wmma.py), and each compiles for sm_90."""
+    block (codegen/wmma.py), and each compiles for sm_90."""
     from tinyteach import dtypes
-    from tinyteach.opt import TENSOR_CORE_BLOCK
+    from tinyteach.opt.heuristic import TENSOR_CORE_BLOCK
     a = Tensor(floats(128, 32)).cast(dtypes.half).realize()
     b = Tensor(floats(32, 128, seed=1)).cast(dtypes.half).realize()
     item = last_kernel(a @ b)

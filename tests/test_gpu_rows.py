@@ -1,7 +1,7 @@
 """Issue 14 + 16: a fused row chain (softmax, layernorm) on GPU devices, one work-group per row.
 
 On OPENCL, WEBGPU and PYTHON (and CUDA, compiled here with NVRTC) the scheduler fuses a chain of
-reductions over the same rows into one kernel when the row fits a work-group (opt.MAX_GROUP_ROW
+reductions over the same rows into one kernel when the row fits a work-group (plan.MAX_GROUP_ROW
 elements: 64 threads x 32 columns each). The kernel's threads split the row: each reduction of
 the chain is a group reduction (partials in shared memory, barriers, a tree), and after the last
 barrier every thread stores its columns. Values and gradients are checked against PyTorch (NaN
@@ -16,20 +16,15 @@ import torch
 from helpers import test_devices
 
 from tinyteach import GlobalCounters, Tensor
+from tinyteach.codegen.lower import LinearProgram, lower
+from tinyteach.codegen.plan import MAX_GROUP_ROW, ROW_GROUP_THREADS, KernelOptions, row_kernel_axis
 from tinyteach.device import Device, DeviceUnavailable
+from tinyteach.engine.schedule import ScheduleItem, create_schedule
 from tinyteach.helpers import Context
-from tinyteach.lower import LinearProgram, lower
-from tinyteach.opt import (
-    MAX_GROUP_ROW,
-    ROW_GROUP_THREADS,
-    KernelOptions,
-    options_for_renderer,
-    row_kernel_axis,
-)
+from tinyteach.ir.uop import Ops
+from tinyteach.opt.heuristic import options_for_renderer
 from tinyteach.render.opencl import OpenCLRenderer
 from tinyteach.runtime.python import SharedMemoryRaceError, emulate, record_threads
-from tinyteach.schedule import ScheduleItem, create_schedule
-from tinyteach.uop import Ops
 
 GPU_DEVICES = [d for d in test_devices() if d in ("OPENCL", "WEBGPU", "PYTHON")]
 
@@ -250,7 +245,7 @@ def test_cuda_row_kernels_compile_for_sm90():
                                      dict()])
 @pytest.mark.parametrize("name", list(OPS))
 def test_a_row_kernel_is_right_with_every_group_option(name, options):
-    """search.py's neighbours of the heuristic's choice: other group sizes, the serial combine
+    """opt/search.py's neighbours of the heuristic's choice: other group sizes, the serial combine
     (thread 0 then shares the result through shared memory), and no group at all (one thread
     per output, each redoing its row's reductions: slow, still right)."""
     values = inputs((3, 70), special=True)

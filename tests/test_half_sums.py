@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from tinyteach import Device, Tensor, clear_caches, dtypes
+from tinyteach.codegen.plan import kernel_value
+from tinyteach.codegen.wmma import tensor_core_plan
 from tinyteach.dtype import from_bfloat16_bits, to_bfloat16_bits
-from tinyteach.opt import kernel_value, options_for_renderer
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.uop import Ops
+from tinyteach.opt.heuristic import options_for_renderer
 from tinyteach.render.cuda import CUDARenderer
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops
-from tinyteach.wmma import tensor_core_plan
 
 
 def half_devices() -> list[str]:
@@ -144,7 +145,7 @@ def test_the_emulator_computes_bfloat16_as_torch(python_bfloat16):
 
 
 def test_bfloat16_matmuls_on_the_emulator_use_tensor_cores_and_match_float64(python_bfloat16):
-    from tinyteach.realize import record_launches
+    from tinyteach.engine.realize import record_launches
     rng = np.random.default_rng(1)
     words = [to_bfloat16_bits(rng.normal(size=shape).astype(np.float32))
              for shape in ((70, 48), (48, 66))]

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tinyteach import Context, GlobalCounters, Tensor, TinyJit
-from tinyteach.jit import JitError
+from tinyteach.engine.jit import JitError
 
 DEVICES = ["NUMPY", "CPU"]
 

@@ -10,13 +10,13 @@ import pytest
 from helpers import test_devices
 
 from tinyteach import Tensor
+from tinyteach.codegen.lower import lower, lower_ast, vectorize
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import dtypes
-from tinyteach.lower import lower, lower_ast, vectorize
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.uop import Ops
 from tinyteach.opt import Kernel, Opt, OptOps
-from tinyteach.schedule import create_schedule
-from tinyteach.search import Candidate, Scratch, compile_candidates, output_of
-from tinyteach.uop import Ops
+from tinyteach.opt.search import Candidate, Scratch, compile_candidates, output_of
 
 DEVICES = [d for d in test_devices() if d in ("CPU", "OPENCL")]
 EPILOGUES = {

@@ -15,9 +15,9 @@ from helpers import test_devices
 from tinyteach import Context, Device, GlobalCounters, Tensor, TinyJit, nn
 from tinyteach.device import Allocation, Backend, Buffer, HostAllocator
 from tinyteach.dtype import dtypes
+from tinyteach.engine.jit import BufferLifetime, assign_memory, buffer_lifetimes
 from tinyteach.helpers import format_bytes
-from tinyteach.jit import BufferLifetime, assign_memory, buffer_lifetimes
-from tinyteach.uop import Ops
+from tinyteach.ir.uop import Ops
 
 BATCH, WIDTH, DEPTH = 64, 256, 16
 ACTIVATION = BATCH * WIDTH * 4  # bytes of one float32 activation
@@ -238,7 +238,7 @@ def test_an_eager_schedule_holds_every_intermediate_until_its_run_ends() -> None
     the capture's lifetimes; tinyteach does not plan its memory (tinygrad 0.14 does), so
     mem_used grows by one activation per launch, nothing is freed before the run ends, and
     only the result stays after it. Watched through an observer that keeps no buffer."""
-    import tinyteach.realize as realize
+    import tinyteach.engine.realize as realize
 
     forward = mlp(make_layers())
     x = Tensor(np.ones((BATCH, WIDTH), dtype=np.float32)).realize()

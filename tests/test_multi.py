@@ -1,4 +1,4 @@
-"""Tensors over several devices (multi.py): devices with an index, shard, per-shard ops, the
+"""Tensors over several devices (tensor/multi.py): devices with an index, shard, per-shard ops, the
 ring all-reduce, gathering, matmul over split weights, and data-parallel training that gives
 one device's losses. Every value is checked against numpy (or against the same computation
 on one device)."""
@@ -15,10 +15,10 @@ import pytest
 from tinyteach import Tensor, nn
 from tinyteach.device import Buffer, Device, DeviceUnavailable
 from tinyteach.dtype import dtypes
-from tinyteach.multi import MultiUOp, OneGraphError, ShardingError, ring_steps
+from tinyteach.ir.uop import base_buffer
 from tinyteach.nn.state import get_parameters
 from tinyteach.settings import Context
-from tinyteach.uop import base_buffer
+from tinyteach.tensor.multi import MultiUOp, OneGraphError, ShardingError, ring_steps
 
 TWO = ("CPU", "CPU:1")
 THREE = ("CPU", "CPU:1", "CPU:2")

@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(params=ALWAYS)
 def device(request: pytest.FixtureRequest) -> Iterator[str]:
-    """NUMPY and CPU (the layers are compositions of ops that tests of tensor.py run on every
-    device); Device.DEFAULT is set too, so the layers' own parameters land there."""
+    """NUMPY and CPU (the layers are compositions of ops that tests of tensor/ run on
+    every device); Device.DEFAULT is set too, so the layers' own parameters land there."""
     with default_device(request.param):
         yield request.param
 

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from tinyteach import Context, Tensor
+from tinyteach.codegen.lower import lower
+from tinyteach.codegen.plan import KernelOptions
 from tinyteach.device import Device
-from tinyteach.lower import lower
-from tinyteach.opt import KernelOptions, choose_options
-from tinyteach.pack import plan_packing
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.opt.heuristic import choose_options, heuristic_plan
+from tinyteach.opt.pack import plan_packing
 from tinyteach.render.c import CRenderer
-from tinyteach.schedule import create_schedule
 
 
 def data(*shape: int, seed: int = 0) -> np.ndarray:
@@ -76,13 +77,13 @@ def test_noopt_turns_everything_off():
     (ast,) = kernel_asts(a @ b)
     with Context(NOOPT=1):
         assert choose_options(ast, 16) == KernelOptions()
-        assert "float_vec" not in CRenderer(16).render("k", lower(ast, vector_width=16))
+        assert "float_vec" not in CRenderer(16).render("k", lower(ast, heuristic_plan(ast, 16)))
 
 
 def test_vector_source_uses_vector_loads_and_accumulators():
     a, b = Tensor(data(32, 64)), Tensor(data(64, 48, seed=1))
     (ast,) = kernel_asts(a @ b)
-    program = lower(ast, vector_width=16)
+    program = lower(ast, heuristic_plan(ast, 16))
     source = CRenderer(16, fused_multiply_add=True).render("mm", program)
     assert "typedef float float_vec16 __attribute__((vector_size(64), aligned(4)));" in source
     assert "*(const float_vec16*)(data2+" in source      # one load for 16 columns of b
@@ -164,15 +165,15 @@ def test_small_operands_are_not_packed():
 @pytest.fixture
 def pack_512(monkeypatch):
     """Pack from 512 x 512 operands on (the default starts at 1024 x 1024), with 16 lanes."""
-    import tinyteach.pack
-    monkeypatch.setattr(tinyteach.pack, "PACK_MIN_ELEMENTS", 512 * 512)
-    monkeypatch.setattr(tinyteach.pack, "_plans", {})
+    import tinyteach.opt.pack
+    monkeypatch.setattr(tinyteach.opt.pack, "PACK_MIN_ELEMENTS", 512 * 512)
+    monkeypatch.setattr(tinyteach.opt.pack, "_plans", {})
     monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
 
 
 def test_packed_matmul_matches_numpy(pack_512):
     a, b = data(64, 512), data(512, 512, seed=1)
-    from tinyteach.realize import record_launches
+    from tinyteach.engine.realize import record_launches
     with record_launches() as launches:
         result = (Tensor(a) @ Tensor(b)).relu().numpy()
     names = [launch.item.name for launch in launches]
@@ -191,7 +192,7 @@ def test_packed_broadcast_operand_matches_numpy(pack_512):
 
 
 def test_noopt_does_not_pack(pack_512):
-    from tinyteach.realize import record_launches
+    from tinyteach.engine.realize import record_launches
     a, b = Tensor(data(64, 512)).realize(), Tensor(data(512, 512, seed=1)).realize()
     with Context(NOOPT=1), record_launches() as launches:
         (a @ b).realize()
@@ -226,7 +227,7 @@ def test_opencl_source_uses_its_own_vector_types():
     (ast,) = kernel_asts(a @ b)
     renderer = OpenCLRenderer()
     renderer.vector_width = 16
-    source = renderer.render("mm", lower(ast, vector_width=16))
+    source = renderer.render("mm", lower(ast, heuristic_plan(ast, 16)))
     assert "float16 val1 = vload16(0, data2+" in source and "vstore16(acc0, 0, data0+" in source
     assert "float16 acc0 = (float16)(0.0f);" in source
 
@@ -260,7 +261,7 @@ def test_fuzz_slice_with_small_vectors(lanes, monkeypatch):
 # ---- the group reduction (a GPU option: only where the renderer supports it) ----
 
 def test_group_reduction_is_never_chosen_for_the_cpu():
-    from tinyteach.opt import options_for_renderer
+    from tinyteach.opt.heuristic import options_for_renderer
     (ast,) = kernel_asts(Tensor(data(8, 512)).sum(axis=1))
     assert options_for_renderer(ast, Device["CPU"].renderer).group == 0
     assert choose_options(ast, 16).group == 0
@@ -280,7 +281,6 @@ def test_an_elementwise_kernel_is_threaded_by_its_work_not_its_size():
     """Outputs times ops per output decide (opt._elementwise_with_threads): a 16x64x512
     gelu (0.5 M outputs, dozens of ops each) splits across cores, the same size of `x + 1`
     (one op each) and a small gelu do not."""
-    from tinyteach.opt import heuristic_plan
 
     def plan_of_kernel(t: Tensor) -> KernelOptions:
         items, _ = create_schedule([t.uop], "CPU")

@@ -1,13 +1,13 @@
-"""The plan cache (realize.py, eager dispatch): a fresh graph of the same structure reuses the
-plan; graphs differing in a constant, a shape or a dtype do not share one; PLAN_CACHE=0 and
+"""The plan cache (engine/realize.py, eager dispatch): a fresh graph of the same structure reuses
+the plan; graphs differing in a constant, a shape or a dtype do not share one; PLAN_CACHE=0 and
 clear_caches() work. Values are checked against numpy."""
 from __future__ import annotations
 
 import numpy as np
 
 from tinyteach import Context, Tensor
+from tinyteach.engine.realize import plan_cache, plan_key
 from tinyteach.helpers import clear_caches
-from tinyteach.realize import plan_cache, plan_key
 
 
 def _key(t: Tensor) -> object:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tinyteach import Context, Tensor
-from tinyteach.realize import build_schedule
+from tinyteach.engine.realize import build_schedule
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -164,7 +164,8 @@ def test_window_larger_than_input_raises():
 
 def test_beam_search_keeps_pooling_correct(tmp_path, monkeypatch):
     """BEAM times other options for the pool kernels; the values still match PyTorch."""
-    from tinyteach import clear_caches, search
+    from tinyteach import clear_caches
+    from tinyteach.opt import search
     monkeypatch.setattr(search, "beam_cache_dir", lambda: tmp_path / "beam")
     clear_caches()
     case = ((2, 4, 10, 10), 2, None, 0, 1, False)

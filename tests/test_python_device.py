@@ -6,12 +6,15 @@ import numpy as np
 import pytest
 
 from tinyteach import Context, Tensor, nn
-from tinyteach import search as search_module
+from tinyteach.codegen.lower import LinearProgram, lower
+from tinyteach.codegen.plan import KernelOptions
 from tinyteach.device import Device
 from tinyteach.dtype import dtypes
-from tinyteach.lower import LinearProgram, lower
-from tinyteach.opt import GROUP_THREADS, KernelOptions, choose_options, options_for_renderer
-from tinyteach.realize import record_launches
+from tinyteach.engine.realize import record_launches
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.uop import Ops, UOp, toposort_of
+from tinyteach.opt import search as search_module
+from tinyteach.opt.heuristic import GROUP_THREADS, choose_options, options_for_renderer
 from tinyteach.runtime.python import (
     BarrierDivergenceError,
     OutOfBoundsError,
@@ -20,8 +23,6 @@ from tinyteach.runtime.python import (
     plan_group_launch,
     record_threads,
 )
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops, UOp, toposort_of
 
 
 def data(*shape: int, seed: int = 0) -> np.ndarray:
@@ -45,7 +46,8 @@ def run_with(item, options: KernelOptions, **emulate_args):
 @pytest.fixture
 def heuristic_reads_the_renderer(monkeypatch):
     """The engine asks search.heuristic_options for a kernel's options; make it ask the
-    renderer's flags through opt.options_for_renderer (until search.py calls it itself)."""
+    renderer's flags through opt/heuristic.py's options_for_renderer (until opt/search.py calls
+    it itself)."""
     monkeypatch.setattr(search_module, "heuristic_options",
                         lambda backend, ast: options_for_renderer(ast, backend.renderer))
 
@@ -146,7 +148,7 @@ def test_group_options_are_checked():
 
 
 def test_two_reductions_over_the_same_rows_are_two_group_reductions():
-    """A chain over the same rows (lower.py): one round of shared memory per reduction."""
+    """A chain over the same rows (codegen/lower.py): one round of shared memory per reduction."""
     array = data(4, 64)
     x = Tensor(array, device="PYTHON")
     item = last_kernel(x.sum(axis=1) + x.max(axis=1))
@@ -215,17 +217,17 @@ def test_fuzzed_graphs_with_group_reductions_match_numpy(heuristic_reads_the_ren
     most of their reductions become group reductions (a fixed-seed slice)."""
     from fuzz_graphs import fuzz
 
-    import tinyteach.opt as opt
-    monkeypatch.setattr(opt, "GROUP_MIN_REDUCE", 2)
-    monkeypatch.setattr(opt, "GROUP_THREADS", 4)
-    monkeypatch.setattr(opt, "_chosen", {})
+    import tinyteach.opt.heuristic as heuristic
+    monkeypatch.setattr(heuristic, "GROUP_MIN_REDUCE", 2)
+    monkeypatch.setattr(heuristic, "GROUP_THREADS", 4)
+    monkeypatch.setattr(heuristic, "_chosen", {})
     chosen: list[KernelOptions] = []
-    choose = opt._choose
+    choose = heuristic._choose
 
     def counting(*args):
         chosen.append(choose(*args))
         return chosen[-1]
-    monkeypatch.setattr(opt, "_choose", counting)
+    monkeypatch.setattr(heuristic, "_choose", counting)
     report = fuzz(40, ["PYTHON"], seed=4242)
     assert report.ok(), "\n\n".join(report.failures[:3])
     assert sum(1 for options in chosen if options.group) >= 10

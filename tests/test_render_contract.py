@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from tinyteach import Tensor
+from tinyteach.codegen.lower import LinearProgram, lower
 from tinyteach.device import Device
 from tinyteach.dtype import dtypes
-from tinyteach.lower import LinearProgram, lower
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.uop import ALU, Ops
+from tinyteach.opt.heuristic import heuristic_plan
 from tinyteach.render import (
     CStyleRenderer,
     KernelWriter,
@@ -24,15 +27,14 @@ from tinyteach.render.c import CRenderer
 from tinyteach.render.cuda import CUDARenderer
 from tinyteach.render.opencl import OpenCLRenderer
 from tinyteach.render.wgsl import WGSLRenderer
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import ALU, Ops
 
 RENDERERS = (CRenderer, OpenCLRenderer, CUDARenderer, WGSLRenderer)
 
 
 def programs(tensor: Tensor) -> list[tuple[str, LinearProgram]]:
     items, _ = create_schedule([tensor.uop], "CPU")
-    return [(item.name, lower(item.ast)) for item in items if item.kind == "kernel"]
+    return [(item.name, lower(item.ast, heuristic_plan(item.ast)))
+            for item in items if item.kind == "kernel"]
 
 
 def two_kernels() -> list[tuple[str, LinearProgram]]:

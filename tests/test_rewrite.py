@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from tinyteach import rewrite
 from tinyteach.dtype import dtypes
-from tinyteach.rewrite import (
+from tinyteach.ir import rewrite
+from tinyteach.ir.rewrite import (
     PatternMatcher,
     UPat,
     fold_constant_sources,
@@ -19,7 +19,7 @@ from tinyteach.rewrite import (
     record_rewrites,
     symbolic,
 )
-from tinyteach.uop import Ops, UOp
+from tinyteach.ir.uop import Ops, UOp
 
 I32 = dtypes.int32
 

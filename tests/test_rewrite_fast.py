@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-import tinyteach.lower as lower_module
-import tinyteach.pack as pack_module
+import tinyteach.codegen.lower as lower_module
+import tinyteach.opt.pack as pack_module
 from tinyteach import Tensor, nn
 from tinyteach.device import Device, HostMemory
 from tinyteach.dtype import DType, dtypes
-from tinyteach.rewrite import COMMUTATIVE, PatternMatcher, UPat, symbolic
-from tinyteach.uop import Ops, UOp
+from tinyteach.ir.rewrite import COMMUTATIVE, PatternMatcher, UPat, symbolic
+from tinyteach.ir.uop import Ops, UOp
 
 _ANY_ARG = UPat().arg
 
@@ -104,7 +104,7 @@ def _kernels(tensors: list[Tensor]) -> list[Any]:
 def _lower_all(items: list[Any], matcher: PatternMatcher,
                monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[UOp], str]]:
     backend = Device["CPU"]
-    from tinyteach import search
+    from tinyteach.opt import search
     with monkeypatch.context() as patch:
         patch.setattr(lower_module, "symbolic", matcher)
         patch.setattr(pack_module, "symbolic", matcher)

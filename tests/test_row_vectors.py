@@ -1,7 +1,8 @@
-"""Issue 16: softmax and layernorm at PyTorch's speed on the CPU (opt.py, lower.py, render/c.py).
+"""Issue 16: softmax and layernorm at PyTorch's speed on the CPU (opt/, codegen/lower.py,
+render/c.py).
 
 A fused row kernel (schedule.fuses_along_rows) on the CPU takes one row per iteration of its
-outer loop (opt._one_row_at_a_time), so each of its loops walks one row in order and gcc
+outer loop (heuristic._one_row_at_a_time), so each of its loops walks one row in order and gcc
 vectorizes it: the max and the sums in W explicit lanes combined in a fixed order (FIXED_LANES,
 W = the renderer's vector width), the column loop with exp2 as arithmetic, reading softmax's exp
 back from an array of one row (ROW_CACHE), every integer a position (compiled without -fwrapv).
@@ -25,13 +26,14 @@ import pytest
 import torch
 
 from tinyteach import Tensor
+from tinyteach.codegen.lower import lower
+from tinyteach.codegen.plan import KernelOptions
 from tinyteach.device import Device
+from tinyteach.engine.schedule import create_schedule
 from tinyteach.helpers import Context, clear_caches
-from tinyteach.lower import lower
-from tinyteach.opt import KernelOptions, choose_options
+from tinyteach.opt.heuristic import choose_options, heuristic_plan
 from tinyteach.render.c import CRenderer, integers_are_positions
 from tinyteach.runtime.cpu import C_FLAGS, march_flags, needs_optimized_build
-from tinyteach.schedule import create_schedule
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 
@@ -148,7 +150,8 @@ def test_the_lanes_are_the_renderers_vector_width(width):
     the max and the sum each have their lane array; no OpenMP simd pragma; the column loop
     reads the row's exp back; no exp2f."""
     item = softmax_item()
-    source = CRenderer(vector_width=width).render(item.name, lower(item.ast, None, width))
+    program = lower(item.ast, heuristic_plan(item.ast, width))
+    source = CRenderer(vector_width=width).render(item.name, program)
     assert f"acc0_lanes[{width}]" in source and f"acc1_lanes[{width}]" in source
     assert "#pragma omp simd" not in source and "exp2f" not in source
     assert re.search(r"float local0\[1024\];", source)
@@ -160,14 +163,16 @@ def test_the_lanes_are_the_renderers_vector_width(width):
 def test_the_old_path_splits_sums_only_under_the_pragma():
     item = softmax_item()
     with Context(FIXED_LANES=0):
-        source = CRenderer(vector_width=8).render(item.name, lower(item.ast, None, 8))
+        program = lower(item.ast, heuristic_plan(item.ast, 8))
+        source = CRenderer(vector_width=8).render(item.name, program)
     assert "_lanes[" not in source and "#pragma omp simd reduction(+:acc1)" in source
     assert needs_optimized_build(source)
 
 
 def test_without_vectors_there_are_no_lanes():
     item = softmax_item()
-    source = CRenderer(vector_width=0).render(item.name, lower(item.ast, None, 0))
+    program = lower(item.ast, heuristic_plan(item.ast, 0))
+    source = CRenderer(vector_width=0).render(item.name, program)
     assert "_lanes[" not in source and "reduction(+:acc0)" not in source
 
 
@@ -214,7 +219,8 @@ def test_gcc_vectorizes_every_loop_of_the_row(name, tmp_path):
     if width < 4:
         pytest.skip("this CPU has no vector registers of 4 floats or more")
     item = row_kernel(OPS[name][0](Tensor(rows(1024), device="CPU").realize()))
-    source = Device["CPU"].renderer.render(item.name, lower(item.ast, None, width))
+    program = lower(item.ast, heuristic_plan(item.ast, width))
+    source = Device["CPU"].renderer.render(item.name, program)
     vectorized = gcc_vectorized_lines(source, tmp_path)
     reductions = re.findall(r"for \(int (ridx\d+)_block", source)
     assert len(reductions) == 2
@@ -230,7 +236,8 @@ def test_tcc_computes_the_same_bits_as_gcc(name, length):
     operations in the same order, bit for bit."""
     x = rows(length, count=64, seed=5)
     item = row_kernel(OPS[name][0](Tensor(x, device="CPU").realize()))
-    source = CRenderer(vector_width=8).render(item.name, lower(item.ast, None, 8))
+    program = lower(item.ast, heuristic_plan(item.ast, 8))
+    source = CRenderer(vector_width=8).render(item.name, program)
     optimized = build_and_run(source, x)
     fast = build_and_run(source, x, ["tcc", "-shared"])
     np.testing.assert_array_equal(fast.view(np.int32), optimized.view(np.int32))
@@ -242,7 +249,7 @@ def test_tcc_computes_the_same_bits_as_gcc(name, length):
 
 def test_a_kernel_of_positions_only_is_built_without_wrapv():
     item = softmax_item()
-    program = lower(item.ast, None, 8)
+    program = lower(item.ast, heuristic_plan(item.ast, 8))
     assert integers_are_positions(program)
     assert '"no-wrapv"' in CRenderer(vector_width=8).render(item.name, program)
 
@@ -252,7 +259,7 @@ def test_integer_data_keeps_wrapv_and_wraps():
     tensor = Tensor(big, device="CPU").realize()
     for result, want in [(tensor + 1, big + 1), ((tensor * 3).sum(-1), (big * 3).sum(-1))]:
         (item,) = create_schedule([result.uop], "CPU")[0]
-        program = lower(item.ast, None, 8)
+        program = lower(item.ast, heuristic_plan(item.ast, 8))
         assert not integers_are_positions(program)
         assert "no-wrapv" not in CRenderer(vector_width=8).render(item.name, program)
         with np.errstate(over="ignore"):
@@ -291,7 +298,7 @@ def chapter_sources() -> tuple[str, str]:
     tiled = KernelOptions(upcasts=((0, 4), (1, 4)), parallel=True)
     with Context(FIXED_LANES=0, ROW_CACHE=0):
         before = renderer.render(item.name, lower(item.ast, tiled))
-    after = renderer.render(item.name, lower(item.ast, None, 16))
+    after = renderer.render(item.name, lower(item.ast, heuristic_plan(item.ast, 16)))
     return before.replace(', "no-wrapv"', ""), after
 
 

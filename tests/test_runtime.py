@@ -136,8 +136,8 @@ def test_compile_error_shows_the_message_and_the_line(cache):
 
 
 def test_compile_error_is_raised_through_the_engine(cache):
+    from tinyteach.ir.uop import Ops
     from tinyteach.render.c import CRenderer
-    from tinyteach.uop import Ops
 
     class BrokenRenderer(CRenderer):
         def store(self, buffer: str, index: str, value: str, *more: object) -> str:
@@ -147,8 +147,8 @@ def test_compile_error_is_raised_through_the_engine(cache):
     saved = backend.renderer
     backend.renderer = BrokenRenderer()
     try:
-        from tinyteach.realize import compile_kernel
-        from tinyteach.schedule import create_schedule
+        from tinyteach.engine.realize import compile_kernel
+        from tinyteach.engine.schedule import create_schedule
         a = Tensor(np.ones(3, dtype=np.float32), device="CPU").realize()
         items, _ = create_schedule([(a * 3.125).uop], "CPU")
         with pytest.raises(CompileError, match=r"\+\* ;"):

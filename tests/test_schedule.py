@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from tinyteach import GlobalCounters, Tensor
+from tinyteach.engine.schedule import create_schedule
 from tinyteach.helpers import Context
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops
+from tinyteach.ir.uop import Ops
 
 RNG = np.random.default_rng(0)
 
@@ -306,7 +306,7 @@ def test_sgd_over_two_parameters_that_read_each_other_matches_pytorch(dev, loss_
 def test_the_knot_is_cut_by_copying_one_old_value():
     """One copy is enough for two assigns that read each other: the copy runs first, and the
     readers of the old value read the copy."""
-    from tinyteach.schedule import OLD_CONTENTS_COPIED
+    from tinyteach.engine.schedule import OLD_CONTENTS_COPIED
 
     a, an = realized(3, 3)
     b, bn = realized(3, 3)
@@ -360,8 +360,8 @@ def test_a_copy_to_another_device_reads_the_value_before_the_assign():
 def _chain_items(count: int):
     """`count` stand-in kernels, each reading the one before (only names and nodes matter)."""
     from tinyteach.dtype import dtypes
-    from tinyteach.schedule import ScheduleItem
-    from tinyteach.uop import UOp
+    from tinyteach.engine.schedule import ScheduleItem
+    from tinyteach.ir.uop import UOp
 
     nodes = [UOp(Ops.CONST, dtypes.int32, (), k) for k in range(count)]
     return [ScheduleItem("kernel", f"k{k}", nodes[k], [], "NUMPY", "a test", node=nodes[k],
@@ -372,14 +372,14 @@ def test_order_items_runs_each_kernel_after_its_inputs_whatever_the_listing():
     """A chain of 20,000 kernels listed last-first comes out first-first (Kahn's algorithm;
     picking the first ready item by rescanning took minutes at this length, which shows as a
     suite that does not finish: tests check results, not wall-clock time)."""
-    from tinyteach.schedule import order_items
+    from tinyteach.engine.schedule import order_items
 
     items = _chain_items(20_000)
     assert order_items(list(reversed(items))) == items
 
 
 def test_order_items_takes_the_first_listed_of_the_ready_kernels():
-    from tinyteach.schedule import order_items
+    from tinyteach.engine.schedule import order_items
 
     first, second, third = _chain_items(3)
     second.input_nodes = []  # now nothing waits: the listing decides

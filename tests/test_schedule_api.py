@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tinyteach import GlobalCounters, Tensor
-from tinyteach.realize import run_schedule
-from tinyteach.schedule import ScheduleItem
-from tinyteach.uop import Ops
+from tinyteach.engine.realize import run_schedule
+from tinyteach.engine.schedule import ScheduleItem
+from tinyteach.ir.uop import Ops
 
 A = np.arange(12, dtype=np.float32).reshape(3, 4)
 

@@ -1,4 +1,4 @@
-"""search.py: BEAM times candidate optimizations, keeps the fastest correct one and caches it.
+"""opt/search.py: BEAM times candidate optimizations, keeps the fastest correct one and caches it.
 No test asserts on wall-clock times: a fake timer decides which candidate "wins" where needed."""
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import json
 import numpy as np
 import pytest
 
-from tinyteach import Context, Tensor, clear_caches, search
+from tinyteach import Context, Tensor, clear_caches
+from tinyteach.codegen.plan import KernelOptions, kernel_value
 from tinyteach.device import Device
 from tinyteach.dtype import dtypes
-from tinyteach.opt import KernelOptions, actions_of, kernel_value, outer_loop_size, plan_of
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import UOp
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.uop import UOp
+from tinyteach.opt import search
+from tinyteach.opt.kernel import actions_of, outer_loop_size, plan_of
 
 
 @pytest.fixture(autouse=True)

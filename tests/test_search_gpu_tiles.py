@@ -1,5 +1,5 @@
-"""BEAM (search.py) with the GPU options the heuristic starts from: a local tile's neighbours are
-other tile sizes and no tile, tensor cores' neighbour is the kernel without them (each a valid
+"""BEAM (opt/search.py) with the GPU options the heuristic starts from: a local tile's neighbours
+are other tile sizes and no tile, tensor cores' neighbour is the kernel without them (each a valid
 KernelOptions: a search on OPENCL from a local tile used to fail building an upcast of a tile)."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tinyteach import (  # noqa: E402
     clear_caches,
     search,  # noqa: E402
 )
-from tinyteach.opt import KernelOptions  # noqa: E402
+from tinyteach.codegen.plan import KernelOptions  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -129,9 +129,9 @@ def test_every_contextvar_is_known_to_context():
 
 
 def test_the_old_homes_still_work():
+    from tinyteach.codegen.transcendental import TRANSCENDENTAL
     from tinyteach.helpers import BEAM, DEBUG, NOOPT, TRAINING, getenv
     from tinyteach.runtime import CPU_TIERED
-    from tinyteach.transcendental import TRANSCENDENTAL
 
     assert (DEBUG, NOOPT, BEAM, TRAINING) == (settings.DEBUG, settings.NOOPT, settings.BEAM,
                                               settings.TRAINING)
@@ -230,8 +230,8 @@ def fill_cpu_target(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def fill_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tinyteach.ir.uop import Ops
     from tinyteach.render.c import CRenderer, in_float32
-    from tinyteach.uop import Ops
 
     in_float32(CRenderer().code(Ops.ADD), Ops.ADD)
 

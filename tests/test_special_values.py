@@ -17,10 +17,11 @@ import torch
 from helpers import skip_unless_supported
 
 from tinyteach import Tensor, dtypes
-from tinyteach.lower import lower
+from tinyteach.codegen.lower import lower
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.opt.heuristic import heuristic_plan
 from tinyteach.render.cuda import CUDARenderer
 from tinyteach.render.wgsl import WGSLRenderer
-from tinyteach.schedule import create_schedule
 
 NAN, INF = float("nan"), float("inf")
 SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
@@ -414,8 +415,8 @@ def test_relu_gradient_at_zero_nan_and_inf(device):
 
 def _kernel_sources(tensor: Tensor, renderer: WGSLRenderer | CUDARenderer) -> str:
     items, _ = create_schedule([tensor.uop], "CPU")
-    return "\n".join(renderer.render(item.name, lower(item.ast)) for item in items
-                     if item.kind == "kernel")
+    return "\n".join(renderer.render(item.name, lower(item.ast, heuristic_plan(item.ast)))
+                     for item in items if item.kind == "kernel")
 
 
 BIT_TEST = "(bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u"

@@ -8,15 +8,16 @@ import pytest
 import tinyteach
 import viz
 from tinyteach import Context, Tensor, TinyJit, Variable
-from tinyteach.lower import lower
-from tinyteach.realize import (
+from tinyteach.codegen.lower import lower
+from tinyteach.engine.realize import (
     PLAN_CACHE,
     build_schedule,
     plan_cache,
     record_launches,
 )
+from tinyteach.ir.uop import Ops, UOp, sym_eval, sym_prod, unbind_graph
+from tinyteach.opt.heuristic import heuristic_plan
 from tinyteach.render.cuda import CUDARenderer
-from tinyteach.uop import Ops, UOp, sym_eval, sym_prod, unbind_graph
 
 RNG = np.random.default_rng(0)
 A = RNG.standard_normal((10, 4)).astype(np.float32)
@@ -152,7 +153,7 @@ def test_every_value_runs_the_same_compiled_program() -> None:
 
 
 def test_one_compile_counts_for_several_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tinyteach import realize
+    from tinyteach.engine import realize
     compiled = []
     original = realize.compile_kernel
 
@@ -197,7 +198,7 @@ def test_every_renderer_declares_the_variable_as_a_parameter() -> None:
     x = Tensor(A, device="CPU").realize()
     roots, var_vals = unbind_graph([(x.shrink(((0, variable().bind(4)), None)) + 1).uop])
     (item,) = build_schedule(roots, "CPU", var_vals).items
-    program = lower(item.ast)
+    program = lower(item.ast, heuristic_plan(item.ast))
     for renderer in (CRenderer(), OpenCLRenderer(), CUDARenderer()):
         source = renderer.render(item.name, program)
         assert "const int i" in source and "< i;" in source
@@ -350,7 +351,7 @@ def test_cuda_driver_params_carry_the_variables_after_the_buffers() -> None:
 
 
 def test_schedule_with_vars_gives_the_items_and_the_values() -> None:
-    from tinyteach.realize import run_schedule
+    from tinyteach.engine.realize import run_schedule
     x = Tensor(A, device="CPU").realize()
     y = (x.shrink(((0, variable().bind(6)), None)) * 4).sum(1)
     items, var_vals = y.schedule_with_vars()
@@ -364,7 +365,7 @@ def test_schedule_with_vars_gives_the_items_and_the_values() -> None:
 # ---- bad input: a value outside its range never reaches a kernel (chapter 4b) ----
 
 def test_a_launch_outside_the_variables_range_is_refused() -> None:
-    from tinyteach.realize import launch_kernel
+    from tinyteach.engine.realize import launch_kernel
     x = Tensor(A, device="CPU").realize()
     with record_launches() as launches:
         (x.shrink(((0, variable().bind(3)), None)) + 7).realize()
@@ -379,7 +380,7 @@ def test_a_launch_outside_the_variables_range_is_refused() -> None:
 
 
 def test_jit_refuses_a_variable_of_the_same_name_and_another_range() -> None:
-    from tinyteach.jit import JitError
+    from tinyteach.engine.jit import JitError
     x = Tensor(np.zeros((40, 4), np.float32), device="CPU").realize()
 
     @TinyJit

@@ -9,8 +9,8 @@ import pytest
 
 from tinyteach import Tensor, TinyJit, nn
 from tinyteach.device import Buffer
+from tinyteach.ir.uop import base_buffer
 from tinyteach.nn.datasets import digits
-from tinyteach.uop import base_buffer
 
 torch = pytest.importorskip("torch")
 

@@ -1,5 +1,5 @@
-"""Tensor cores (issue 14): the WMMA op for half/bfloat16 matmuls (tinyteach/wmma.py). The layout
-against the PTX ISA's fragment tables, the emulator's semantics against numpy, kernels on the
+"""Tensor cores (issue 14): the WMMA op for half/bfloat16 matmuls (tinyteach/codegen/wmma.py). The
+layout against the PTX ISA's fragment tables, the emulator's semantics against numpy, kernels on the
 PYTHON device against numpy's float32 matmul of the half inputs, the option (heuristic, DEBUG=3,
 NOOPT, refusals with reasons), CUDA source compiled to machine code for sm_80 and sm_90 (no GPU
 here: nothing runs), and viz's fragment drawing."""
@@ -9,12 +9,16 @@ import numpy as np
 import pytest
 
 from tinyteach import Context, Tensor, clear_caches
-from tinyteach import search as search_module
+from tinyteach.codegen.lower import lower
+from tinyteach.codegen.plan import KernelOptions
+from tinyteach.codegen.wmma import M16N8K16, why_no_tensor_core, wmma_reference
 from tinyteach.device import DeviceUnavailable, capabilities_of
 from tinyteach.dtype import dtypes, from_bfloat16_bits, to_bfloat16_bits
-from tinyteach.lower import lower
-from tinyteach.opt import KernelOptions, choose_options, options_for_renderer
-from tinyteach.realize import record_launches
+from tinyteach.engine.realize import record_launches
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.uop import Ops
+from tinyteach.opt import search as search_module
+from tinyteach.opt.heuristic import choose_options, heuristic_plan, options_for_renderer
 from tinyteach.render.cuda import CUDARenderer
 from tinyteach.render.opencl import OpenCLRenderer
 from tinyteach.render.wgsl import WGSLRenderer
@@ -27,9 +31,6 @@ from tinyteach.runtime.python import (
     plan_group_launch,
     record_threads,
 )
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops
-from tinyteach.wmma import M16N8K16, why_no_tensor_core, wmma_reference
 
 
 def halves(*shape: int, seed: int = 0) -> np.ndarray:
@@ -310,8 +311,9 @@ def test_viz_draws_which_lane_holds_which_element():
              for c in range(8)]
     assert figure.svg is not None and figure.svg.count("<rect") == 16 * 16 + 16 * 8 + 16 * 8
     assert threads.fragment_layout(trace).svg == figure.svg  # deterministic
-    plain = emulate(lower(last_kernel(Tensor(halves(4, 4)) * 2).ast), [np.zeros(16, np.float16),
-                                                                       halves(16)], record=True)
+    doubled = last_kernel(Tensor(halves(4, 4)) * 2).ast
+    plain = emulate(lower(doubled, heuristic_plan(doubled)), [np.zeros(16, np.float16),
+                                                             halves(16)], record=True)
     with pytest.raises(ValueError, match="no tensor-core instruction"):
         threads.fragment_layout(plain)
 
@@ -537,7 +539,7 @@ def test_cuda_staged_bfloat16_block_compiles():
 
 
 def test_viz_draws_which_warp_computes_which_tile_of_a_block():
-    from tinyteach.wmma import tensor_core_block
+    from tinyteach.codegen.wmma import tensor_core_block
     from viz.threads import block_layout
     block = tensor_core_block(M16N8K16, BLOCK)
     figure = block_layout(block)

@@ -13,7 +13,7 @@ import pytest
 from helpers import PRINT_DEFAULT_DEVICE, python_with_env, skip_unless_supported
 
 from tinyteach import Device, Tensor, dtypes, nn
-from tinyteach.schedule import is_contiguous_buffer
+from tinyteach.engine.schedule import is_contiguous_buffer
 from tinyteach.settings import Context
 
 # ---- tinygrad's device names: CL is OPENCL ----

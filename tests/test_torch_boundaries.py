@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from helpers import check
 
 from tinyteach import Tensor, dtypes
-from tinyteach.tensor_core import ArgumentError, DTypeError, ShapeError
+from tinyteach.tensor.core import ArgumentError, DTypeError, ShapeError
 
 # ---- the error classes: both tinyteach's and torch's ----
 

@@ -1,4 +1,4 @@
-"""Chapter 8 (issue 16): exp2 from primitive ops (tinyteach/transcendental.py) on the CPU.
+"""Chapter 8 (issue 16): exp2 from primitive ops (tinyteach/codegen/transcendental.py) on the CPU.
 
 The C renderer writes float32 EXP2 as a clamp, a rounding, a polynomial and a power of two built
 from its bits, instead of a call to libm's exp2f, so that gcc can vectorize the loop: by default
@@ -26,13 +26,14 @@ import pytest
 import torch
 
 from tinyteach import Tensor
+from tinyteach.codegen.lower import lower
+from tinyteach.codegen.transcendental import EXP2_COEFFICIENTS, decompose_program, is_bitcast
+from tinyteach.engine.schedule import ScheduleItem, create_schedule
 from tinyteach.helpers import Context
-from tinyteach.lower import lower
+from tinyteach.ir.uop import Ops
+from tinyteach.opt.heuristic import heuristic_plan
 from tinyteach.render.c import BITCAST_FUNCTIONS, CRenderer
 from tinyteach.runtime.cpu import C_FLAGS, march_flags
-from tinyteach.schedule import ScheduleItem, create_schedule
-from tinyteach.transcendental import EXP2_COEFFICIENTS, decompose_program, is_bitcast
-from tinyteach.uop import Ops
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 
@@ -77,7 +78,7 @@ def exp2_source(size: int) -> str:
     x = Tensor(np.zeros(size, np.float32), device="CPU").realize()
     (item,) = schedule_of(x.exp2())
     with Context(TRANSCENDENTAL=2):
-        return CRenderer().render(item.name, lower(item.ast, None, vector_width=0))
+        return CRenderer().render(item.name, lower(item.ast, heuristic_plan(item.ast, 0)))
 
 
 def cpu_exp2(x: np.ndarray) -> np.ndarray:
@@ -94,7 +95,7 @@ def schedule_of(tensor: Tensor) -> list[ScheduleItem]:
 def softmax_source(rows: int = 64, columns: int = 1024) -> str:
     x = Tensor(np.zeros((rows, columns), np.float32), device="CPU").realize()
     (item,) = schedule_of(x.softmax(-1))
-    return CRenderer().render(item.name, lower(item.ast, None, vector_width=8))
+    return CRenderer().render(item.name, lower(item.ast, heuristic_plan(item.ast, 8)))
 
 
 def test_a_dense_sweep_is_within_one_ulp_of_numpy():
@@ -174,7 +175,7 @@ def test_several_exp2_in_several_loops_each_place_their_own_ops():
     softmax."""
     x = np.random.default_rng(1).standard_normal((64, 1024)).astype(np.float32)
     (item,) = schedule_of(Tensor(x, device="CPU").realize().softmax(-1))
-    program = lower(item.ast, None, vector_width=8)
+    program = lower(item.ast, heuristic_plan(item.ast, 8))
     exps = sum(u.op is Ops.EXP2 for u in program.uops)
     assert exps == 2
     decomposed = decompose_program(program, simd_loops_only=False)
@@ -251,7 +252,7 @@ def test_the_numpy_device_keeps_numpys_exp2():
 def sigmoid_source(shape: tuple[int, ...]) -> str:
     x = Tensor(np.zeros(shape, np.float32), device="CPU").realize()
     (item,) = schedule_of(x.sigmoid())
-    return CRenderer().render(item.name, lower(item.ast, None, vector_width=8))
+    return CRenderer().render(item.name, lower(item.ast, heuristic_plan(item.ast, 8)))
 
 
 def test_an_elementwise_kernel_long_inner_loop_has_exp2_as_arithmetic(tmp_path):

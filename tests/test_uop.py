@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from tinyteach.dtype import dtypes
-from tinyteach.runtime.numpy import NUMPY_OPS
-from tinyteach.uop import (
+from tinyteach.ir.uop import (
     BINARY,
     MOVEMENT,
     PRIMITIVE_OPS,
@@ -22,6 +21,7 @@ from tinyteach.uop import (
     Ops,
     UOp,
 )
+from tinyteach.runtime.numpy import NUMPY_OPS
 
 RNG = np.random.default_rng(0)
 
@@ -333,7 +333,7 @@ def test_identity_movements_are_no_ops():
 # ---- value bounds ----
 
 def brute_bounds(expr: UOp, ranges: list[UOp]) -> tuple[int, int]:
-    from tinyteach.rewrite import PYTHON_ALU
+    from tinyteach.ir.rewrite import PYTHON_ALU
     values = []
     for assignment in itertools.product(*(range(r.arg[2]) for r in ranges)):
         env = dict(zip(ranges, assignment))

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from tinyteach.dtype import dtypes
-from tinyteach.rewrite import PYTHON_ALU, graph_rewrite, symbolic
-from tinyteach.uop import Ops, UOp
-from tinyteach.view import contiguous_strides, index_into_buffer, linear_index, view_index
+from tinyteach.ir.rewrite import PYTHON_ALU, graph_rewrite, symbolic
+from tinyteach.ir.uop import Ops, UOp
+from tinyteach.ir.view import contiguous_strides, index_into_buffer, linear_index, view_index
 
 
 def buffer_of_shape(shape: tuple[int, ...]) -> UOp:

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from tinyteach import Context, Tensor
-from tinyteach.rewrite import record_rewrites
-from tinyteach.schedule import create_schedule
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.rewrite import record_rewrites
 
 pytest.importorskip("graphviz", reason="viz tests need the graphviz Python package")
 pytest.importorskip("pygments", reason="viz tests need pygments")
@@ -208,7 +208,7 @@ def test_a_cut_graph_draws_no_more_than_can_be_planned(monkeypatch: pytest.Monke
 
 
 def test_launch_graph_draws_kernels_and_buffers() -> None:
-    from tinyteach.realize import record_launches
+    from tinyteach.engine.realize import record_launches
 
     a, b, _ = inputs()
     with record_launches() as launches:
@@ -226,7 +226,7 @@ def test_launch_graph_draws_kernels_and_buffers() -> None:
 
 
 def test_launch_graph_draws_a_rewritten_buffer_twice() -> None:
-    from tinyteach.realize import record_launches
+    from tinyteach.engine.realize import record_launches
     from viz.launches import build_launch_graph
 
     w = Tensor(np.zeros(3, dtype=np.float32), device="CPU")
@@ -244,7 +244,7 @@ def test_launch_graph_draws_a_rewritten_buffer_twice() -> None:
 
 
 def test_launch_graph_draws_the_last_launches_of_a_long_recording() -> None:
-    from tinyteach.realize import record_launches
+    from tinyteach.engine.realize import record_launches
 
     x = Tensor(np.ones(4, dtype=np.float32), device="CPU")
     with record_launches() as launches:
@@ -313,7 +313,7 @@ def test_schedule_accepts_items_and_launches() -> None:
     out = seed_example()
     items, _ = create_schedule([out.uop], "CPU")
     assert "r_4_4" in viz.schedule(items).text
-    from tinyteach.realize import record_launches
+    from tinyteach.engine.realize import record_launches
 
     with record_launches() as launches:
         out.realize()
@@ -328,7 +328,7 @@ def test_kernel_shows_every_stage_and_every_renderer() -> None:
     assert "RANGE" in figure.text and "ACCUMULATE" in figure.text   # the linear program
     assert "launch sizes: global (4,)" in figure.text
     # a sum of 4 is too short to split into vector lanes (lower.SIMD_MIN_LOOP); a long
-    # contiguous row is split (opt.py / lower.py)
+    # contiguous row is split (opt/ / codegen/lower.py)
     assert "vector lanes" not in figure.text
     rows = Tensor(np.ones((4, 64), dtype=np.float32), device="CPU")
     assert "optimizations: vector lanes: the sum over ridx0" in viz.kernel(rows.sum(1)).text
@@ -404,7 +404,7 @@ def test_rewrite_formulas_of_deep_expressions_are_cut_without_recursion() -> Non
     import importlib
 
     from tinyteach.dtype import dtypes
-    from tinyteach.uop import Ops, UOp
+    from tinyteach.ir.uop import Ops, UOp
 
     rewrites_module = importlib.import_module("viz.rewrites")  # `viz.rewrites` is the function
     index = UOp(Ops.RANGE, dtypes.int32, (), ("g", 0, 4))
@@ -425,11 +425,12 @@ def test_rewrite_formulas_of_deep_expressions_are_cut_without_recursion() -> Non
 
 def test_rewrites_from_a_recorded_log() -> None:
     pytest.importorskip("ipywidgets")
-    from tinyteach.lower import lower
+    from tinyteach.codegen.lower import lower
+    from tinyteach.opt.heuristic import heuristic_plan
 
     items, _ = create_schedule([seed_example().uop], "CPU")
     with record_rewrites() as log:
-        lower(items[0].ast)
+        lower(items[0].ast, heuristic_plan(items[0].ast))
     explorer = viz.rewrites(log)
     assert [s.rule for s in explorer.steps] == [s.rule for s in log.steps]
 
@@ -461,7 +462,7 @@ rng = np.random.default_rng(0)
 a, b, c = (Tensor(rng.standard_normal((4, 4)).astype(np.float32), device="CPU") for _ in range(3))
 out = ((a + b) * c).relu().sum(1)
 x = Tensor(np.arange(15, dtype=np.float32).reshape(3, 5), device="CPU").softmax(1)
-from tinyteach.realize import record_launches
+from tinyteach.engine.realize import record_launches
 with record_launches() as launches:
     x.softmax(0).realize()
 parts = [viz.graph(out).html, viz.graph(x).html, viz.schedule(x).html, viz.kernel(out).html,
@@ -489,7 +490,7 @@ def test_same_input_same_output_in_one_process() -> None:
 def test_the_source_shown_as_what_ran_is_the_source_that_ran():
     """viz.kernel on a launch shows the source its device compiled, verbatim: a CPU matmul's
     explicit fused multiply-adds (issue 24: a default CRenderer re-rendered it without them)."""
-    from tinyteach.realize import record_launches
+    from tinyteach.engine.realize import record_launches
     from viz.kernel import KernelInfo, kernel_stages
 
     a = Tensor(np.ones((64, 64), np.float32)).realize()

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from tinyteach import Tensor
-from tinyteach.lower import lower
-from tinyteach.opt import KernelOptions
+from tinyteach.codegen.lower import lower
+from tinyteach.codegen.plan import KernelOptions
+from tinyteach.engine.schedule import create_schedule
 from tinyteach.runtime.python import emulate, record_threads
-from tinyteach.schedule import create_schedule
 from viz.threads import (
     access_pattern,
     launch_grid,

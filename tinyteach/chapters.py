@@ -7,8 +7,7 @@ tinyteach/__init__.py's docstring and every module's first docstring line ("Chap
 - `modules`: the files (or whole folders, written with a trailing "/") a chapter teaches. Each
   module of tinyteach/ belongs to exactly one chapter; where a folder and a file inside it sit in
   different chapters, the file wins (runtime/ is chapter 9, runtime/python.py chapter 8b).
-- `also`: modules a chapter reads again that another chapter owns (8b the GPU halves of lower.py
-  and opt.py).
+- `also`: modules a chapter reads again that another chapter owns (8b the GPU actions of opt/).
 - Paths are relative to tinyteach/, except viz/..., the visual layer at the repository's top.
 - INFRASTRUCTURE: modules no chapter teaches, which every chapter uses.
 
@@ -34,30 +33,31 @@ class Chapter:
 CHAPTERS: tuple[Chapter, ...] = (
     Chapter("0", "A tour: the whole stack from the top", "chapters/00_tour.ipynb", ()),
     Chapter("1", "Tensors: a PyTorch-like API from 29 primitive ops", "chapters/01_tensors.ipynb",
-            ("tensor_core.py", "tensor.py", "dtype.py", "indexing.py", "tensor_create.py",
-             "tensor_movement.py", "tensor_math.py", "tensor_nn.py")),
+            ("tensor/", "dtype.py")),
     Chapter("2", "Autograd: reverse mode on the graph", "chapters/02_autograd.ipynb",
-            ("gradient.py",)),
-    Chapter("3", "The IR: UOps and the primitive op set", "chapters/03_ir.ipynb", ("uop.py",)),
-    Chapter("4", "Shapes without copies: views", "chapters/04_views.ipynb", ("view.py",)),
+            ("tensor/gradient.py",)),
+    Chapter("3", "The IR: UOps and the primitive op set", "chapters/03_ir.ipynb",
+            ("ir/uop.py",)),
+    Chapter("4", "Shapes without copies: views", "chapters/04_views.ipynb", ("ir/view.py",)),
     Chapter("4b", "Symbolic shapes: one kernel for every length", "chapters/04b_symbolic.ipynb",
-            (), also=("uop.py", "view.py")),
+            (), also=("ir/uop.py", "ir/view.py")),
     Chapter("5", "Rewriting graphs: the pattern matcher", "chapters/05_rewrite.ipynb",
-            ("rewrite.py",)),
-    Chapter("6", "Scheduling: kernel fusion", "chapters/06_scheduling.ipynb", ("schedule.py",)),
+            ("ir/rewrite.py",)),
+    Chapter("6", "Scheduling: kernel fusion", "chapters/06_scheduling.ipynb",
+            ("engine/schedule.py",)),
     Chapter("7", "Lowering and the optimization space: actions and BEAM",
-            "chapters/07_lowering.ipynb",
-            ("lower.py", "plan.py", "opt.py", "search.py", "pack.py")),
+            "chapters/07_lowering.ipynb", ("codegen/lower.py", "codegen/plan.py", "opt/")),
     Chapter("8", "Code generation: C, OpenCL, CUDA, WGSL", "chapters/08_codegen.ipynb",
-            ("render/", "transcendental.py")),
+            ("render/", "codegen/transcendental.py")),
     Chapter("8b", "GPU kernels: threads, work-groups and shared memory", "chapters/08b_gpu.ipynb",
-            ("runtime/python.py", "wmma.py", "viz/threads.py"), also=("lower.py", "opt.py")),
+            ("codegen/lower_gpu.py", "codegen/wmma.py", "runtime/python.py", "viz/threads.py"),
+            also=("opt/",)),
     Chapter("8c", "GPU puzzles: kernels graded by the emulator",
             "chapters/08c_gpu_puzzles.ipynb", ("exercises/gpu_puzzles.py",),
             also=("runtime/python.py",)),
     Chapter("9", "Devices and runtimes", "chapters/09_devices.ipynb",
-            ("device.py", "realize.py", "runtime/", "multi.py")),
-    Chapter("10", "The JIT and graph execution", "chapters/10_jit.ipynb", ("jit.py",)),
+            ("device.py", "engine/realize.py", "runtime/", "tensor/multi.py")),
+    Chapter("10", "The JIT and graph execution", "chapters/10_jit.ipynb", ("engine/jit.py",)),
     Chapter("11", "Deep learning: nn, optim, state, datasets",
             "chapters/11_deep_learning.ipynb", ("nn/",)),
     Chapter("11b", "Attention and a small GPT", "chapters/11b_gpt.ipynb",
@@ -67,12 +67,15 @@ CHAPTERS: tuple[Chapter, ...] = (
 )
 
 # every chapter uses these; none teaches them. settings.py lists the settings of every chapter
-# (the README's Settings section is its reader's view), so it has no one chapter either
-INFRASTRUCTURE: tuple[str, ...] = ("__init__.py", "chapters.py", "helpers.py", "settings.py")
+# (the README's Settings section is its reader's view), so it has no one chapter either; the
+# __init__.py of ir/, engine/ and codegen/ is a guide to its folder, whose modules sit in
+# different chapters
+INFRASTRUCTURE: tuple[str, ...] = ("__init__.py", "chapters.py", "helpers.py", "settings.py",
+                                   "ir/__init__.py", "engine/__init__.py", "codegen/__init__.py")
 
 
 def chapter_of(module: str) -> Chapter | None:
-    """The chapter that teaches `module` ("uop.py", "render/c.py"): the most specific entry wins,
+    """The chapter that teaches `module` ("ir/uop.py", "render/c.py"): the most specific entry wins,
     so a file named on its own beats the folder it sits in. None for INFRASTRUCTURE."""
     best: tuple[int, Chapter] | None = None
     for chapter in CHAPTERS:

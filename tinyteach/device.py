@@ -12,9 +12,10 @@ What this teaches:
   `CL` is OPENCL (and `GPU`, `CLANG` are older tinygrad's OPENCL and CPU);
 - a name may carry an index, as in tinygrad: `CPU:1` is a second CPU device with buffers of its
   own and the first one's compiler (`Backend.another`), and `CPU:0` is `CPU`. A tensor sharded
-  over several devices is multi.py's.
+  over several devices is tensor/multi.py's.
 
-Builds on: dtype.py. Used by: schedule.py (buffers), realize.py (the engine), runtime/*.
+Builds on: dtype.py. Used by: engine/schedule.py (buffers), engine/realize.py (the engine),
+runtime/*.
 
 >>> buffer = Buffer("NUMPY", 3, dtypes.float32)
 >>> buffer.copyin(np.array([1, 2, 3], dtype=np.float32)).numpy().tolist()
@@ -171,7 +172,7 @@ def capabilities_of(renderer: Any) -> Capabilities:
 
 class Backend:
     """A device: its name and its Allocator, Renderer (None for an interpreter), Compiler and
-    Program class. The engine in realize.py needs nothing more."""
+    Program class. The engine in engine/realize.py needs nothing more."""
 
     def __init__(self, name: str, allocator: Allocator, renderer: Any, compiler: Compiler | None,
                  program: Callable[..., Any]):
@@ -180,8 +181,8 @@ class Backend:
         self.graph: Any = None  # optional: a class that replays a JIT's launches in one go
 
     def load_program(self, spec: Any, binary: Any) -> Callable[..., Any]:
-        """The runnable program of a compiled kernel, from its ProgramSpec (lower.py) and its
-        binary: `program(name, binary)`. A GPU backend also reads the spec's launch sizes."""
+        """The runnable program of a compiled kernel, from its ProgramSpec (codegen/lower.py) and
+        its binary: `program(name, binary)`. A GPU backend also reads the spec's launch sizes."""
         return self.program(spec.name, binary)
 
     @property

@@ -153,10 +153,10 @@ DEBUG = ContextVar("DEBUG", 0, compiles=False,
 NOOPT = ContextVar("NOOPT", 0, meaning="1: no kernel optimizations (tiles, vectors, threads, "
                                        "packing)")
 BEAM = ContextVar("BEAM", 0, meaning="n: search each kernel's optimizations with a beam of "
-                                     "width n, the choice cached on disk (search.py)")
+                                     "width n, the choice cached on disk (opt/search.py)")
 IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0,
                                meaning="1: BEAM searches again instead of reading its cached "
-                                       "choices (search.py)")
+                                       "choices (opt/search.py)")
 TRAINING = ContextVar("TRAINING", 0, compiles=False,
                       meaning="1: dropout and batchnorm behave as in training (as "
                               "Tensor.training)")
@@ -164,25 +164,25 @@ DEFAULT_FLOAT = ContextVar("DEFAULT_FLOAT", "", compiles=False,
                            meaning="the dtype float data gets (HALF, float16, ...); empty: "
                                    "float32 (dtype.py)")
 FUSE_ROWS = ContextVar("FUSE_ROWS", 1, meaning="0: reductions over rows that fit in cache are "
-                                               "not fused into one kernel (schedule.py)")
+                                               "not fused into one kernel (engine/schedule.py)")
 FIXED_LANES = ContextVar("FIXED_LANES", 1,
                          meaning="0: only sums are split into vector lanes, in the order the C "
-                                 "compiler picks (lower.py)")
+                                 "compiler picks (codegen/lower.py)")
 TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1,
                             meaning="1: exp2 as arithmetic in vectorized loops; 2: every float32 "
-                                    "exp2; 0: libm calls (transcendental.py)")
+                                    "exp2; 0: libm calls (codegen/transcendental.py)")
 ROW_CACHE = ContextVar("ROW_CACHE", 1, meaning="0: a row kernel's column loop computes its exp "
                                                "again (render/c.py)")
 CHANNEL_TILES = ContextVar("CHANNEL_TILES", 1,
                            meaning="0: no channel tiles for convolutions; the rest of packing "
-                                   "stays (pack.py)")
+                                   "stays (opt/pack.py)")
 CPU_TIERED = ContextVar("CPU_TIERED", 1, meaning="0: no fast tier, every CPU kernel waits for "
                                                  "gcc -O2 (runtime/cpu.py)")
 PLAN_CACHE = ContextVar("PLAN_CACHE", 1, compiles=False,
-                        meaning="0: schedule every graph afresh, no plan cache (realize.py)")
+                        meaning="0: schedule every graph afresh, no plan cache (engine/realize.py)")
 MEMORY_PLANNER = ContextVar("MEMORY_PLANNER", 1, compiles=False,
                             meaning="0: a TinyJit capture keeps a buffer for every intermediate "
-                                    "(tinygrad's NO_MEMORY_PLANNER=1) (jit.py)")
+                                    "(tinygrad's NO_MEMORY_PLANNER=1) (engine/jit.py)")
 
 # ---- the environment variables ----
 
@@ -262,14 +262,14 @@ class Limit:
 
 
 LIMITS = (
-    Limit("tinyteach.schedule", "MAX_KERNEL_DEPTH", "a chain of ops this deep is cut"),
-    Limit("tinyteach.schedule", "MAX_VIEWS_PER_NODE", "a node seen through this many views "
-                                                      "is stored"),
-    Limit("tinyteach.schedule", "BROADCAST_RECOMPUTE_LIMIT", "a node broadcast this many times "
-                                                             "into a reduction is stored"),
-    Limit("tinyteach.schedule", "MAX_FUSED_ROW_BYTES", "the longest row FUSE_ROWS fuses"),
-    Limit("tinyteach.pack", "PACK_MIN_ELEMENTS", "a smaller matmul operand is not packed"),
-    Limit("tinyteach.pack", "PACK_MIN_ROW_BYTES", "a shorter row step is not packed"),
+    Limit("tinyteach.engine.schedule", "MAX_KERNEL_DEPTH", "a chain of ops this deep is cut"),
+    Limit("tinyteach.engine.schedule", "MAX_VIEWS_PER_NODE",
+          "a node seen through this many views is stored"),
+    Limit("tinyteach.engine.schedule", "BROADCAST_RECOMPUTE_LIMIT",
+          "a node broadcast this many times into a reduction is stored"),
+    Limit("tinyteach.engine.schedule", "MAX_FUSED_ROW_BYTES", "the longest row FUSE_ROWS fuses"),
+    Limit("tinyteach.opt.pack", "PACK_MIN_ELEMENTS", "a smaller matmul operand is not packed"),
+    Limit("tinyteach.opt.pack", "PACK_MIN_ROW_BYTES", "a shorter row step is not packed"),
 )
 
 
@@ -286,7 +286,8 @@ def snapshot() -> tuple[Any, ...]:
     and a device, once open, keeps what it read). The limits are read by name, as LIMITS lists
     them (a test holds the two together): an eager realize asks for this each time, and a loop
     over LIMITS would cost it a tenth of its time."""
-    schedule, pack = sys.modules.get("tinyteach.schedule"), sys.modules.get("tinyteach.pack")
+    schedule = sys.modules.get("tinyteach.engine.schedule")
+    pack = sys.modules.get("tinyteach.opt.pack")
     if schedule is None or pack is None:
         return (ContextVar.compiled,)  # nothing can be scheduled yet
     return (ContextVar.compiled, schedule.MAX_KERNEL_DEPTH, schedule.MAX_VIEWS_PER_NODE,

@@ -25,7 +25,7 @@ from typing import Any
 
 from tinyteach.device import Buffer
 from tinyteach.helpers import prod
-from tinyteach.uop import MOVEMENT, Ops, UOp, is_bitcast
+from tinyteach.ir.uop import MOVEMENT, Ops, UOp, is_bitcast
 from viz.figure import (
     DotWriter,
     Figure,

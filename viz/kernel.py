@@ -2,7 +2,7 @@
 
 What a student sees, top to bottom:
 - the kernel's name, device, why its result is stored and what it fused (chapter 6), its launch
-  sizes (one loop per output axis: `LinearProgram.global_sizes`) and the optimizations opt.py
+  sizes (one loop per output axis: `LinearProgram.global_sizes`) and the optimizations opt/
   applied to it (upcast tiles, vector lanes, threads — chapter 7);
 - the AST: the kernel as the scheduler built it, SINK(STORE(DEFINE_GLOBAL 0, value));
 - the linear program: loops, loads, accumulators and index arithmetic in order (chapter 7);
@@ -14,7 +14,7 @@ What a student sees, top to bottom:
 Accepts a Tensor or UOp (its kernels are planned, nothing runs; `index` picks one, the last by
 default), a ScheduleItem, or a Launch from `record_launches` (adds the measured time).
 
-Builds on: tinyteach.lower, tinyteach.render, viz/plan.py. Used by: viz/magic.py.
+Builds on: tinyteach.codegen.lower, tinyteach.render, viz/plan.py. Used by: viz/magic.py.
 """
 from __future__ import annotations
 
@@ -23,17 +23,18 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any
 
-from tinyteach.lower import LinearProgram, lower
+from tinyteach.codegen.lower import LinearProgram, lower
+from tinyteach.engine.schedule import ScheduleItem
+from tinyteach.ir.uop import pretty
+from tinyteach.opt.heuristic import heuristic_plan
 from tinyteach.render import CStyleRenderer
-from tinyteach.schedule import ScheduleItem
-from tinyteach.uop import pretty
 from viz.figure import Figure, escape, notice, preformatted, table, wrap
 from viz.plan import make_plan
 
 # module name in tinyteach/render/ -> (language shown, pygments lexer); others are C-like
 LANGUAGES = {"c": ("C", "c"), "opencl": ("OpenCL C", "c"), "cuda": ("CUDA C", "cuda"),
              "wgsl": ("WGSL", "wgsl"), "metal": ("Metal", "c")}
-NO_OPTIMIZER = ("none: the kernel runs exactly as lowered (opt.py found nothing worth doing, "
+NO_OPTIMIZER = ("none: the kernel runs exactly as lowered (opt/ found nothing worth doing, "
                 "or NOOPT=1)")
 
 
@@ -156,7 +157,7 @@ def kernel_stages(info: KernelInfo, languages: list[str] | None = None) -> Stage
     sections = [("1 · AST: the kernel as scheduled", preformatted(ast_text), ast_text)]
     linear = getattr(info.runner, "linear", None)
     try:
-        linear = linear or lower(info.item.ast)
+        linear = linear or lower(info.item.ast, heuristic_plan(info.item.ast))
     except Exception as error:  # noqa: BLE001 - show the failure, never raise from a view
         message = f"lowering failed: {type(error).__name__}: {error}"
         sections.append(("2 · linear program", notice(message), message))

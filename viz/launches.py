@@ -10,11 +10,11 @@ What a student sees:
 - recordings longer than `max_launches` are cut: the last launches are drawn, with a note of how
   many came before. Buffers those earlier launches wrote are drawn as inputs, marked so.
 
-It draws what `record_launches()` (tinyteach/realize.py) recorded: the ScheduleItem and buffers
-of every launch. Nothing is run again. Output is deterministic: names come from the order of the
-launches, never from `id()` (used only as a key, to tell memories apart).
+It draws what `record_launches()` (tinyteach/engine/realize.py) recorded: the ScheduleItem and
+buffers of every launch. Nothing is run again. Output is deterministic: names come from the order of
+the launches, never from `id()` (used only as a key, to tell memories apart).
 
-Builds on: tinyteach.realize (Launch), viz/figure.py. Used by: viz/report.py
+Builds on: tinyteach.engine.realize (Launch), viz/figure.py. Used by: viz/report.py
 (`%%tinyteach --show graph`).
 """
 from __future__ import annotations
@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tinyteach.device import Buffer
-from tinyteach.realize import Launch
-from tinyteach.schedule import ScheduleItem
-from tinyteach.uop import Ops
+from tinyteach.engine.realize import Launch
+from tinyteach.engine.schedule import ScheduleItem
+from tinyteach.ir.uop import Ops
 from viz.figure import DotWriter, Figure, escape, graph_figure, kernel_color, swatch, table
 
 DEFAULT_MAX_LAUNCHES = 40

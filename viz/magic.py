@@ -31,10 +31,10 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from tinyteach import Tensor
+from tinyteach.codegen.lower import LinearProgram
 from tinyteach.device import Device
-from tinyteach.lower import LinearProgram
-from tinyteach.realize import Launch, record_launches
-from tinyteach.schedule import ScheduleItem, is_contiguous_buffer
+from tinyteach.engine.realize import Launch, record_launches
+from tinyteach.engine.schedule import ScheduleItem, is_contiguous_buffer
 from viz.figure import escape, notice, preformatted, table
 from viz.report import DEFAULT_SHOW, SHOW_CHOICES, launch_report
 

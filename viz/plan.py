@@ -10,7 +10,7 @@ What this teaches:
 - a node belongs to every kernel that reads it without going through a stored buffer. Elementwise
   nodes used by two kernels are in both: the scheduler recomputes them rather than store them.
 
-Builds on: tinyteach.realize, tinyteach.schedule. Used by: every view.
+Builds on: tinyteach.engine.realize, tinyteach.engine.schedule. Used by: every view.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tinyteach.device import Device
-from tinyteach.realize import build_schedule
-from tinyteach.schedule import ScheduleItem
-from tinyteach.uop import Ops, UOp, unbind_graph
+from tinyteach.engine.realize import build_schedule
+from tinyteach.engine.schedule import ScheduleItem
+from tinyteach.ir.uop import Ops, UOp, unbind_graph
 
 
 @dataclass

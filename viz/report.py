@@ -14,7 +14,7 @@ What a student sees:
 Timings change from run to run: they are printed as `12.3 us` so a notebook validator can mask
 them with one regular expression (chapters/nbval_sanitize.cfg).
 
-Builds on: tinyteach.realize (Launch), viz/kernel.py, viz/schedule.py, viz/graph.py,
+Builds on: tinyteach.engine.realize (Launch), viz/kernel.py, viz/schedule.py, viz/graph.py,
 viz/launches.py.
 Used by: viz/magic.py.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyteach.uop import UOp
+from tinyteach.ir.uop import UOp
 from viz.figure import Figure, escape, notice, table, wrap
 from viz.kernel import find_renderers, highlight, kernel, section
 
@@ -94,9 +94,11 @@ def source_of(launch: Any) -> tuple[str, str]:
                   "The C renderer would write:")
     if not c_renderers or runner is None:
         return f"source of {item.name} ({item.device})", note
-    from tinyteach.lower import lower
+    from tinyteach.codegen.lower import lower
+    from tinyteach.opt.heuristic import heuristic_plan
 
-    source = c_renderers[0].renderer.render(item.name, runner.linear or lower(item.ast))
+    linear = runner.linear or lower(item.ast, heuristic_plan(item.ast))
+    source = c_renderers[0].renderer.render(item.name, linear)
     return f"source of {item.name} ({item.device}: interpreted)", note + highlight(source, "c")
 
 

@@ -9,16 +9,17 @@ Accepts what `record_rewrites()` gave you (a RewriteLog or a list of RewriteStep
 UOp or ScheduleItem, whose kernels are then lowered under `record_rewrites()` to collect the
 steps (lowering runs the `symbolic` pass over the index arithmetic; nothing is executed).
 
-Builds on: tinyteach.rewrite, viz/figure.py. Used by: the chapters.
+Builds on: tinyteach.ir.rewrite, viz/figure.py. Used by: the chapters.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from tinyteach.lower import lower
-from tinyteach.rewrite import RewriteLog, RewriteStep, record_rewrites
-from tinyteach.schedule import ScheduleItem
-from tinyteach.uop import Ops, UOp
+from tinyteach.codegen.lower import lower
+from tinyteach.engine.schedule import ScheduleItem
+from tinyteach.ir.rewrite import RewriteLog, RewriteStep, record_rewrites
+from tinyteach.ir.uop import Ops, UOp
+from tinyteach.opt.heuristic import heuristic_plan
 from viz.figure import DotWriter, Figure, escape, graph_figure, preformatted, wrap
 from viz.plan import make_plan
 
@@ -37,7 +38,7 @@ def collect_steps(target: Any, device: str | None = None) -> list[RewriteStep]:
     with record_rewrites() as log:
         for item in items:
             if item.kind == "kernel":
-                lower(item.ast)
+                lower(item.ast, heuristic_plan(item.ast))
     return log.steps
 
 

@@ -20,7 +20,7 @@ import textwrap
 from typing import Any
 
 from tinyteach.device import Buffer
-from tinyteach.schedule import ScheduleItem
+from tinyteach.engine.schedule import ScheduleItem
 from viz.figure import (
     DotWriter,
     Figure,

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tinyteach.codegen.wmma import TensorCoreBlock
+from tinyteach.opt.search import SECTOR_BYTES, WARP_THREADS
 from tinyteach.runtime.python import AccessEvent, Trace
-from tinyteach.search import SECTOR_BYTES, WARP_THREADS
-from tinyteach.wmma import TensorCoreBlock
 from viz.figure import Figure, escape, preformatted, svg_image, table, wrap
 
 CELL = 26       # pixels per drawn element

@@ -154,19 +154,19 @@ assert abs(loss.item() - (np.log(10) + logits.std() ** 2 / 2)) < 0.25  # 4 image
 # | # | chapter | notebook | module |
 # |---|---|---|---|
 # | 0 | A tour (this notebook) | [00_tour](00_tour.ipynb) | [`__init__.py`](../tinyteach/__init__.py) |
-# | 1 | Tensors: an API from 29 primitive ops | [01_tensors](01_tensors.ipynb) | [`tensor.py`](../tinyteach/tensor.py), [`dtype.py`](../tinyteach/dtype.py), [`indexing.py`](../tinyteach/indexing.py), [`tensor_create.py`](../tinyteach/tensor_create.py), [`tensor_movement.py`](../tinyteach/tensor_movement.py), [`tensor_math.py`](../tinyteach/tensor_math.py), [`tensor_nn.py`](../tinyteach/tensor_nn.py) |
-# | 2 | Autograd: reverse mode on the graph | [02_autograd](02_autograd.ipynb) | [`gradient.py`](../tinyteach/gradient.py) |
-# | 3 | The IR: UOps and the primitive op set | [03_ir](03_ir.ipynb) | [`uop.py`](../tinyteach/uop.py) |
-# | 4 | Shapes without copies: views | [04_views](04_views.ipynb) | [`view.py`](../tinyteach/view.py) |
-# | 4b | Symbolic shapes: one kernel for every length | [04b_symbolic](04b_symbolic.ipynb) | (reads [`uop.py`](../tinyteach/uop.py) and [`view.py`](../tinyteach/view.py) again) |
-# | 5 | Rewriting graphs: the pattern matcher | [05_rewrite](05_rewrite.ipynb) | [`rewrite.py`](../tinyteach/rewrite.py) |
-# | 6 | Scheduling: kernel fusion | [06_scheduling](06_scheduling.ipynb) | [`schedule.py`](../tinyteach/schedule.py) |
-# | 7 | Lowering and the optimization space: actions and BEAM | [07_lowering](07_lowering.ipynb) | [`lower.py`](../tinyteach/lower.py), [`opt.py`](../tinyteach/opt.py), [`pack.py`](../tinyteach/pack.py), [`search.py`](../tinyteach/search.py) |
-# | 8 | Code generation: C, OpenCL, CUDA, WGSL | [08_codegen](08_codegen.ipynb) | [`render/`](../tinyteach/render/) |
-# | 8b | GPU kernels: threads, work-groups and shared memory | [08b_gpu](08b_gpu.ipynb) | [`runtime/python.py`](../tinyteach/runtime/python.py) (the emulator), [`wmma.py`](../tinyteach/wmma.py), [`viz/threads.py`](../viz/threads.py) |
+# | 1 | Tensors: an API from 29 primitive ops | [01_tensors](01_tensors.ipynb) | [`tensor/`](../tinyteach/tensor/) (the parts of Tensor), [`dtype.py`](../tinyteach/dtype.py) |
+# | 2 | Autograd: reverse mode on the graph | [02_autograd](02_autograd.ipynb) | [`tensor/gradient.py`](../tinyteach/tensor/gradient.py) |
+# | 3 | The IR: UOps and the primitive op set | [03_ir](03_ir.ipynb) | [`ir/uop.py`](../tinyteach/ir/uop.py) |
+# | 4 | Shapes without copies: views | [04_views](04_views.ipynb) | [`ir/view.py`](../tinyteach/ir/view.py) |
+# | 4b | Symbolic shapes: one kernel for every length | [04b_symbolic](04b_symbolic.ipynb) | (reads [`ir/uop.py`](../tinyteach/ir/uop.py) and [`ir/view.py`](../tinyteach/ir/view.py) again) |
+# | 5 | Rewriting graphs: the pattern matcher | [05_rewrite](05_rewrite.ipynb) | [`ir/rewrite.py`](../tinyteach/ir/rewrite.py) |
+# | 6 | Scheduling: kernel fusion | [06_scheduling](06_scheduling.ipynb) | [`engine/schedule.py`](../tinyteach/engine/schedule.py) |
+# | 7 | Lowering and the optimization space: actions and BEAM | [07_lowering](07_lowering.ipynb) | [`codegen/lower.py`](../tinyteach/codegen/lower.py), [`codegen/plan.py`](../tinyteach/codegen/plan.py), [`opt/`](../tinyteach/opt/) (the actions, the heuristic, BEAM, packing) |
+# | 8 | Code generation: C, OpenCL, CUDA, WGSL | [08_codegen](08_codegen.ipynb) | [`render/`](../tinyteach/render/), [`codegen/transcendental.py`](../tinyteach/codegen/transcendental.py) |
+# | 8b | GPU kernels: threads, work-groups and shared memory | [08b_gpu](08b_gpu.ipynb) | [`codegen/lower_gpu.py`](../tinyteach/codegen/lower_gpu.py), [`codegen/wmma.py`](../tinyteach/codegen/wmma.py), [`runtime/python.py`](../tinyteach/runtime/python.py) (the emulator), [`viz/threads.py`](../viz/threads.py) |
 # | 8c | GPU puzzles: kernels you write, graded by the emulator | [08c_gpu_puzzles](08c_gpu_puzzles.ipynb) | [`exercises/gpu_puzzles.py`](../tinyteach/exercises/gpu_puzzles.py) |
-# | 9 | Devices and runtimes | [09_devices](09_devices.ipynb) | [`device.py`](../tinyteach/device.py), [`realize.py`](../tinyteach/realize.py), [`runtime/`](../tinyteach/runtime/) |
-# | 10 | The JIT and graph execution | [10_jit](10_jit.ipynb) | [`jit.py`](../tinyteach/jit.py) |
+# | 9 | Devices and runtimes | [09_devices](09_devices.ipynb) | [`device.py`](../tinyteach/device.py), [`engine/realize.py`](../tinyteach/engine/realize.py), [`runtime/`](../tinyteach/runtime/), [`tensor/multi.py`](../tinyteach/tensor/multi.py) |
+# | 10 | The JIT and graph execution | [10_jit](10_jit.ipynb) | [`engine/jit.py`](../tinyteach/engine/jit.py) |
 # | 11 | Deep learning: nn, optim, datasets | [11_deep_learning](11_deep_learning.ipynb) | [`nn/`](../tinyteach/nn/) |
 # | 11b | Attention and a small GPT | [11b_gpt](11b_gpt.ipynb) | [`nn/transformer.py`](../tinyteach/nn/transformer.py) |
 #

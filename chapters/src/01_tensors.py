@@ -12,16 +12,16 @@
 # - broadcasting and dtype promotion happen once, in the Tensor layer, before the graph is built;
 # - indexing is made of movement ops, and random numbers come from an integer hash.
 #
-# **Where it lives:** [`tinyteach/tensor_core.py`](../tinyteach/tensor_core.py) (the core:
+# **Where it lives:** [`tinyteach/tensor/core.py`](../tinyteach/tensor/core.py) (the core:
 # the lazy graph, the primitive elementwise, movement and reduction ops, `backward`),
 # [`tinyteach/dtype.py`](../tinyteach/dtype.py) (dtypes and promotion), and the rest of the
 # API in layers, each a class that inherits the one before it and uses only what is below it:
-# [`tensor_create.py`](../tinyteach/tensor_create.py) (`ones`, `arange`, random numbers),
-# [`tensor_movement.py`](../tinyteach/tensor_movement.py) (`transpose`, `cat`, `split`),
-# [`tensor_math.py`](../tinyteach/tensor_math.py) (`exp`, `relu`, `mean`, `cumsum`),
-# [`tensor_nn.py`](../tinyteach/tensor_nn.py) (matmul, `conv2d`, `softmax`, losses) and
-# [`indexing.py`](../tinyteach/indexing.py) (`t[...]`).
-# [`tinyteach/tensor.py`](../tinyteach/tensor.py) assembles them into `Tensor`.
+# [`tensor/create.py`](../tinyteach/tensor/create.py) (`ones`, `arange`, random numbers),
+# [`tensor/movement.py`](../tinyteach/tensor/movement.py) (`transpose`, `cat`, `split`),
+# [`tensor/math.py`](../tinyteach/tensor/math.py) (`exp`, `relu`, `mean`, `cumsum`),
+# [`tensor/nn.py`](../tinyteach/tensor/nn.py) (matmul, `conv2d`, `softmax`, losses) and
+# [`tensor/indexing.py`](../tinyteach/tensor/indexing.py) (`t[...]`).
+# [`tinyteach/tensor/__init__.py`](../tinyteach/tensor/__init__.py) assembles them into `Tensor`.
 
 # %% id="tensors-02"
 import numpy as np
@@ -82,7 +82,7 @@ assert np.allclose(c.numpy(), np.maximum((a.numpy() + b_np) * 2, 0))
 #
 # ## 29 primitive ops
 #
-# These are the backend contract, pinned in [`uop.py`](../tinyteach/uop.py): a new device only
+# These are the backend contract, pinned in [`ir/uop.py`](../tinyteach/ir/uop.py): a new device only
 # has to implement them. A Tensor's graph may also hold three nodes that are not computation —
 # `DETACH` (from `detach()`: stop gradients here), `CONTIGUOUS` (from `contiguous()`: store this
 # value in a fresh buffer) and `ASSIGN` (from `assign()`: write into an existing buffer). They
@@ -90,7 +90,7 @@ assert np.allclose(c.numpy(), np.maximum((a.numpy() + b_np) * 2, 0))
 # reaches a device.
 
 # %% id="tensors-12"
-from tinyteach.uop import BINARY, MOVEMENT, PRIMITIVE_OPS, REDUCE_OPS, SOURCES, TERNARY, UNARY
+from tinyteach.ir.uop import BINARY, MOVEMENT, PRIMITIVE_OPS, REDUCE_OPS, SOURCES, TERNARY, UNARY
 
 groups = {"sources": SOURCES, "unary": UNARY, "binary": BINARY, "ternary": TERNARY,
           "reduce": REDUCE_OPS, "movement": MOVEMENT}
@@ -228,7 +228,7 @@ assert np.array_equal(ours, (torch.tensor(values[:4]).bfloat16() * 3 + 1).float(
 # %% [markdown] id="tensors-25"
 # ## Indexing is movement
 #
-# `t[...]` is written in [`indexing.py`](../tinyteach/indexing.py) with the six movement ops:
+# `t[...]` is written in [`tensor/indexing.py`](../tinyteach/tensor/indexing.py) with the six movement ops:
 # an int is a `SHRINK` to one element and a `RESHAPE` that drops the axis; a slice is a
 # `SHRINK`; a step of 2 pads, reshapes into pairs and keeps the first of each pair; a negative
 # step is a `FLIP`; `None` is a `RESHAPE` that adds an axis. Nothing is copied.
@@ -257,7 +257,7 @@ assert np.array_equal(picked.numpy(), t_np[:, [2, 0]])
 # ## Random numbers from an integer hash
 #
 # There is no random-number op either. `Tensor.rand`
-# ([`tensor_create.py`](../tinyteach/tensor_create.py)) hashes a counter: element `i` gets
+# ([`tensor/create.py`](../tinyteach/tensor/create.py)) hashes a counter: element `i` gets
 # `hash((i ^ key) * 0x9E3779B9)`, where `hash` is *lowbias32* (two rounds of xor-shift and
 # multiply) and the key comes from the seed. It is plain integer arithmetic — `XOR`, `MUL`, and
 # `IDIV` by a power of two as a right shift — so every device produces exactly the same bits,

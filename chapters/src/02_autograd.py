@@ -14,8 +14,8 @@
 # - how to check gradients against finite differences, and how `no_grad` and `detach()` stop
 #   them.
 #
-# **Where it lives:** [`tinyteach/gradient.py`](../tinyteach/gradient.py) (the rules and the
-# walk) and `Tensor.backward` / `Tensor.gradient` in [`tensor.py`](../tinyteach/tensor.py).
+# **Where it lives:** [`tinyteach/tensor/gradient.py`](../tinyteach/tensor/gradient.py) (the rules and the
+# walk) and `Tensor.backward` / `Tensor.gradient` in [`tensor/core.py`](../tinyteach/tensor/core.py).
 
 # %% id="autograd-02"
 import numpy as np
@@ -64,8 +64,8 @@ print(x.grad.uop)
 # gather, where composition would store every window's gradient and then sum it.)
 
 # %% id="autograd-08"
-from tinyteach.gradient import GRADIENT_RULES
-from tinyteach.uop import PRIMITIVE_OPS, Ops, UOp
+from tinyteach.ir.uop import PRIMITIVE_OPS, Ops, UOp
+from tinyteach.tensor.gradient import GRADIENT_RULES
 
 with_rule = [op.name for op in PRIMITIVE_OPS if op in GRADIENT_RULES]
 print(len(with_rule), "primitive ops with a rule:", ", ".join(with_rule))
@@ -92,7 +92,7 @@ print("sources, no rule needed:", [op.name for op in PRIMITIVE_OPS if op not in 
 # with `g = 1`: the answer is `−1/16`.
 
 # %% id="autograd-10"
-from tinyteach.rewrite import graph_rewrite, symbolic
+from tinyteach.ir.rewrite import graph_rewrite, symbolic
 
 a = UOp.const(dtypes.float32, 4.0)
 node = a.alu(Ops.RECIPROCAL)
@@ -301,7 +301,7 @@ print("backward() filled w and data:", w.grad.tolist(), data.grad.tolist())
 
 # %% [markdown] id="autograd-36"
 # What autograd remembers between calls is one object, `AUTOGRAD` (an `AutogradState` in
-# [`tensor_core.py`](../tinyteach/tensor_core.py)), whose docstring states how its maps and
+# [`tensor/core.py`](../tinyteach/tensor/core.py)), whose docstring states how its maps and
 # each tensor's own fields stay consistent: the live tensors `backward()` may fill, the lazy graph
 # behind each realized tensor on a path to a leaf (so gradients still pass through a tensor
 # realized half-way), and the losses that must be computed before an optimizer's step

@@ -14,7 +14,7 @@
 # - every node knows its shape, and integer nodes know their smallest and largest value;
 # - how to print a graph (`pretty`) and draw it (`viz.graph`).
 #
-# **Where it lives:** [`tinyteach/uop.py`](../tinyteach/uop.py).
+# **Where it lives:** [`tinyteach/ir/uop.py`](../tinyteach/ir/uop.py).
 
 # %% id="ir-02"
 import numpy as np
@@ -28,7 +28,7 @@ rng = np.random.default_rng(0)
 import viz  # drawings: viz.graph, viz.schedule, viz.kernel, viz.rewrites
 
 # %% id="ir-03"
-from tinyteach.uop import PRIMITIVE_OPS, Ops, UOp, pretty
+from tinyteach.ir.uop import PRIMITIVE_OPS, Ops, UOp, pretty
 
 # %% [markdown] id="ir-04"
 # ## One node type
@@ -85,7 +85,7 @@ print("IDIV:", c_idiv, "  MOD:", c_mod, "  (Python's // would give", a.numpy() /
 # %% [markdown] id="ir-10"
 # ## Shapes are derived, not stored
 #
-# A node's shape follows from its sources and its arg (`SHAPE_RULES` in uop.py): movement ops
+# A node's shape follows from its sources and its arg (`SHAPE_RULES` in ir/uop.py): movement ops
 # say their new shape in the arg, `REDUCE_AXIS` keeps reduced axes with size 1, elementwise ops
 # take their sources' shape.
 

@@ -12,8 +12,8 @@
 # - why the raw expressions look clumsy — and why that is fine, because chapter 5 simplifies
 #   them.
 #
-# **Where it lives:** [`tinyteach/view.py`](../tinyteach/view.py). Its user is
-# [`lower.py`](../tinyteach/lower.py), which turns these expressions into the loads of
+# **Where it lives:** [`tinyteach/ir/view.py`](../tinyteach/ir/view.py). Its user is
+# [`codegen/lower.py`](../tinyteach/codegen/lower.py), which turns these expressions into the loads of
 # generated code (chapter 7).
 
 # %% id="views-02"
@@ -27,8 +27,8 @@ rng = np.random.default_rng(0)
 # %load_ext tinyteach
 
 # %% id="views-03"
-from tinyteach.uop import Ops, UOp
-from tinyteach.view import index_into_buffer, view_index
+from tinyteach.ir.uop import Ops, UOp
+from tinyteach.ir.view import index_into_buffer, view_index
 from viz.rewrites import expression  # prints an index UOp as a formula: ((gidx0*4)+gidx1)
 
 # %% [markdown] id="views-04"
@@ -110,7 +110,7 @@ print("valid:   ", valid)
 # %% id="views-11"
 import itertools
 
-from tinyteach.rewrite import PYTHON_ALU
+from tinyteach.ir.rewrite import PYTHON_ALU
 
 
 def evaluate(node: UOp, env: dict[UOp, int]):
@@ -170,7 +170,7 @@ print(len(position.toposort), "nodes")
 # remove it — that is chapter 5's `symbolic`:
 
 # %% id="views-17"
-from tinyteach.rewrite import graph_rewrite, symbolic
+from tinyteach.ir.rewrite import graph_rewrite, symbolic
 
 simplified = graph_rewrite(position, symbolic)
 print(expression(simplified), "-", len(simplified.toposort), "nodes")

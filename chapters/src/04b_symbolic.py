@@ -17,10 +17,10 @@
 #   the trick behind the GPT's KV cache in chapter 11b;
 # - what happens to a value outside the range: a clear error, never a write past a buffer.
 #
-# **Where it lives:** the symbolic half of [`tinyteach/uop.py`](../tinyteach/uop.py)
+# **Where it lives:** the symbolic half of [`tinyteach/ir/uop.py`](../tinyteach/ir/uop.py)
 # (`Variable`, `bind`, `unbind_graph`, `sym_*`, `vmin`/`vmax`), movement ops over symbolic sizes
-# in [`tinyteach/view.py`](../tinyteach/view.py), and their users: `realize.py` (var_vals at
-# launch), `lower.py` (symbolic loop bounds) and `jit.py` (replay with new values).
+# in [`tinyteach/ir/view.py`](../tinyteach/ir/view.py), and their users: `engine/realize.py` (var_vals at
+# launch), `codegen/lower.py` (symbolic loop bounds) and `engine/jit.py` (replay with new values).
 
 # %% id="sym-02"
 import numpy as np
@@ -31,10 +31,11 @@ Device.DEFAULT = "CPU"      # generated C, compiled here: the kernels below are 
 Tensor.manual_seed(0)
 rng = np.random.default_rng(0)
 
-from tinyteach.lower import lower
-from tinyteach.realize import build_schedule, record_launches, runner_cache
-from tinyteach.rewrite import graph_rewrite, record_rewrites, symbolic
-from tinyteach.uop import Ops, pretty, unbind_graph, variables_of
+from tinyteach.codegen.lower import lower
+from tinyteach.engine.realize import build_schedule, record_launches, runner_cache
+from tinyteach.ir.rewrite import graph_rewrite, record_rewrites, symbolic
+from tinyteach.ir.uop import Ops, pretty, unbind_graph, variables_of
+from tinyteach.opt.heuristic import heuristic_plan
 from viz.rewrites import expression  # an integer UOp as a formula: ((n*4)+k)
 
 # %% [markdown] id="sym-03"
@@ -122,7 +123,7 @@ assert item.name == "E_n" and item.var_vals == {"n": 5}
 # size is lowered without optimizations: upcasting and unrolling split loops of *known* sizes.)
 
 # %% id="sym-14"
-program = lower(item.ast)
+program = lower(item.ast, heuristic_plan(item.ast))
 print(program)
 print("variables:", [v.arg for v in program.variables])
 (loop,) = [u for u in program.uops if u.op is Ops.RANGE]
@@ -285,8 +286,8 @@ assert attend.captured.var_vals == {"pos": MAX_POSITIONS - 1}
 #   wider range.
 
 # %% id="sym-26"
-from tinyteach.jit import JitError
-from tinyteach.realize import launch_kernel
+from tinyteach.engine.jit import JitError
+from tinyteach.engine.realize import launch_kernel
 
 
 def error_of(attempt) -> str:

@@ -13,8 +13,8 @@
 # - recording every step with `record_rewrites()` and stepping through them with
 #   `viz.rewrites`.
 #
-# **Where it lives:** [`tinyteach/rewrite.py`](../tinyteach/rewrite.py). It builds on
-# [`uop.py`](../tinyteach/uop.py) and is used by [`lower.py`](../tinyteach/lower.py), which runs
+# **Where it lives:** [`tinyteach/ir/rewrite.py`](../tinyteach/ir/rewrite.py). It builds on
+# [`ir/uop.py`](../tinyteach/ir/uop.py) and is used by [`codegen/lower.py`](../tinyteach/codegen/lower.py), which runs
 # `symbolic` over every kernel's index math.
 
 # %% id="rewrite-02"
@@ -27,7 +27,7 @@ Tensor.manual_seed(0)       # random tensors: the same numbers on every run
 rng = np.random.default_rng(0)
 # %load_ext tinyteach
 import viz  # drawings: viz.graph, viz.schedule, viz.kernel, viz.rewrites
-from tinyteach.rewrite import (
+from tinyteach.ir.rewrite import (
     PatternMatcher,
     UPat,
     graph_rewrite,
@@ -36,7 +36,7 @@ from tinyteach.rewrite import (
 )
 
 # %% id="rewrite-03"
-from tinyteach.uop import Ops, UOp
+from tinyteach.ir.uop import Ops, UOp
 from viz.rewrites import expression, steps_text
 
 i = UOp(Ops.RANGE, dtypes.int32, (), ("g", 0, 4))   # 0 <= gidx0 < 4
@@ -164,7 +164,7 @@ for e in [(i * 8 + j) // 8, (i * 8 + j) % 8, (i * 8 + j) // 8 % 4, (i * 16 + j *
 # %% id="rewrite-17"
 import itertools
 
-from tinyteach.rewrite import PYTHON_ALU
+from tinyteach.ir.rewrite import PYTHON_ALU
 
 
 def evaluate(node: UOp, env: dict[UOp, int]):
@@ -189,7 +189,7 @@ print("all simplifications keep their values")
 # node before and after. (`DEBUG=5` prints the same steps as they happen.)
 
 # %% id="rewrite-19"
-from tinyteach.view import index_into_buffer
+from tinyteach.ir.view import index_into_buffer
 
 base = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
 view = base.reshape(12).reshape(3, 4).permute(1, 0)      # chapter 4's clumsy round trip
@@ -289,9 +289,9 @@ assert recombined_raw is r0 * 6 + g0
 # kernel's index math.
 
 # %% id="rewrite-37"
-from tinyteach.gradient import GRADIENT_RULES
 from tinyteach.render.c import CRenderer
 from tinyteach.runtime.numpy import NUMPY_OPS
+from tinyteach.tensor.gradient import GRADIENT_RULES
 
 tables = {"symbolic (chapters 5 and 7)": symbolic, "gradient rules (chapter 2)": GRADIENT_RULES,
           "C's code_for_op (chapter 8)": CRenderer().code_for_op,

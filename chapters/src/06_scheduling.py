@@ -21,7 +21,7 @@
 #   still in cache;
 # - every cut and every fusion is written down in plain words, so you can ask *why*.
 #
-# The chapter's module is [`tinyteach/schedule.py`](../tinyteach/schedule.py) (`create_schedule`,
+# The chapter's module is [`tinyteach/engine/schedule.py`](../tinyteach/engine/schedule.py) (`create_schedule`,
 # `ScheduleItem`); the drawings come from [`viz/schedule.py`](../viz/schedule.py) and
 # [`viz/graph.py`](../viz/graph.py).
 
@@ -36,7 +36,7 @@ Device.DEFAULT = "CPU"   # every chapter runs on the CPU device: generated C, co
 Tensor.manual_seed(0)
 rng = np.random.default_rng(0)
 
-from tinyteach.schedule import create_schedule
+from tinyteach.engine.schedule import create_schedule
 
 
 def schedule_of(*tensors):
@@ -164,7 +164,7 @@ drawing
 # On the CPU a kernel's output loops *are* loops, and a short row fits in the core's cache.
 # Then a kernel can do what a hand-written softmax does, per row: one pass for the max, one
 # for the sum of exps, one for the outputs. The first pass brings the row into cache; the
-# others read it from there. The scheduler's second rule (`fuses_along_rows` in schedule.py):
+# others read it from there. The scheduler's second rule (`fuses_along_rows` in engine/schedule.py):
 # **a chain of reductions over the same rows stays in the one kernel that reads it** when
 #
 # - the row is at most `MAX_FUSED_ROW_BYTES` = 32 KiB (8,192 float32s: L1 and L2 hold it),
@@ -223,12 +223,14 @@ for name, values in expected.items():
 # %% id="sched-52"
 import re
 
-from tinyteach.lower import lower
+from tinyteach.codegen.lower import lower
+from tinyteach.opt.heuristic import heuristic_plan
 
 big = Tensor.empty(4096, 1024)
 (big_softmax,) = schedule_of(big.softmax(1))
 renderer = Device["CPU"].renderer
-source = renderer.render(big_softmax.name, lower(big_softmax.ast, None, renderer.vector_width))
+plan = heuristic_plan(big_softmax.ast, renderer.vector_width)
+source = renderer.render(big_softmax.name, lower(big_softmax.ast, plan))
 loop_lines = [line for line in source.splitlines()
               if re.match(r"\s*(for|#pragma omp parallel)", line) and "_half" not in line]
 print("\n".join(line.split(") for")[0] + ")" if ") for" in line else line
@@ -269,7 +271,7 @@ for length, kernels in ((2048, 1), (2049, 3)):
 # %% [markdown] id="sched-19"
 # ## Every reason, one at a time
 #
-# `find_realized` in schedule.py decides which nodes get a buffer of their own. Its complete list
+# `find_realized` in engine/schedule.py decides which nodes get a buffer of their own. Its complete list
 # of reasons:
 #
 # | node | stored because |

@@ -22,12 +22,12 @@
 # apply it one step at a time, run BEAM and read every candidate list with its time, and read
 # the list BEAM's cache keeps, which realize applies the next time.
 #
-# Modules: [`tinyteach/lower.py`](../tinyteach/lower.py) (`lower_ast`, `vectorize`,
-# `linearize`, `lower`, `LinearProgram`), [`tinyteach/opt.py`](../tinyteach/opt.py)
+# Modules: [`tinyteach/codegen/lower.py`](../tinyteach/codegen/lower.py) (`lower_ast`, `vectorize`,
+# `linearize`, `lower`, `LinearProgram`), [`tinyteach/opt/`](../tinyteach/opt/)
 # (`Kernel`, `Opt`, `OptOps`, `hand_coded_optimizations`, the heuristic `choose_options`),
-# [`tinyteach/plan.py`](../tinyteach/plan.py) (`KernelOptions`: the plan the actions build),
-# [`tinyteach/pack.py`](../tinyteach/pack.py) (packing) and
-# [`tinyteach/search.py`](../tinyteach/search.py) (BEAM).
+# [`tinyteach/codegen/plan.py`](../tinyteach/codegen/plan.py) (`KernelOptions`: the plan the actions build),
+# [`tinyteach/opt/pack.py`](../tinyteach/opt/pack.py) (packing) and
+# [`tinyteach/opt/search.py`](../tinyteach/opt/search.py) (BEAM).
 
 # %% id="lower-02"
 # %load_ext tinyteach
@@ -42,12 +42,13 @@ rng = np.random.default_rng(0)
 
 from collections import Counter
 
-from tinyteach.lower import lower
-from tinyteach.opt import NO_OPTIONS, KernelOptions, choose_options
+from tinyteach.codegen.lower import lower
+from tinyteach.codegen.plan import NO_OPTIONS, KernelOptions
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.rewrite import record_rewrites
+from tinyteach.ir.uop import Ops, pretty
+from tinyteach.opt.heuristic import choose_options
 from tinyteach.render.c import CRenderer
-from tinyteach.rewrite import record_rewrites
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops, pretty
 
 
 def kernel_of(tensor):
@@ -185,7 +186,7 @@ assert "acc1 " not in plain[0]
 # ### Vectors
 #
 # The vector tile is lowered with a *lane* index standing for 16 columns at once
-# (`gidx1*32 + lane` and `gidx1*32 + 16 + lane`); `vectorize` in lower.py then turns every value
+# (`gidx1*32 + lane` and `gidx1*32 + 16 + lane`); `vectorize` in codegen/lower.py then turns every value
 # that depends on the lane into a vector. A load at `base + lane` becomes one vector load at
 # `base`, `val0*val1` multiplies one float of `a` with 16 floats of `b`, each of the 16
 # accumulators holds 16 sums, and a store writes 16 outputs. C has no vector types of its own:
@@ -296,14 +297,14 @@ for label, (_, program) in (("scalar", scalar), ("NOOPT=1", plain), ("4x8 tile",
 #
 # At each step of its sum, the vector tile reads 32 consecutive floats of a row of `b`, then
 # jumps a whole row ahead. For a big `b` those rows are kilobytes apart, land in the same few
-# cache sets and evict each other. `pack.py` adds one kernel before such a matmul: a copy of `b`
+# cache sets and evict each other. `opt/pack.py` adds one kernel before such a matmul: a copy of `b`
 # into *panels* of 32 columns, each panel's rows one after the other, so the tile walks
 # consecutive memory. The copy is generated like any kernel (a reshape and a permute made
 # contiguous); the matmul reads the panels back through index arithmetic. Small operands (an
 # MLP's weights) stay in cache without it, and are left alone.
 
 # %% id="lower-28"
-from tinyteach.pack import plan_packing
+from tinyteach.opt.pack import plan_packing
 
 big1 = Tensor(rng.standard_normal((1024, 1024)).astype(np.float32)).realize()
 big2 = Tensor(rng.standard_normal((1024, 1024)).astype(np.float32)).realize()
@@ -320,7 +321,7 @@ assert plan_packing(matmul.ast, 16) is None  # 256x256 stays in cache: no packin
 # `viz.schedule` draws the packing kernel before anything has run:
 
 # %% id="lower-30"
-from tinyteach.realize import record_launches
+from tinyteach.engine.realize import record_launches
 
 drawn = [line for line in viz.schedule(big1 @ big2).text.splitlines()
          if line.startswith("kernel ")]
@@ -337,7 +338,7 @@ np.testing.assert_allclose(product, big1.numpy() @ big2.numpy(), rtol=1e-4, atol
 #
 # The heuristic is a guess. tinygrad can instead *search*: compile variants of each kernel
 # (other upcast factors, threads on or off, vectors or scalars), time them on scratch buffers and
-# keep the fastest. tinyteach does the same with `BEAM=n` (the beam width; `search.py`), and adds a
+# keep the fastest. tinyteach does the same with `BEAM=n` (the beam width; `opt/search.py`), and adds a
 # check of its own that tinygrad's BEAM does not make: each candidate's output is compared with the
 # heuristic kernel's on the same inputs, and a candidate that disagrees is discarded, so a timing
 # can never trade correctness. The choice is cached on disk, so each kernel is searched once per
@@ -385,7 +386,7 @@ with Context(DEBUG=3):
 #
 # Everything above was chosen for you. tinygrad's way to say what to do to a kernel, which its
 # users know, is a list of **actions**: `Opt(OptOps.UPCAST, 1, 8)` upcasts output axis 1 by 8.
-# tinyteach has the same API (`tinyteach/opt.py`): a `Kernel(ast, device)`, `apply_opt(opt)`,
+# tinyteach has the same API (`tinyteach/opt/`): a `Kernel(ast, device)`, `apply_opt(opt)`,
 # `applied_opts` and `to_program()`. Each action is checked when it is applied. The heuristic
 # (`hand_coded_optimizations`) and BEAM produce such lists, and the engine compiles every kernel
 # by applying its list to it, one action at a time. The actions:
@@ -472,7 +473,7 @@ for count in range(len(native_actions) + 1):
 # very source that `(a @ b).realize()` compiles (and `DEBUG=4` prints):
 
 # %% id="lower-62"
-from tinyteach.realize import record_launches
+from tinyteach.engine.realize import record_launches
 
 m4 = Tensor(rng.standard_normal((256, 256)).astype(np.float32)).realize()
 fresh = kernel_of(m1 @ m4)   # a kernel the engine has not compiled yet
@@ -537,8 +538,8 @@ import io
 import json
 import shutil
 
-from tinyteach import search
-from tinyteach.opt import actions_of
+from tinyteach.opt import search
+from tinyteach.opt.kernel import actions_of
 
 
 @contextlib.contextmanager
@@ -644,7 +645,7 @@ assert ranges == [("g", 0, 8), ("r", 0, 4)]
 
 # %% [markdown] id="lower-44"
 # **Try it — no tile for elementwise.** What does `choose_options` pick for the elementwise kernel of `m1 + m2`, and why no upcast?
-# (Read `choose_options` in `opt.py`.)
+# (Read `choose_options` in `opt/`.)
 
 # %% id="lower-45"
 # your code here

@@ -30,14 +30,15 @@ Device.DEFAULT = "CPU"   # every chapter runs on the CPU device: generated C, co
 Tensor.manual_seed(0)
 rng = np.random.default_rng(0)
 
+from tinyteach.codegen.lower import lower
 from tinyteach.dtype import dtypes
-from tinyteach.lower import lower
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.uop import Ops
+from tinyteach.opt.heuristic import heuristic_plan
 from tinyteach.render.c import CRenderer
 from tinyteach.render.cuda import CUDARenderer
 from tinyteach.render.opencl import OpenCLRenderer
 from tinyteach.render.wgsl import WGSLRenderer
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops
 
 RENDERERS = {"C": CRenderer(), "OpenCL": OpenCLRenderer(), "CUDA": CUDARenderer(),
              "WGSL": WGSLRenderer()}
@@ -137,7 +138,7 @@ assert all(snippet(r, Ops.IDIV, "a", "b", dtype=int32) == shared(r, ["a", "b"], 
 # %% id="codegen-08"
 x = Tensor(rng.uniform(0, 4, (6, 3)).astype(np.float32)).realize()
 item = kernel_of((x * 2 + 1).sqrt().maximum(x))
-program = lower(item.ast)
+program = lower(item.ast, heuristic_plan(item.ast))
 print(item.name)
 print(RENDERERS["C"].render(item.name, program))
 
@@ -206,12 +207,13 @@ assert "@compute" in wgsl_source and "select(" in wgsl_source
 # %% id="codegen-18"
 doubles = Tensor(np.arange(4, dtype=np.float64)).realize()
 double_kernel = kernel_of(doubles + 1)
+double_program = lower(double_kernel.ast, heuristic_plan(double_kernel.ast))
 try:
-    RENDERERS["WGSL"].render(double_kernel.name, lower(double_kernel.ast))
+    RENDERERS["WGSL"].render(double_kernel.name, double_program)
     raise AssertionError("WGSL must refuse float64")
 except Exception as error:
     print(type(error).__name__ + ":", error)
-print(RENDERERS["C"].render(double_kernel.name, lower(double_kernel.ast)).splitlines()[2])
+print(RENDERERS["C"].render(double_kernel.name, double_program).splitlines()[2])
 
 # %% [markdown] id="codegen-19"
 # ## All languages side by side
@@ -258,19 +260,20 @@ np.testing.assert_allclose(y.numpy(), np.maximum(np.sqrt(x.numpy() * 2 + 1), x.n
 # %% id="codegen-40"
 import time
 
-from tinyteach.realize import build_schedule
+from tinyteach.engine.realize import build_schedule
 
 images = Tensor(rng.standard_normal((8, 8, 18, 18)).astype(np.float32)).realize()
 filters = Tensor(rng.standard_normal((16, 8, 3, 3)).astype(np.float32)).realize()
 conv = images.conv2d(filters)
 plain, _ = create_schedule([conv.uop], "CPU")      # the scheduler's one kernel
-packed = build_schedule([conv.uop], "CPU").items   # after packing (pack.py): what realize runs
+packed = build_schedule([conv.uop], "CPU").items   # after packing (opt/pack.py): what realize runs
 
 
 def inner_loop(item):
     """The C of a kernel's innermost loop: where it spends its time."""
     renderer = Device["CPU"].renderer
-    source = renderer.render(item.name, lower(item.ast, vector_width=renderer.vector_width))
+    program = lower(item.ast, heuristic_plan(item.ast, renderer.vector_width))
+    source = renderer.render(item.name, program)
     lines = source.splitlines()
     start = max(k for k, line in enumerate(lines) if "for (int ridx" in line)
     indent = len(lines[start]) - len(lines[start].lstrip())
@@ -283,7 +286,7 @@ print(plain[0].name)
 print(inner_loop(plain[0]))
 
 # %% [markdown] id="codegen-41"
-# Sixteen scalar accumulators, 17 loads for 16 multiply-adds. Packing (the `pack.py` section of
+# Sixteen scalar accumulators, 17 loads for 16 multiply-adds. Packing (the `opt/pack.py` section of
 # chapter 7) fixes the layout instead of the loop. Its *channel tile* turns the one kernel into
 # three:
 #
@@ -333,7 +336,8 @@ def fastest(items, repeats=20):
     """Seconds to run these kernels once each, in order (the best of `repeats` tries)."""
     programs = []
     for item in items:
-        source = native.render(item.name, lower(item.ast, vector_width=native.vector_width))
+        program = lower(item.ast, heuristic_plan(item.ast, native.vector_width))
+        source = native.render(item.name, program)
         source = source.replace("#pragma omp parallel for", "")  # one thread: a fair compare
         programs.append(backend.program(item.name, backend.compiler.compile(source)))
         for buffer in item.buffers:
@@ -435,14 +439,14 @@ class FmaxRenderer(CRenderer):
 
 
 max_kernel = kernel_of(x.maximum(1.0))
-source = FmaxRenderer().render(max_kernel.name, lower(max_kernel.ast))
+max_program = lower(max_kernel.ast, heuristic_plan(max_kernel.ast))
+source = FmaxRenderer().render(max_kernel.name, max_program)
 print(source)
-assert "fmaxf(" in source and "fmaxf(" not in CRenderer().render(max_kernel.name,
-                                                                 lower(max_kernel.ast))
+assert "fmaxf(" in source and "fmaxf(" not in CRenderer().render(max_kernel.name, max_program)
 
 # %% [markdown] id="codegen-29"
 # **Try it — where is exp?.** Render `x.exp()` in C. Which math function appears, and why not `expf`? (Hint: look for
-# `EXP2` in `tinyteach/uop.py`'s primitive ops.)
+# `EXP2` in `tinyteach/ir/uop.py`'s primitive ops.)
 
 # %% id="codegen-30"
 # your code here
@@ -452,7 +456,8 @@ assert "fmaxf(" in source and "fmaxf(" not in CRenderer().render(max_kernel.name
 
 # %% id="codegen-32" jupyter={"source_hidden": true} tags=["solution"]
 exp_kernel = kernel_of(x.exp())
-source = RENDERERS["C"].render(exp_kernel.name, lower(exp_kernel.ast))
+exp_program = lower(exp_kernel.ast, heuristic_plan(exp_kernel.ast))
+source = RENDERERS["C"].render(exp_kernel.name, exp_program)
 print(source)
 # exp is not a primitive op: Tensor.exp is exp2(x * log2(e)), so only exp2 needs a snippet
 assert "exp2f(" in source and "expf(" not in source
@@ -481,7 +486,7 @@ print("\n".join(diff))
 #
 # `exp2f` is a function in libm. gcc vectorizes a loop only when every step in it has a vector
 # instruction, and a call has none: so softmax's sum loop, `acc += exp2f(...)`, adds one element
-# at a time. `tinyteach/transcendental.py` writes exp2 as arithmetic instead: clamp x to
+# at a time. `tinyteach/codegen/transcendental.py` writes exp2 as arithmetic instead: clamp x to
 # [-152, 130], split it into an integer n and a fraction f in [-0.5, 0.5], compute 2**f with a
 # polynomial of degree 6 (Horner's rule), and build 2**n from its bits (n + 127 in the exponent
 # field, read as a float: a BITCAST). The C renderer does this in the loops whose sums are split
@@ -492,7 +497,7 @@ from tinyteach.helpers import Context
 
 rows = Tensor(np.random.default_rng(0).standard_normal((64, 1024)).astype(np.float32))
 softmax_kernel = kernel_of(rows.softmax(-1))
-softmax_program = lower(softmax_kernel.ast, None, vector_width=8)
+softmax_program = lower(softmax_kernel.ast, heuristic_plan(softmax_kernel.ast, 8))
 sources = {}
 for setting in (0, 1):
     with Context(TRANSCENDENTAL=setting):
@@ -544,7 +549,7 @@ np.testing.assert_allclose(rows.softmax(-1).numpy(), expected, rtol=2e-6, atol=1
 #   chain of dependent steps; a compiler will not split it, and OpenMP's `max` reduction would
 #   drop a NaN.
 #
-# So the optimizer gives a row kernel one row per iteration (`opt._one_row_at_a_time`); a kernel
+# So the optimizer gives a row kernel one row per iteration (`heuristic._one_row_at_a_time`); a kernel
 # whose integers are only positions is compiled without `-fwrapv`
 # (`render.c.integers_are_positions`: no integer is loaded, stored, summed or converted, so
 # nothing can wrap); and the renderer splits the max and the sums into lanes itself.
@@ -570,7 +575,7 @@ np.testing.assert_allclose(rows.softmax(-1).numpy(), expected, rtol=2e-6, atol=1
 # %% id="codegen-62"
 import re
 
-from tinyteach.opt import KernelOptions
+from tinyteach.codegen.plan import KernelOptions
 
 norm_rows = Tensor(rng.standard_normal((4096, 1024)).astype(np.float32))
 row_kernel = kernel_of(norm_rows.softmax(-1))
@@ -579,7 +584,8 @@ tiled = KernelOptions(upcasts=((0, 4), (1, 4)), parallel=True)  # the usual 4x4 
 with Context(FIXED_LANES=0, ROW_CACHE=0):  # sums under `omp simd`, exp computed twice
     before = cpu.render(row_kernel.name, lower(row_kernel.ast, tiled))
 before = before.replace(', "no-wrapv"', "")  # built as every kernel was: with -fwrapv
-after = cpu.render(row_kernel.name, lower(row_kernel.ast, None, cpu.vector_width))
+after = cpu.render(row_kernel.name,
+                   lower(row_kernel.ast, heuristic_plan(row_kernel.ast, cpu.vector_width)))
 
 
 def loop_lines(source):

@@ -27,8 +27,8 @@
 #   reduction of the chain, and every thread storing its columns: one kernel instead of three.
 #
 # Modules: [`tinyteach/runtime/python.py`](../tinyteach/runtime/python.py) (the emulator),
-# [`tinyteach/lower.py`](../tinyteach/lower.py) and [`tinyteach/opt.py`](../tinyteach/opt.py)
-# (the group reduction, local tiles), [`tinyteach/wmma.py`](../tinyteach/wmma.py) (tensor
+# [`tinyteach/codegen/lower.py`](../tinyteach/codegen/lower.py) and [`tinyteach/opt/`](../tinyteach/opt/)
+# (the group reduction, local tiles), [`tinyteach/codegen/wmma.py`](../tinyteach/codegen/wmma.py) (tensor
 # cores), [`viz/threads.py`](../viz/threads.py) (the drawings).
 
 # %% id="gpu-02"
@@ -40,11 +40,11 @@ Device.DEFAULT = "CPU"   # every chapter runs on the CPU device; this one's tens
 Tensor.manual_seed(0)
 rng = np.random.default_rng(0)
 
-from tinyteach.lower import LinearProgram, lower
-from tinyteach.opt import KernelOptions
+from tinyteach.codegen.lower import LinearProgram, lower
+from tinyteach.codegen.plan import KernelOptions
+from tinyteach.engine.schedule import create_schedule
+from tinyteach.ir.uop import Ops
 from tinyteach.runtime.python import SharedMemoryRaceError, emulate, record_threads
-from tinyteach.schedule import create_schedule
-from tinyteach.uop import Ops
 from viz.threads import (
     access_pattern,
     launch_grid,
@@ -247,8 +247,8 @@ else:
 
 # %% id="gpu-26"
 from tinyteach.dtype import dtypes
+from tinyteach.ir.uop import UOp, toposort_of
 from tinyteach.runtime.python import BarrierDivergenceError, OutOfBoundsError
-from tinyteach.uop import UOp, toposort_of
 
 
 def hand_written(store, loop):
@@ -485,7 +485,7 @@ print("the inner loop on 63 columns:", " ".join(inner_loop(odd_program)))
 # %% id="gpu-57"
 import math
 
-from tinyteach import search
+from tinyteach.opt import search
 
 result = search.beam_search(Device["PYTHON"], square.ast, square.name, width=2)
 assert result.unit == "cost" and result.best in result.tried
@@ -613,7 +613,7 @@ print("\n".join(shown))
 
 # %% [markdown] id="gpu-42"
 # The products of two halves are exact in float32 and the tensor core sums in float32. Every
-# half sum in tinyteach does the same (`sum_acc_dtype` in tensor_core.py, as tinygrad and
+# half sum in tinyteach does the same (`sum_acc_dtype` in tensor/core.py, as tinygrad and
 # PyTorch): a half matmul's kernel is a sum in float32 of the products, cast back to half
 # once. A sum kept in half would round after every addition: with k = 512, against float64,
 # the half-sum error (simulated in numpy, one product at a time) is far above either kernel's:
@@ -676,9 +676,9 @@ print("largest error against float64: tensor cores < 1e-4, float32 sums rounded 
 # matmul on the emulator:
 
 # %% id="gpu-71"
-from tinyteach.opt import options_for_renderer
+from tinyteach.codegen.wmma import M16N8K16, tensor_core_block
+from tinyteach.opt.heuristic import options_for_renderer
 from tinyteach.runtime.python import PythonRenderer
-from tinyteach.wmma import M16N8K16, tensor_core_block
 from viz.threads import block_layout
 
 block_rng = np.random.default_rng(70)
@@ -779,8 +779,9 @@ print("\n".join(shown))
 
 # %% id="gpu-45"
 from tinyteach import GlobalCounters
+from tinyteach.codegen.plan import MAX_GROUP_ROW
 from tinyteach.helpers import Context
-from tinyteach.opt import MAX_GROUP_ROW, options_for_renderer
+from tinyteach.opt.heuristic import options_for_renderer
 
 scores = rng.normal(size=(8, 200)).astype(np.float32)
 expected = np.exp(scores - scores.max(1, keepdims=True))

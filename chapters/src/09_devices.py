@@ -9,7 +9,7 @@
 # - two kinds of backend: the **NUMPY** device *interprets* a kernel's ops with numpy (no
 #   renderer, no compiler), the **CPU** device *compiles* the generated C with gcc or clang and
 #   calls it with ctypes. Same schedule, same results;
-# - the **engine** (`realize.py`): schedule → get a runnable program per kernel → run them in
+# - the **engine** (`engine/realize.py`): schedule → get a runnable program per kernel → run them in
 #   order, counting everything in `GlobalCounters`. Programs are cached, in memory and on disk;
 # - `Device.DEFAULT` and `DEV=NAME` choose the device; a `Buffer` is allocated when first needed
 #   and freed when nothing refers to it; the host allocator keeps freed memory in a **pool**;
@@ -21,11 +21,11 @@
 #   training on two devices gives one device's losses.
 #
 # Modules: [`tinyteach/device.py`](../tinyteach/device.py) (Allocator, Compiler, Buffer, Device),
-# [`tinyteach/realize.py`](../tinyteach/realize.py) (the engine),
+# [`tinyteach/engine/realize.py`](../tinyteach/engine/realize.py) (the engine),
 # [`runtime/numpy.py`](../tinyteach/runtime/numpy.py) (the interpreter, and the reference
 # meaning of every primitive op), [`runtime/cpu.py`](../tinyteach/runtime/cpu.py) (compiled C),
 # [`runtime/opencl.py`](../tinyteach/runtime/opencl.py) (OpenCL C through pyopencl) and
-# [`tinyteach/multi.py`](../tinyteach/multi.py) (tensors over several devices).
+# [`tinyteach/tensor/multi.py`](../tinyteach/tensor/multi.py) (tensors over several devices).
 
 # %% id="dev-02"
 # %load_ext tinyteach
@@ -45,8 +45,8 @@ import weakref
 
 from tinyteach.device import Buffer
 from tinyteach.dtype import dtypes
-from tinyteach.realize import get_runner, runner_cache
-from tinyteach.schedule import create_schedule
+from tinyteach.engine.realize import get_runner, runner_cache
+from tinyteach.engine.schedule import create_schedule
 
 # %% [markdown] id="dev-03"
 # ## A backend is three pieces
@@ -241,8 +241,8 @@ print(on_cpu.numpy().round(3))
 # schedule (chapter 6), done by the engine, not inside a kernel:
 
 # %% id="dev-22"
+from tinyteach.ir.uop import PRIMITIVE_OPS
 from tinyteach.runtime.numpy import NUMPY_OPS
-from tinyteach.uop import PRIMITIVE_OPS
 
 print(len(NUMPY_OPS), "numpy functions;", len(PRIMITIVE_OPS), "primitive ops")
 print(sorted(op.name for op in NUMPY_OPS)[:10], "...")
@@ -373,7 +373,7 @@ z = Tensor(rng.standard_normal((16, 16)).astype(np.float32))
 import threading
 
 import tinyteach.runtime.cpu as cpu
-from tinyteach.realize import record_launches
+from tinyteach.engine.realize import record_launches
 
 saved = os.environ.get("TINYTEACH_CACHE")
 with tempfile.TemporaryDirectory() as directory:
@@ -488,7 +488,7 @@ print(f"{len(launches)} launches:", ", ".join(f"{n} ran a {t} build" for t, n in
 # NBVAL_IGNORE_OUTPUT
 import pstats
 
-import tinyteach.realize as realize
+import tinyteach.engine.realize as realize
 
 STAGES = {"schedule": realize.build_schedule, "lower": realize.lower,
           "render": Device["CPU"].renderer.spec, "compile": Device["CPU"].compiler.compile_many,
@@ -789,7 +789,7 @@ print(on_second.device, (on_second * 2).to("CPU").tolist())
 # A tensor over several devices is a **sharded** tensor: `t.shard(devices, axis)` cuts `t` into
 # equal parts along `axis` and copies part i to `devices[i]` (`axis=None` copies all of it to
 # each: a *replicated* tensor). Its `.device` is the tuple of devices, and its graph is one UOp
-# graph per device, the **shards** ([`tinyteach/multi.py`](../tinyteach/multi.py)'s
+# graph per device, the **shards** ([`tinyteach/tensor/multi.py`](../tinyteach/tensor/multi.py)'s
 # `MultiUOp`). An op that needs nothing from another shard — elementwise ops, and movement
 # ops that leave the split axis alone — runs on each device by itself. `DEBUG=1` shows the
 # kernels on both devices:
@@ -820,7 +820,7 @@ np.testing.assert_array_equal(y_split.numpy(), np.maximum(x_data * 2 + 1, 0))
 # steps for three devices:
 
 # %% id="dev-85"
-from tinyteach.multi import ring_steps
+from tinyteach.tensor.multi import ring_steps
 
 for step in ring_steps(3):
     print(f"{step.phase:>14} round {step.round}: chunk {step.chunk}  "
@@ -943,7 +943,7 @@ np.testing.assert_allclose(four_devices, one_device, rtol=1e-5, atol=1e-5)
 # is refused when it is made:
 
 # %% id="dev-95"
-from tinyteach.multi import ShardingError
+from tinyteach.tensor.multi import ShardingError
 
 try:
     x_split.pad(((1, 0), (0, 0)))

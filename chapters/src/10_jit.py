@@ -22,7 +22,7 @@
 #   eager schedule has the same lifetimes, drawn too; tinyteach holds its buffers until the run
 #   ends, where tinygrad plans a schedule as it plans a capture.
 #
-# Modules: [`tinyteach/jit.py`](../tinyteach/jit.py) (`TinyJit`, `CapturedJit`) and
+# Modules: [`tinyteach/engine/jit.py`](../tinyteach/engine/jit.py) (`TinyJit`, `CapturedJit`) and
 # `CPUGraph` in [`tinyteach/runtime/cpu.py`](../tinyteach/runtime/cpu.py).
 
 # %% id="jit-02"
@@ -37,7 +37,7 @@ Tensor.manual_seed(0)
 rng = np.random.default_rng(0)
 
 from tinyteach import TinyJit
-from tinyteach.jit import JitError
+from tinyteach.engine.jit import JitError
 from tinyteach.runtime.cpu import CPUGraph, render_graph
 
 # %% [markdown] id="jit-03"
@@ -216,7 +216,7 @@ scaled_sum(Tensor(np.ones((4, 4), dtype=np.float32)))
 # behaves the same way). Watch it with a jitted `double`, called four times and every result kept:
 
 # %% id="jit-37"
-from tinyteach.uop import Ops
+from tinyteach.ir.uop import Ops
 
 
 @TinyJit
@@ -261,7 +261,7 @@ assert [float(result.numpy()[0]) for result in kept] == [2.0, 4.0, 6.0, 8.0]
 # besides the input it swaps in (each launch's argument 0 is the buffer it writes):
 
 # %% id="jit-41"
-from tinyteach.realize import record_launches
+from tinyteach.engine.realize import record_launches
 
 captured = layer.captured
 swapped = {(k, position) for k, position, _ in captured.input_slots}
@@ -298,7 +298,7 @@ assert len(held) == 3 and buffer_of(first) is buffer_of(second)
 # needed only while launch 3 writes it and launch 4 reads it; from launch 5 on, its memory
 # could hold activation 5. That span — from the first launch that touches a buffer to the
 # last — is the buffer's **lifetime**, and two buffers whose lifetimes do not overlap can
-# share memory. tinygrad's JIT plans memory this way; ours is `plan_memory` in jit.py:
+# share memory. tinygrad's JIT plans memory this way; ours is `plan_memory` in engine/jit.py:
 #
 # 1. `buffer_lifetimes`: walk the launches once and note, for each piece of memory, the
 #    first and last launch that use it, and whether the first one *writes* it (argument 0);
@@ -435,7 +435,7 @@ assert all(id(memory) in written for memory in state_memory)
 # after its last use:
 
 # %% id="jit-53"
-from tinyteach.jit import MemoryPlan, assign_memory, buffer_lifetimes
+from tinyteach.engine.jit import MemoryPlan, assign_memory, buffer_lifetimes
 
 eager_input = Tensor(mlp_inputs[0]).realize()
 gc.collect()
@@ -503,7 +503,7 @@ assert len(intermediates) == DEPTH - 1 and len(schedule_plan.pieces) == 2
 # NBVAL_IGNORE_OUTPUT
 import sys
 
-from tinyteach import realize
+from tinyteach.engine import realize
 
 
 def python_calls(function) -> int:

@@ -153,7 +153,7 @@ with Tensor.train():
 # `m` and `v` start as the same lazy zeros).
 
 # %% id="dl-41"
-from tinyteach.realize import record_launches
+from tinyteach.engine.realize import record_launches
 
 
 def one_step(model, optimizer, images: Tensor, labels: Tensor) -> Tensor:
@@ -279,10 +279,10 @@ viz.schedule(step_launches[first_update:first_update + 4])
 # %% [markdown] id="dl-46"
 # ### The arange in every step
 #
-# `sparse_categorical_crossentropy` (in `tinyteach/tensor_nn.py`) picks each image's
+# `sparse_categorical_crossentropy` (in `tinyteach/tensor/nn.py`) picks each image's
 # log-probability of its label with a one-hot mask, `Y.unsqueeze(-1) == arange(10)`. An arange
 # needs no data from the host: a small `Tensor.arange` is a running sum of ones, minus one
-# (`tensor_create.py`), and a running sum is a reduction. That is kernel 3, `r_10_10`: for each
+# (`tensor/create.py`), and a running sum is a reduction. That is kernel 3, `r_10_10`: for each
 # of 10 outputs, a sum over 10 padded ones. It stores 1, …, 10; the "− 1" and the comparison
 # with the labels are fused into the two kernels that read it (CMPNE is the comparison). The
 # same ten numbers are computed again in every step: they are a graph, not a constant.

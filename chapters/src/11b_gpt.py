@@ -36,6 +36,7 @@ import viz
 from tinyteach import Device, GlobalCounters, Tensor, TinyJit, nn
 from tinyteach.device import Buffer
 from tinyteach.dtype import dtypes
+from tinyteach.engine.schedule import create_schedule
 from tinyteach.nn.state import get_parameters
 from tinyteach.nn.transformer import (
     GPT,
@@ -47,7 +48,6 @@ from tinyteach.nn.transformer import (
     sample_token,
     stdlib_docstrings,
 )
-from tinyteach.schedule import create_schedule
 
 Device.DEFAULT = "CPU"   # every chapter runs on the CPU device: generated C, compiled here
 Tensor.manual_seed(0)
@@ -132,7 +132,7 @@ assert lookup_items[0].name == "r_10_10" and "another reduction" in lookup_items
 # %% [markdown] id="gpt-07"
 # Two kernels, and the first is where `arange(96)` comes from (chapter 11's "arange in every
 # step"). An arange is a running sum of ones, and one of 96 would add up to 96 ones per element;
-# so a long arange is built from a short one (`_arange_int` in `tinyteach/tensor_create.py`):
+# so a long arange is built from a short one (`_arange_int` in `tinyteach/tensor/create.py`):
 # `10·i + j` over a 10×10 grid of `i` and `j` from `arange(10)`, flattened and cut to its first
 # 96. `r_10_10` is that `arange(10)`: 10 running sums of up to 10 ones, stored because it feeds
 # the second kernel's sum. The second kernel makes `10·i + j` from it, compares with the
@@ -209,10 +209,11 @@ viz.schedule(attention(q, k, v))
 # appears in the last three kernels and not in the product that computes the scores:
 
 # %% id="gpt-26"
-from tinyteach.lower import lower
+from tinyteach.codegen.lower import lower
+from tinyteach.opt.heuristic import heuristic_plan
 
 cpu = Device["CPU"].renderer
-sources = [cpu.render(item.name, lower(item.ast, vector_width=cpu.vector_width))
+sources = [cpu.render(item.name, lower(item.ast, heuristic_plan(item.ast, cpu.vector_width)))
            for item in primitive_items]
 scale = f"*{1 / math.sqrt(D)}f"                    # / sqrt(d): a multiplication by 0.5
 scaled = [item.name for item, source in zip(primitive_items, sources) if scale in source]
@@ -222,7 +223,7 @@ assert "void r_8_8(int* restrict data0)" in sources[0]     # the arange: 8 integ
 assert [scale in source for source in sources] == [False, False, True, True, True]
 
 # %% [markdown] id="gpt-27"
-# `Tensor.scaled_dot_product_attention(k, v, is_causal=True)` (in `tinyteach/tensor_nn.py`) is
+# `Tensor.scaled_dot_product_attention(k, v, is_causal=True)` (in `tinyteach/tensor/nn.py`) is
 # the same computation — it builds the mask with `tril` and calls `softmax` — and it becomes the
 # same kernels:
 

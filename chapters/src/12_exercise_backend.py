@@ -1,7 +1,7 @@
 # %% [markdown] id="ex-title"
 # # 12 · Exercise: build a backend
 #
-# A backend is the **29 primitive ops** of [`tinyteach/uop.py`](../tinyteach/uop.py) plus three small classes
+# A backend is the **29 primitive ops** of [`tinyteach/ir/uop.py`](../tinyteach/ir/uop.py) plus three small classes
 # (Allocator, Compiler, Program). Everything above them — fusion, autograd, the JIT, `nn` — comes for free.
 # In this chapter you build two backends yourself:
 #
@@ -37,7 +37,7 @@ from tinyteach.exercises import (
     InterpreterBackend,
     grade,
 )
-from tinyteach.uop import Ops, UOp
+from tinyteach.ir.uop import Ops, UOp
 
 Device.DEFAULT = "CPU"
 print(len(INTERPRETER_OPS), "ops for exercise A:", ", ".join(op.name for op in INTERPRETER_OPS))
@@ -607,7 +607,7 @@ grade(StudentCompiled)
 # pasted into its loop. Here is the C your backend wrote:
 
 # %% id="ex-b-source" tags=["skip-when-grading"]
-from tinyteach.realize import record_launches
+from tinyteach.engine.realize import record_launches
 
 StudentCompiled.register("STUDENT_C")
 x = Tensor(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4), device="STUDENT_C")
@@ -635,11 +635,11 @@ report_b.passed
 # until none matches. The default simplifier, `symbolic`, runs on every kernel; here are its rules:
 
 # %% id="ex-s-setup"
+from tinyteach.codegen.lower import linearize, lower_ast
+from tinyteach.engine.schedule import create_schedule
 from tinyteach.exercises import RULE_NAMES, RewriteRules
 from tinyteach.exercises.rewrites import PatternAndBuild
-from tinyteach.lower import linearize, lower_ast
-from tinyteach.rewrite import UPat, graph_rewrite, symbolic
-from tinyteach.schedule import create_schedule
+from tinyteach.ir.rewrite import UPat, graph_rewrite, symbolic
 
 print(len(symbolic.rules), "rules in symbolic:", " | ".join(name for name, _, _ in symbolic.rules))
 
@@ -657,7 +657,7 @@ print(lowered)
 
 # %% [markdown] id="ex-s1-intro"
 # **S1.** Write five rules that `symbolic` does not have. Each function returns `(pattern, build)`; the
-# `build` function gets the nodes the pattern bound, by name. This is `x*1 -> x` in rewrite.py (its name
+# `build` function gets the nodes the pattern bound, by name. This is `x*1 -> x` in ir/rewrite.py (its name
 # is the key of your table below):
 #
 # ```python

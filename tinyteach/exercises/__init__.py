@@ -1,7 +1,7 @@
 """Chapter 12: exercises — build a backend's primitive ops yourself, and grade them offline.
 
 What this teaches:
-- a backend is the primitive op set of uop.py plus three small classes (Allocator, Compiler,
+- a backend is the primitive op set of ir/uop.py plus three small classes (Allocator, Compiler,
   Program). Everything above it — fusion, autograd, the JIT, nn — comes for free;
 - Exercise A (interpreter.py): write each primitive op as a small numpy function, as the NUMPY
   device does (runtime/numpy.py is the solution);

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from tinyteach.device import CompileError, Device
+from tinyteach.engine.jit import TinyJit
 from tinyteach.exercises.cases import CASES, HINTS, Case
 from tinyteach.exercises.codegen import CODEGEN_OPS, CodegenBackend, StudentRenderer
 from tinyteach.exercises.gpu_puzzles import PuzzleKernel, grade_puzzles
@@ -62,11 +63,10 @@ from tinyteach.exercises.report import (
 )
 from tinyteach.exercises.rewrites import RewriteRules, grade_rules
 from tinyteach.helpers import memo
-from tinyteach.jit import TinyJit
+from tinyteach.ir.uop import Ops
 from tinyteach.runtime.cpu import CPUProgram
 from tinyteach.runtime.numpy import NUMPY_OPS
 from tinyteach.tensor import Tensor
-from tinyteach.uop import Ops
 
 StudentBackend = InterpreterBackend | CodegenBackend
 Gradable = InterpreterBackend | CodegenBackend | RewriteRules | PuzzleKernel  # what grade() takes
@@ -262,13 +262,14 @@ def grade_glue(backend: CodegenBackend) -> list[Row]:
 def kernel_source(renderer: StudentRenderer, a: np.ndarray,
                   b: np.ndarray) -> Iterator[tuple[str, str, Callable[[Any], np.ndarray]]]:
     """The C source of the kernel a + b, and a function that runs a program on its buffers."""
-    from tinyteach.lower import lower
-    from tinyteach.schedule import create_schedule
+    from tinyteach.codegen.lower import lower
+    from tinyteach.engine.schedule import create_schedule
+    from tinyteach.opt.heuristic import heuristic_plan
 
     left, right = Tensor(a, device="NUMPY"), Tensor(b, device="NUMPY")
     items, _ = create_schedule([(left + right).uop], "NUMPY")
     item = items[-1]
-    source = renderer.render(item.name, lower(item.ast))
+    source = renderer.render(item.name, lower(item.ast, heuristic_plan(item.ast)))
 
     def run(program: Any) -> np.ndarray:
         program(*item.buffers)

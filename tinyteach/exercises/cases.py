@@ -10,7 +10,7 @@ What this teaches:
   Python's floors, x/0 must not crash, NaN must propagate through MAX, a reduction keeps its
   reduced axes (size 1), EXPAND broadcasts, PAD fills a bool mask with False.
 
-Builds on: uop.py, dtype.py. Used by: autograder.py.
+Builds on: ir/uop.py, dtype.py. Used by: autograder.py.
 
 >>> len(CASES[Ops.IDIV]) >= 2 and all(case.node.op is Ops.IDIV for case in CASES[Ops.IDIV])
 True
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tinyteach.dtype import DType, dtypes
-from tinyteach.uop import Ops, UOp
+from tinyteach.ir.uop import Ops, UOp
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 NAN, INF = float("nan"), float("inf")

@@ -38,10 +38,10 @@ from typing import Any
 from tinyteach.device import Backend, Compiler, Device, HostAllocator
 from tinyteach.dtype import dtypes
 from tinyteach.exercises.interpreter import forget_device
+from tinyteach.ir.uop import ALU, Ops
 from tinyteach.render import CodeForOp, CStyleRenderer
 from tinyteach.render.c import CRenderer
 from tinyteach.runtime.cpu import ClangStyleCompiler, CPUProgram, find_c_compiler
-from tinyteach.uop import ALU, Ops
 
 CODEGEN_OPS: tuple[Ops, ...] = ALU
 

@@ -17,7 +17,8 @@ What this teaches:
   of global memory), no access out of bounds, and at most so many global and shared reads per
   thread (Trace.reads_per_thread). Every failure names a thread.
 
-Builds on: uop.py, lower.py (LinearProgram), runtime/python.py (emulate), exercises/report.py.
+Builds on: ir/uop.py, codegen/lower.py (LinearProgram), runtime/python.py (emulate),
+exercises/report.py.
 Used by: chapters/08c_gpu_puzzles.ipynb and `python -m tinyteach.exercises` (autograder.py).
 
 >>> @solves("map")
@@ -39,11 +40,11 @@ from typing import Any
 
 import numpy as np
 
+from tinyteach.codegen.lower import LinearProgram
 from tinyteach.dtype import DType, dtypes
 from tinyteach.exercises.report import FAIL, NOT_IMPLEMENTED, PASS, Failure, GradeReport, Row, show
-from tinyteach.lower import LinearProgram
+from tinyteach.ir.uop import Ops, UOp, toposort_of
 from tinyteach.runtime.python import BarrierDivergenceError, EmulatorError, Trace, emulate
-from tinyteach.uop import Ops, UOp, toposort_of
 
 FLOAT, INDEX, BOOL = dtypes.float32, dtypes.int32, dtypes.bool
 

@@ -12,7 +12,7 @@ What this teaches:
 
 The solution is `runtime/numpy.py`'s `NUMPY_OPS`.
 
-Builds on: uop.py, device.py, runtime/numpy.py, realize.py. Used by: autograder.py.
+Builds on: ir/uop.py, device.py, runtime/numpy.py, engine/realize.py. Used by: autograder.py.
 
 >>> from tinyteach.runtime.numpy import NUMPY_OPS
 >>> len(INTERPRETER_OPS), InterpreterBackend(NUMPY_OPS).missing()
@@ -26,9 +26,9 @@ from functools import partial
 import numpy as np
 
 from tinyteach.device import Backend, Device, HostAllocator
-from tinyteach.realize import forget_runners
+from tinyteach.engine.realize import forget_runners
+from tinyteach.ir.uop import PRIMITIVE_OPS, Ops
 from tinyteach.runtime.numpy import InterpretedProgram
-from tinyteach.uop import PRIMITIVE_OPS, Ops
 
 # the engine handles these two: BUFFER is memory, COPY moves bytes between devices
 ENGINE_OPS = (Ops.BUFFER, Ops.COPY)

@@ -2,12 +2,12 @@
 
 - Exercise A: `runtime/numpy.py`'s NUMPY_OPS, the definition of every op;
 - Exercise B: `render/c.py`'s code_for_op table, as it is (IDIV, MOD and CAST included);
-- the stretch exercise: the five rewrite rules of rewrites.py, written as rewrite.py writes its
+- the stretch exercise: the five rewrite rules of rewrites.py, written as ir/rewrite.py writes its
   own (`symbolic`).
 
 `python -m tinyteach.exercises tinyteach.exercises.reference` grades all three: all pass.
 
-Builds on: runtime/numpy.py, render/c.py, rewrite.py, exercises/interpreter.py, codegen.py and
+Builds on: runtime/numpy.py, render/c.py, ir/rewrite.py, exercises/interpreter.py, codegen.py and
 rewrites.py.
 
 >>> reference_interpreter().missing(), reference_rules().missing()
@@ -19,10 +19,10 @@ from tinyteach.dtype import dtypes
 from tinyteach.exercises.codegen import CODEGEN_OPS, CodegenBackend
 from tinyteach.exercises.interpreter import INTERPRETER_OPS, InterpreterBackend
 from tinyteach.exercises.rewrites import PatternAndBuild, RewriteRules
+from tinyteach.ir.rewrite import UPat
+from tinyteach.ir.uop import Ops, UOp
 from tinyteach.render.c import CRenderer
-from tinyteach.rewrite import UPat
 from tinyteach.runtime.numpy import NUMPY_OPS
-from tinyteach.uop import Ops, UOp
 
 
 def reference_interpreter() -> InterpreterBackend:

@@ -1,7 +1,7 @@
 """Chapter 12 (stretch exercise): rewrite rules — an optimization pass, in chapter 5's matcher.
 
 What this teaches:
-- an optimization is a table of rules (rewrite.py): a `UPat` that says which graph to look
+- an optimization is a table of rules (ir/rewrite.py): a `UPat` that says which graph to look
   for, and a function that builds the cheaper graph from the nodes the pattern bound. The
   default simplifier (`rewrite.symbolic`) has x*1 -> x and x+0 -> x; the student writes five
   rules it does not have, such as the strength reduction x*2 -> x+x;
@@ -17,7 +17,7 @@ must give the same numbers — NaN, inf and -0.0 included — on random inputs, 
 reference ops of the NUMPY device (runtime/numpy.py). When every rule passes, all of them run
 together, as one pass, on graphs where one rewrite makes the next possible.
 
-Builds on: rewrite.py, uop.py, runtime/numpy.py, exercises/report.py. Used by: autograder.py,
+Builds on: ir/rewrite.py, ir/uop.py, runtime/numpy.py, exercises/report.py. Used by: autograder.py,
 reference.py and chapters/12_exercise_backend.ipynb.
 
 >>> from tinyteach.exercises.reference import reference_rules
@@ -34,9 +34,9 @@ import numpy as np
 
 from tinyteach.dtype import DType, dtypes
 from tinyteach.exercises.report import FAIL, NOT_IMPLEMENTED, PASS, SKIPPED, Failure, Row, show
-from tinyteach.rewrite import PatternMatcher, UPat, graph_rewrite
+from tinyteach.ir.rewrite import PatternMatcher, UPat, graph_rewrite
+from tinyteach.ir.uop import Ops, UOp
 from tinyteach.runtime.numpy import NUMPY_OPS
-from tinyteach.uop import Ops, UOp
 
 # what a student's rule function returns: the pattern, and the function that builds the result
 # from the nodes the pattern bound (or returns None: no rewrite)

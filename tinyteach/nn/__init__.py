@@ -14,7 +14,7 @@ What this teaches:
   `Tensor.training` (or `Context(TRAINING=1)`) is on; give them to the optimizer (for example
   `get_parameters(model)`) so `step()` realizes them together with the weights.
 
-Builds on: tensor.py. Used by: nn.optim, nn.state, the training examples.
+Builds on: tensor/. Used by: nn.optim, nn.state, the training examples.
 Submodules: `nn.optim` (SGD, LARS, Muon, Adam, AdamW, LAMB, APOLLO), `nn.state` (state dicts,
 safetensors, PyTorch checkpoints, tar files), `nn.datasets` (MNIST, digits).
 
@@ -96,7 +96,7 @@ def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 
 def conv_transpose2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
                      stride: IntOrPair = 1, dilation: IntOrPair = 1, padding: IntOrPair = 0,
                      output_padding: IntOrPair = 0) -> Tensor:
-    """x.conv_transpose2d(weight, ...): see Tensor.conv_transpose2d (tensor_nn.py)."""
+    """x.conv_transpose2d(weight, ...): see Tensor.conv_transpose2d (tensor/nn.py)."""
     return x.conv_transpose2d(weight, bias, groups, stride, dilation, padding, output_padding)
 
 

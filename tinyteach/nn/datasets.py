@@ -27,7 +27,7 @@ What this teaches:
   X_train: without JIT, each step would add a lazy gradient graph to X_train.grad, holding
   every step's buffers alive. False stops the gradient there.
 
-Builds on: tensor.py. Used by: the training examples and chapter 11's notebook.
+Builds on: tensor/. Used by: the training examples and chapter 11's notebook.
 
 >>> X_train, Y_train, X_test, Y_test = digits()  # doctest: +SKIP
 >>> X_train.shape, Y_train.dtype, X_test.shape  # doctest: +SKIP

@@ -22,7 +22,7 @@ What this teaches:
 - parameters passed with requires_grad=None become trainable (requires_grad=True); tensors with
   requires_grad=False (BatchNorm's running stats) are "buffers": only realized by `step()`.
 
-Builds on: tensor.py. Used by: training loops and jit tests.
+Builds on: tensor/. Used by: training loops and jit tests.
 
 >>> from tinyteach import Tensor
 >>> w = Tensor([1.0, -2.0])

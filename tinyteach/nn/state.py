@@ -17,7 +17,7 @@ What this teaches:
 - `tar_extract` reads a tar archive and refuses any member whose path or link would land
   outside the folder it is extracted to (`../x`, `/etc/x`, a symlink to `../../x`).
 
-Builds on: tensor.py (Tensor, assign, realize). Used by: training scripts and notebooks.
+Builds on: tensor/ (Tensor, assign, realize). Used by: training scripts and notebooks.
 
 >>> from tinyteach import Tensor
 >>> class Net:
@@ -46,11 +46,11 @@ from typing import Any, cast
 import numpy as np
 
 from tinyteach.dtype import BFLOAT16_WORDS, DType, dtypes, to_bfloat16_bits
+from tinyteach.engine.schedule import is_contiguous_buffer
 from tinyteach.helpers import GlobalCounters, Timing, prod
-from tinyteach.multi import MultiUOp
-from tinyteach.schedule import is_contiguous_buffer
 from tinyteach.settings import DEBUG
 from tinyteach.tensor import Tensor
+from tinyteach.tensor.multi import MultiUOp
 
 # ---- walking a model ----
 

@@ -19,7 +19,7 @@ What this teaches:
 - a corpus that is on every machine: the docstrings of a fixed list of Python's standard
   library modules, read with `ast` (no module is imported).
 
-Builds on: nn (Linear, Embedding, LayerNorm), tensor_nn.py (scaled_dot_product_attention,
+Builds on: nn (Linear, Embedding, LayerNorm), tensor/nn.py (scaled_dot_product_attention,
 gelu, layernorm). Used by: examples/gpt.py, benchmarks/gpt.py, chapters/11b_gpt.ipynb.
 
 >>> from tinyteach import Tensor
@@ -38,11 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tinyteach.jit import TinyJit
+from tinyteach.engine.jit import TinyJit
+from tinyteach.ir.uop import UOp, Variable
 from tinyteach.nn import Embedding, LayerNorm, Linear
 from tinyteach.nn.state import get_parameters
 from tinyteach.tensor import Tensor
-from tinyteach.uop import UOp, Variable
 
 __all__ = ["GPTConfig", "CausalSelfAttention", "MLP", "Block", "GPT", "KVCache", "Sampler",
            "start_pos_variable",

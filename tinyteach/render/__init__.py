@@ -41,7 +41,8 @@ GPU kernels add a few words a GPU language gives (render/gpu.py): `define_local`
 load so that an invalid index is never read (`guarded_load`) and a gated store as an `if`
 (`gated_store`). A LOAD's and a STORE's parts come from uop.load_parts / store_parts.
 
-Builds on: uop.py, lower.py (LinearProgram). Used by: the compiled runtimes (runtime/cpu.py, ...).
+Builds on: ir/uop.py, codegen/lower.py (LinearProgram). Used by: the compiled runtimes
+(runtime/cpu.py, ...).
 
 >>> from tinyteach.dtype import dtypes
 >>> renderer = CStyleRenderer()
@@ -58,10 +59,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from tinyteach.codegen.lower import LinearProgram, ProgramSpec, spec_of
 from tinyteach.device import Capabilities
 from tinyteach.dtype import DType, dtypes
-from tinyteach.lower import LinearProgram, ProgramSpec, spec_of
-from tinyteach.uop import ALU, Ops, UOp, is_bitcast, load_parts, store_parts
+from tinyteach.ir.uop import ALU, Ops, UOp, is_bitcast, load_parts, store_parts
 
 # values written inline where they are used, when they are used once
 INLINE_OPS = set(ALU) | {Ops.CONST}

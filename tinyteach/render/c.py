@@ -25,10 +25,12 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from tinyteach.codegen.lower import LinearProgram, ProgramSpec, spec_of
+from tinyteach.codegen.transcendental import decompose_program, row_column_loops
 from tinyteach.device import Capabilities
 from tinyteach.dtype import ALL_DTYPES, DType, dtypes, to_bfloat16_bits
 from tinyteach.helpers import memo
-from tinyteach.lower import LinearProgram, ProgramSpec, identity_element, spec_of
+from tinyteach.ir.uop import COMPARISONS, Ops, UOp, identity_element, is_bitcast, store_parts
 from tinyteach.render import (
     ALU,
     MATH_FUNCTIONS,
@@ -42,8 +44,6 @@ from tinyteach.render import (
     typed_math_function,
 )
 from tinyteach.settings import FIXED_LANES, ROW_CACHE, TRANSCENDENTAL
-from tinyteach.transcendental import decompose_program, row_column_loops
-from tinyteach.uop import COMPARISONS, Ops, UOp, is_bitcast, store_parts
 
 # the ops gcc applies to whole vectors of 4-byte lanes besides + and * (CRenderer.vector_alu)
 WHOLE_VECTOR_INFIX = {Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^",
@@ -85,7 +85,8 @@ static inline uint16_t tt_f32_to_bf16(float f) {
 """
 BFLOAT16_TO_FLOAT, FLOAT_TO_BFLOAT16 = "tt_bf16_to_f32", "tt_f32_to_bf16"
 
-# a BITCAST (uop.py; Tensor.bitcast, and exp2's bit fields in transcendental.py): the same bits
+# a BITCAST (ir/uop.py; Tensor.bitcast, and exp2's bit fields in codegen/transcendental.py): the
+# same bits
 # read as the other type. gcc and clang: a cast between one-lane vectors keeps the bits, and
 # vectorizes (a union's local variable does not in an `omp simd` loop: gcc 12 keeps it in
 # memory, one per lane); macros, since a function is not inlined into a kernel compiled with
@@ -122,7 +123,7 @@ NO_TRAPS = "no-trapping-math"
 # `column` once widened for the address (gcc: "evolution of base is not affine"), and a loop over
 # a row does not vectorize, or reads through gathers. A kernel whose only integers are positions
 # (loop counters and the arithmetic on them, which stays far from 2**31) and exp2's bit fields
-# (which cannot overflow, transcendental.py) has nothing that wraps: it is compiled without
+# (which cannot overflow, codegen/transcendental.py) has nothing that wraps: it is compiled without
 NO_WRAP = "no-wrapv"
 BITCAST_FUNCTIONS = {dtypes.float32: "tt_bits_to_float", dtypes.int32: "tt_float_to_bits"}
 # 64 bits, the same way (tcc has double and long long)
@@ -302,7 +303,7 @@ def integers_are_positions(program: LinearProgram) -> bool:
     """Are the program's integers only positions (NO_WRAP)? No integer is loaded, stored,
     accumulated or converted to or from another type (a bitcast included: the bits of a float
     are data), so every integer op computes an index or a guard's bound. Asked before exp2 is
-    written as arithmetic (transcendental.py), whose bit fields cannot overflow."""
+    written as arithmetic (codegen/transcendental.py), whose bit fields cannot overflow."""
     for u in program.uops:
         value_dtype = u.src[2].dtype if u.op is Ops.STORE else u.dtype
         if u.op in (Ops.LOAD, Ops.STORE, Ops.DEFINE_ACC) and not dtypes.is_float(value_dtype) \
@@ -485,7 +486,7 @@ class CRenderer(CStyleRenderer):
     bitcasts_vectors = True  # a cast between vector types of one size keeps the bits
 
     # exp2f is a libm call, and a loop with a call does not vectorize: EXP2 is written as
-    # arithmetic instead in the loops gcc vectorizes (transcendental.py; TRANSCENDENTAL=0
+    # arithmetic instead in the loops gcc vectorizes (codegen/transcendental.py; TRANSCENDENTAL=0
     # keeps the calls, =2 decomposes every one)
     decompose_transcendentals = True
 
@@ -527,8 +528,8 @@ class CRenderer(CStyleRenderer):
         """Kernels are compiled with -ffp-contract=off, so `a*b+c` rounds twice, as numpy does.
         A vector multiply-accumulate is the exception (where the CPU has the instruction):
         written as a fused multiply-add (FMA_FUNCTIONS), twice as fast and rounded once, the
-        same bits on every tier. EXP2 is written as arithmetic first (transcendental.py), and
-        such a kernel is compiled without -ftrapping-math (NO_TRAPS)."""
+        same bits on every tier. EXP2 is written as arithmetic first (codegen/transcendental.py),
+        and such a kernel is compiled without -ftrapping-math (NO_TRAPS)."""
         return self._render_with_work(name, program)[0]
 
     def _render_with_work(self, name: str, program: LinearProgram) -> tuple[str, int]:

@@ -14,8 +14,8 @@ is one of CUDA's intrinsics that read bits as another type (`__int_as_float`,
 `__half_as_short`, ...; `bits_functions`), with an integer cast for the unsigned ones. A float
 becomes an integer through the C renderer's small functions (toward zero, saturated, NaN -> 0).
 
-Tensor cores (wmma.py; sm_80 and later): the WMMA nodes of one instruction become one call of a
-small device function that packs the thread's fragments, two halves per 32-bit register, into
+Tensor cores (codegen/wmma.py; sm_80 and later): the WMMA nodes of one instruction become one call
+of a small device function that packs the thread's fragments, two halves per 32-bit register, into
 the inline PTX `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (`.bf16` for bfloat16):
 
     __align__(16) half wmma0_a[8] = {alu0, alu1, ...};
@@ -35,9 +35,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
+from tinyteach.codegen.lower import LinearProgram
+from tinyteach.codegen.wmma import WMMAArg, instructions
 from tinyteach.device import GPU_CAPABILITIES
 from tinyteach.dtype import DType, dtypes
-from tinyteach.lower import LinearProgram
+from tinyteach.ir.uop import Ops, UOp
 from tinyteach.render import (
     MATH_FUNCTIONS,
     RENDER_FOR_OP,
@@ -55,8 +57,6 @@ from tinyteach.render.gpu import (
     gpu_writer,
     launch_comment,
 )
-from tinyteach.uop import Ops, UOp
-from tinyteach.wmma import WMMAArg, instructions
 
 CUDA_PRELUDE = """#define INFINITY (__int_as_float(0x7f800000))
 #define NAN (__int_as_float(0x7fffffff))
@@ -147,7 +147,7 @@ def cuda_remainder(renderer: CStyleRenderer, operands: list[str], operand_dtypes
 class CUDARenderer(GPURenderer):
     device = "CUDA"
     # shared memory and barriers (render/gpu.py), matmul tiles staged in shared memory
-    # (lower.py), mma.sync m16n8k16 for half and bfloat16, sm_80+ (wmma.py)
+    # (codegen/lower.py), mma.sync m16n8k16 for half and bfloat16, sm_80+ (codegen/wmma.py)
     device_capabilities = replace(GPU_CAPABILITIES, tensor_cores=((16, 8, 16),))
     code_for_op = {**GPURenderer.code_for_op, Ops.CAST: cuda_cast, Ops.MOD: cuda_remainder,
                    **{op: typed_math_function(name, "__half2float({})", "__float2half({})")

@@ -34,10 +34,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from tinyteach.codegen.lower import LinearProgram, ProgramSpec, spec_of
 from tinyteach.device import GPU_CAPABILITIES
-from tinyteach.lower import LinearProgram, ProgramSpec, spec_of
+from tinyteach.ir.uop import Ops, UOp, sym_max
 from tinyteach.render import CStyleRenderer, KernelWriter
-from tinyteach.uop import Ops, UOp, sym_max
 
 # Limits every GPU API guarantees (WebGPU's defaults are the smallest): threads per group,
 # threads per group along each dimension, groups along each dimension.

@@ -20,10 +20,12 @@ saturated, NaN -> 0) are those of every device.
 Builds on: render/gpu.py.
 
 >>> from tinyteach import Tensor
->>> from tinyteach.lower import lower
->>> from tinyteach.schedule import create_schedule
+>>> from tinyteach.codegen.lower import lower
+>>> from tinyteach.opt.heuristic import heuristic_plan
+>>> from tinyteach.engine.schedule import create_schedule
 >>> item = create_schedule([(Tensor.ones(4, 4).realize() + 1).uop], "CPU")[0][0]
->>> print(OpenCLRenderer().render("E_4_4", lower(item.ast)))  # doctest: +NORMALIZE_WHITESPACE
+>>> program = lower(item.ast, heuristic_plan(item.ast))
+>>> print(OpenCLRenderer().render("E_4_4", program))  # doctest: +NORMALIZE_WHITESPACE
 // launch: global (4, 4, 1) local (4, 4, 1)
 __kernel void E_4_4(__global float* restrict data0, __global const float* restrict data1) {
   for (int gidx0 = get_global_id(1); gidx0 < 4; gidx0 += get_global_size(1)) {
@@ -37,8 +39,9 @@ __kernel void E_4_4(__global float* restrict data0, __global const float* restri
 """
 from __future__ import annotations
 
+from tinyteach.codegen.lower import LinearProgram
 from tinyteach.dtype import DType, dtypes
-from tinyteach.lower import LinearProgram
+from tinyteach.ir.uop import Ops, UOp
 from tinyteach.render import CodeForOp, CStyleRenderer, KernelWriter, cast
 from tinyteach.render.c import (
     BFLOAT16_TO_FLOAT,
@@ -47,7 +50,6 @@ from tinyteach.render.c import (
     in_float32,
 )
 from tinyteach.render.gpu import GPURenderer, Launch, gpu_writer, launch_comment
-from tinyteach.uop import Ops, UOp
 
 # (extension, dtype): the pragma a kernel needs before it may use the dtype
 EXTENSIONS = {dtypes.float16: "cl_khr_fp16", dtypes.float64: "cl_khr_fp64"}

@@ -32,10 +32,12 @@ WGSL looks like Rust more than C, and it is stricter than both:
 Builds on: render/gpu.py.
 
 >>> from tinyteach import Tensor
->>> from tinyteach.lower import lower
->>> from tinyteach.schedule import create_schedule
+>>> from tinyteach.codegen.lower import lower
+>>> from tinyteach.opt.heuristic import heuristic_plan
+>>> from tinyteach.engine.schedule import create_schedule
 >>> item = create_schedule([(Tensor.ones(8).realize() < 2).uop], "CPU")[0][0]
->>> print(WGSLRenderer().render("E_8", lower(item.ast)))  # doctest: +NORMALIZE_WHITESPACE
+>>> program = lower(item.ast, heuristic_plan(item.ast))
+>>> print(WGSLRenderer().render("E_8", program))  # doctest: +NORMALIZE_WHITESPACE
 // launch: global (8, 1, 1) local (8, 1, 1)
 @group(0) @binding(0) var<storage, read_write> data0: array<u32>;
 @group(0) @binding(1) var<storage, read_write> data1: array<f32>;
@@ -56,11 +58,11 @@ import re
 
 import numpy as np
 
+from tinyteach.codegen.lower import LinearProgram
 from tinyteach.dtype import DType, dtypes
-from tinyteach.lower import LinearProgram
+from tinyteach.ir.uop import Ops, UOp
 from tinyteach.render import CodeForOp, CStyleRenderer, KernelWriter, infix, integer_remainder
 from tinyteach.render.gpu import GPURenderer, Launch, gpu_writer, launch_comment
-from tinyteach.uop import Ops, UOp
 
 # dtypes WGSL has no way to hold, with the reason
 MISSING_DTYPES = {

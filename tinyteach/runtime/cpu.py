@@ -116,7 +116,7 @@ SELECT_FLAGS = ["-fvect-cost-model=dynamic"]  # gcc's; clang refuses it (and nee
 WIDE_VECTOR_FLAGS = ["-mprefer-vector-width=512"]
 KERNELS_PER_PROCESS = 8   # compile_many starts another compiler per this many kernels (up to
                           # one per core)
-THREAD_FLAGS = ["-fopenmp"]  # `#pragma omp parallel for` on big kernels (opt.py decides)
+THREAD_FLAGS = ["-fopenmp"]  # `#pragma omp parallel for` on big kernels (opt/ decides)
 SIMD_FLAGS = ["-fopenmp-simd"]  # `#pragma omp simd` alone: the directive, no thread library
 # idle OpenMP threads sleep instead of spinning, so they do not steal the other core
 OMP_WAIT_POLICY.set_default()

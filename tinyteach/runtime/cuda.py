@@ -39,13 +39,13 @@ from typing import Any
 
 import numpy as np
 
+from tinyteach.codegen.lower import ProgramSpec, lower
 from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler, DeviceUnavailable
 from tinyteach.helpers import programs_of
-from tinyteach.lower import ProgramSpec, lower
-from tinyteach.opt import options_for
+from tinyteach.ir.uop import UOp
+from tinyteach.opt.heuristic import options_for
 from tinyteach.render.cuda import CUDARenderer
 from tinyteach.settings import CUDA_ARCH, CUDA_HOME, CUDA_PATH, DEBUG
-from tinyteach.uop import UOp
 
 NVCC = "/usr/local/cuda/bin/nvcc"
 DEFAULT_ARCH = "compute_80"

@@ -19,7 +19,7 @@ semantics are IEEE 754's: FDIV is the correctly rounded quotient, x/0 is +-inf, 
 CAST of a float to an integer type, which C leaves undefined outside the type's range, truncates
 toward zero and saturates, NaN -> 0 (as OpenCL's `convert_int_sat_rtz`; dtype.float_to_int).
 
-Builds on: uop.py, device.py.
+Builds on: ir/uop.py, device.py.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from tinyteach.device import Backend, Buffer, HostAllocator
 from tinyteach.dtype import dtypes, float_to_int, from_bfloat16_bits, to_bfloat16_bits
-from tinyteach.uop import MOVEMENT, Ops, UOp, is_bitcast, substitute_symbols, variables_of
+from tinyteach.ir.uop import MOVEMENT, Ops, UOp, is_bitcast, substitute_symbols, variables_of
 
 
 def _idiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -73,7 +73,7 @@ def _exp2(a: np.ndarray) -> np.ndarray:
     """2**a (np.exp2), exact where a is a whole number: there it is a power of two, built
     by np.ldexp (the exponent put in place, rounded once: 0 or a subnormal far below, inf
     above). numpy's own float32 exp2 is an ulp high at 127 on AVX-512 CPUs (on others not),
-    which C's exp2f, the other devices and transcendental.py's exp2 are not."""
+    which C's exp2f, the other devices and codegen/transcendental.py's exp2 are not."""
     result = np.exp2(a)
     if a.dtype.kind != "f":
         return result
@@ -106,7 +106,7 @@ def _bitcast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 def _convert(node: UOp, a: np.ndarray) -> np.ndarray:
-    """CAST: a conversion of the value, or, with arg BITCAST, the same bits (uop.py)."""
+    """CAST: a conversion of the value, or, with arg BITCAST, the same bits (ir/uop.py)."""
     if is_bitcast(node):
         return _bitcast(a, node.dtype.np)
     return _cast(a, node.dtype.np)

@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from tinyteach.codegen.lower import ProgramSpec
 from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler, DeviceUnavailable
 from tinyteach.helpers import programs_of
-from tinyteach.lower import ProgramSpec
 from tinyteach.render.opencl import EXTENSIONS, OpenCLRenderer
 from tinyteach.settings import OPENCL_PLATFORM, POCL_SIGFPE_HANDLER
 

@@ -18,7 +18,7 @@ What this teaches:
   reach (`BarrierDivergenceError`), and two threads of a group that touch the same shared
   element between two barriers, one of them writing (`SharedMemoryRaceError`);
 - with `record_threads()` it keeps every thread's reads and writes (viz/threads.py draws them);
-- a tensor core (`WMMA`, wmma.py) is a warp's instruction: the emulator gathers every lane's
+- a tensor core (`WMMA`, codegen/wmma.py) is a warp's instruction: the emulator gathers every lane's
   fragment elements into the matrices A and B by the instruction's layout, multiplies them in
   float32 and hands each lane its elements of D. All 32 threads must take part
   (`WarpDivergenceError` otherwise, as `mma.sync.aligned` demands); the record keeps the
@@ -32,8 +32,8 @@ Conceptually the emulator runs one work-group at a time. Groups that fit in MAX_
 run side by side as more lanes (their barriers, shared memory and checks stay their own): the
 result is the same, and Python's overhead is paid once per step instead of once per group.
 
-Builds on: device.py, lower.py (LinearProgram), runtime/numpy.py (the ops), render/gpu.py (the
-launch). Used by: tests, viz/threads.py, chapter 8b.
+Builds on: device.py, codegen/lower.py (LinearProgram), runtime/numpy.py (the ops), render/gpu.py
+(the launch). Used by: tests, viz/threads.py, chapter 8b.
 
 >>> from tinyteach import Tensor
 >>> (Tensor([[1.0, 2.0], [3.0, 4.0]], device="PYTHON").sum(axis=1)).numpy().tolist()
@@ -48,12 +48,11 @@ from typing import Any
 
 import numpy as np
 
+from tinyteach.codegen.lower import LinearProgram, ProgramSpec, spec_of
+from tinyteach.codegen.wmma import WMMAArg, wmma_reference
 from tinyteach.device import GPU_CAPABILITIES, Backend, Buffer, Compiler, HostAllocator
 from tinyteach.dtype import DType, dtypes, from_bfloat16_bits, to_bfloat16_bits
-from tinyteach.lower import LinearProgram, ProgramSpec, spec_of
-from tinyteach.render.gpu import output_loops, plan_launch, plan_local_launch
-from tinyteach.runtime.numpy import NUMPY_OPS
-from tinyteach.uop import (
+from tinyteach.ir.uop import (
     ALU,
     Ops,
     UOp,
@@ -63,7 +62,8 @@ from tinyteach.uop import (
     sym_eval,
     sym_max,
 )
-from tinyteach.wmma import WMMAArg, wmma_reference
+from tinyteach.render.gpu import output_loops, plan_launch, plan_local_launch
+from tinyteach.runtime.numpy import NUMPY_OPS
 
 MAX_LANES = 1 << 14  # threads emulated side by side (several work-groups when they are small)
 
@@ -543,8 +543,8 @@ def _run_define_var(run: _Run, pc: int, u: UOp) -> None:
 
 
 def _run_wmma(run: _Run, pc: int, u: UOp) -> None:
-    """A warp's tensor-core instruction (wmma.py): each 32 consecutive threads of a group are
-    one warp; its lanes' sources are their fragments of A and B; this node's value is each
+    """A warp's tensor-core instruction (codegen/wmma.py): each 32 consecutive threads of a group
+    are one warp; its lanes' sources are their fragments of A and B; this node's value is each
     lane's element `arg.element` of D = A @ B. The WMMA nodes of one instruction share one
     product."""
     arg: WMMAArg = u.arg
@@ -630,7 +630,7 @@ def emulate(program: LinearProgram, arrays: list[np.ndarray], name: str = "kerne
 class PythonRenderer:
     """The PYTHON device's "source" is the linear program itself, printed; the compiler gets
     the program back. It supports group reductions and local tiles (shared memory and
-    barriers), and tensor cores (their semantics, wmma.py)."""
+    barriers), and tensor cores (their semantics, codegen/wmma.py)."""
 
     device = "PYTHON"
     vector_width = 0

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from tinyteach.codegen.lower import ProgramSpec
 from tinyteach.device import Allocator, Backend, Buffer, CompileError, Compiler, DeviceUnavailable
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import programs_of
-from tinyteach.lower import ProgramSpec
 from tinyteach.render.wgsl import (
     DEFAULT_STORAGE_BUFFERS,
     MISSING_DTYPES,

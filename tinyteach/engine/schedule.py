@@ -11,7 +11,8 @@ What this teaches:
   MAX_FUSED_ROW_BYTES, the innermost axes, a device whose output loops are loops or a GPU whose
   work-group holds the row, `fuses_rows_on`): softmax and
   layernorm become one kernel that computes each row's reductions once, before the row's
-  outputs (lower.py places them), reading the row again from cache. FUSE_ROWS=0 turns it off;
+  outputs (codegen/lower.py places them), reading the row again from cache. FUSE_ROWS=0 turns it
+  off;
 - `assign` writes into a buffer that already exists, so every kernel reading its old value runs
   first; when assigns read each other's old values (SGD over both `x` and `W` of `x @ W`), no
   order works, and one old value is copied into a fresh buffer before anything is overwritten;
@@ -23,7 +24,8 @@ What this teaches:
 A kernel's AST is a UOp graph: SINK(STORE(DEFINE_GLOBAL 0, value)), where `value` is made of the
 same ops as the Tensor graph and reads its inputs from DEFINE_GLOBAL 1, 2, ...
 
-Builds on: uop.py, device.py (Buffer). Used by: realize.py (runs the schedule), lower.py.
+Builds on: ir/uop.py, device.py (Buffer). Used by: engine/realize.py (runs the schedule),
+codegen/lower.py.
 
 >>> from tinyteach import Tensor
 >>> a, b, c = Tensor.ones(4, 4).realize(), Tensor.ones(4, 4).realize(), Tensor.ones(4, 4).realize()
@@ -39,8 +41,7 @@ from dataclasses import dataclass, field
 from tinyteach.device import NO_CAPABILITIES, Buffer, Capabilities, Device
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import prod
-from tinyteach.settings import FUSE_ROWS, NOOPT
-from tinyteach.uop import (
+from tinyteach.ir.uop import (
     ALU,
     MOVEMENT,
     Ops,
@@ -52,6 +53,7 @@ from tinyteach.uop import (
     symbolic_view,
     toposort_of,
 )
+from tinyteach.settings import FUSE_ROWS, NOOPT
 
 # movement ops through which a reduction's result can still be read inside the same kernel:
 # each output element needs at most one element of the reduction, so nothing is recomputed
@@ -320,8 +322,8 @@ def _ops_between(node: UOp, users: dict[UOp, list[UOp]], realized: dict[UOp, str
 # (8,192 float32) is still in the core's L1/L2 cache the next time. A longer row would come
 # from memory every time, as from three kernels, and leaves fewer rows to split across cores
 MAX_FUSED_ROW_BYTES = 32 * 1024
-# the longest row a GPU work-group takes whole (64 threads x 32 columns each): opt.MAX_GROUP_ROW,
-# which must agree (tests/test_fuse_rows.py checks; schedule.py may not import opt.py, a layer
+# the longest row a GPU work-group takes whole (64 threads x 32 columns each): plan.MAX_GROUP_ROW,
+# which must agree (tests/test_fuse_rows.py checks; engine/schedule.py may not import opt/, a layer
 # above it)
 MAX_GROUP_ROW = 2048
 # the most nodes `fuses_along_rows` visits above one reduction before it gives up (and stores
@@ -367,7 +369,8 @@ def fuses_along_rows(reduce: UOp, users: dict[UOp, list[UOp]], realized: dict[UO
     row is at most MAX_FUSED_ROW_BYTES, the rows are the innermost axes, the device can compute
     a row's reductions once per row (`fuses_rows_on`: its output loops are loops, or a GPU
     work-group per row), and everything between it and its kernel's output stays on the same rows
-    (`_stays_on_rows`): then lower.py computes it once per row, before that row's outputs."""
+    (`_stays_on_rows`): then codegen/lower.py computes it once per row, before that row's
+    outputs."""
     source_shape, axes = reduce.src[0].shape, reduce.arg[1]
     if any(isinstance(size, UOp) for size in source_shape):
         return False  # (a reduction over a symbolic shape keeps the stored path)
@@ -384,9 +387,9 @@ def fuses_rows_on(device: str, reduce: UOp | None = None) -> bool:
     """Can the device compute a row's reductions once per row in the kernel of its outputs?
     A device whose output loops are loops can. A GPU whose renderer has work-groups with
     shared memory (Capabilities.group_reduce) can when the row fits one work-group: one long
-    reduced axis (the last), at most opt.MAX_GROUP_ROW elements (64 threads x 32 columns
-    each); the kernel then takes one work-group per row (lower.row_output_index). Not under
-    NOOPT (no work-groups: every thread would redo its row's reductions)."""
+    reduced axis (the last), at most plan.MAX_GROUP_ROW elements (64 threads x 32 columns
+    each); the kernel then takes one work-group per row (codegen/lower_gpu.py's row_output_index).
+    Not under NOOPT (no work-groups: every thread would redo its row's reductions)."""
     if not output_loops_are_threads(device):
         return True
     if NOOPT or not capabilities(device).group_reduce:
@@ -414,7 +417,7 @@ def reaches_a_reduction(order: list[UOp], realized: dict[UOp, str]) -> dict[UOp,
 def is_row_result(node: UOp, device: str, reaches: dict[UOp, bool]) -> bool:
     """Is `node` computed (in its kernel) from a row reduction's result, like layernorm's mean,
     sum * (1/n)? Broadcast back over the row, it is not recomputed per element: where its
-    reduction fuses, lower.py computes it once per row; where that is stored, it is a little
+    reduction fuses, codegen/lower.py computes it once per row; where that is stored, it is a little
     elementwise work on the stored result. `reaches`: `reaches_a_reduction` of the graph."""
     if not FUSE_ROWS or node.op not in ALU or not fuses_rows_on(device):
         return False

@@ -13,7 +13,7 @@ What this teaches:
   layout is data here (`TensorCore`): the lowering, the emulator (runtime/python.py), the CUDA
   renderer and viz/threads.py all read the same functions;
 - a matmul-like kernel (a sum over k of X * Y, both half or bfloat16 read from memory, the
-  plan of opt.local_tile_plan) is lowered so that each work-group is one warp computing one
+  plan of plan.local_tile_plan) is lowered so that each work-group is one warp computing one
   16 x 8 tile of outputs: per step of 16 along k, every thread loads its 8 + 4 fragment
   elements straight from global memory (elements past an edge load as 0, so any size works),
   the warp runs one WMMA, and each thread adds its 4 results to 4 float32 accumulators.
@@ -35,8 +35,8 @@ tinygrad: its WMMA UOp takes vector fragments and returns a vector (with GEP to 
 apart) and the TC optimization upcasts and permutes axes to build them; here the fragment
 elements are plain scalar loads, and the instruction is fixed (16 x 8 x 16).
 
-Builds on: uop.py, view.py, plan.py (the matmul plan). Used by: lower.py (the `tensor_core`
-option), render/cuda.py (mma.sync), runtime/python.py (the semantics), viz/threads.py.
+Builds on: ir/uop.py, ir/view.py, codegen/plan.py (the matmul plan). Used by: codegen/lower.py (the
+`tensor_core` option), render/cuda.py (mma.sync), runtime/python.py (the semantics), viz/threads.py.
 
 >>> M16N8K16.c_cell(5, 2)  # lane 5 holds D[row 9, column 2] as its element 2
 (9, 2)
@@ -49,10 +49,10 @@ from functools import cached_property
 
 import numpy as np
 
+from tinyteach.codegen.plan import TilePlan, buffer_reads, kernel_value, step_along, tile_plan
 from tinyteach.dtype import DType, dtypes, from_bfloat16_bits
-from tinyteach.plan import TilePlan, buffer_reads, kernel_value, step_along, tile_plan
-from tinyteach.uop import MOVEMENT, Ops, UOp
-from tinyteach.view import Index, Valid, and_valid, below, index_const
+from tinyteach.ir.uop import MOVEMENT, Ops, UOp
+from tinyteach.ir.view import Index, Valid, and_valid, below, guarded, index_const
 
 Cell = Callable[..., tuple]  # (lane, element) -> (row, column); lane an int or an index UOp
 
@@ -271,7 +271,7 @@ def tensor_core_block(core: TensorCore, shape: tuple[int, ...]) -> TensorCoreBlo
 
 @dataclass(frozen=True)
 class TensorCorePlan:
-    """A matmul-like kernel (opt.TilePlan) whose X and Y are read from buffers of `dtype_in`."""
+    """A matmul-like kernel (plan.TilePlan) whose X and Y are read from buffers of `dtype_in`."""
 
     tile: TilePlan
     core: TensorCore
@@ -336,13 +336,9 @@ def _lane(core: TensorCore) -> UOp:
 
 
 
-def _guarded(value: UOp, condition: Valid) -> UOp:
-    return value if condition is None else condition.where(value, UOp.const(value.dtype, 0))
-
-
 @dataclass
 class TensorCoreLowering:
-    """How one kernel's outputs and its one reduction run on warps (lower.py asks it).
+    """How one kernel's outputs and its one reduction run on warps (codegen/lower.py asks it).
 
     The output's last two axes longer than 1 are tiled by 16 (rows) and 8 (columns): one
     work-group per tile (loops over groups, kind 'w'), other output axes a work-group each.
@@ -383,7 +379,7 @@ class TensorCoreLowering:
 
     def _source_index(self, m_entry: UOp, n_entry: UOp, k_entry: UOp) -> list[UOp]:
         """An index into the reduction's source: m, n and k as given, other axes longer than 1
-        follow the output's axes in order (opt.local_tile_plan checked they match)."""
+        follow the output's axes in order (plan.local_tile_plan checked they match)."""
         tile = self.plan.tile
         source_shape = tile.reduce.src[0].shape
         batch = iter(self.tile_loops[axis] for axis in self.kept_output_axes[:-2])
@@ -429,7 +425,7 @@ class TensorCoreLowering:
         this thread's element of the warp's WMMA, in float32, cast to the reduction's dtype.
         `values` are the lowered `fragment_tasks` (padding outside the matrices reads 0)."""
         plan, element = self.plan, self.output_indices.index(output_index)
-        fragments = tuple(_guarded(value, valid).cast(plan.dtype_in)
+        fragments = tuple(guarded(value, valid).cast(plan.dtype_in)
                           for value, (_, _, valid) in zip(values, tasks))
         arg = WMMAArg(plan.core, plan.dtype_in, dtypes.float32, element)
         wmma = UOp(Ops.WMMA, dtypes.float32, fragments, arg)
@@ -554,7 +550,7 @@ class StagedTensorCoreLowering(TensorCoreLowering):
             is_a = operand is self.plan.tile.x
             memory = a_memory if is_a else b_memory
             slot = self.block.a_slot(*cell) if is_a else self.block.b_slot(*cell)
-            stored = _guarded(value, valid).cast(self.plan.dtype_in)
+            stored = guarded(value, valid).cast(self.plan.dtype_in)
             gate = () if within is None else (within,)
             stores.append(UOp(Ops.STORE, stored.dtype, (memory, slot, stored, *gate,
                                                         step_start)))

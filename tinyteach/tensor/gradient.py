@@ -13,7 +13,7 @@ What this teaches:
   the same numbers, but a cheaper graph exists. conv2d's input gradient is a transposed
   convolution (one gather) where the rules scatter through the window view.
 
-Builds on: uop.py. Used by: tensor.py (`backward`, `Tensor.gradient`).
+Builds on: ir/uop.py. Used by: tensor/core.py (`backward`, `Tensor.gradient`).
 
 >>> from tinyteach import Tensor
 >>> x = Tensor([2.0, 3.0], requires_grad=True)
@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import argsort
-from tinyteach.uop import Ops, UOp, is_bitcast
+from tinyteach.ir.uop import Ops, UOp, is_bitcast
 
 Grads = tuple[UOp | None, ...]
 

@@ -4,7 +4,7 @@ C's `exp2f` is a call into libm. A compiler cannot turn a loop with a call in it
 instructions (it would need a vector version of the function), so softmax's column loop ran one
 element at a time. Written as additions, multiplications, comparisons and integer ops, exp2 is
 like any other arithmetic: gcc -O2 computes 8 of them at once (AVX2). tinygrad does the same
-(its `transcendental.py`); this file is our version of the idea.
+(its `codegen/transcendental.py`); this file is our version of the idea.
 
 exp2(x), for a float32 x:
 1. clamp x to [-152, 130] (beyond, the result is 0 or inf anyway); a NaN stays NaN;
@@ -20,7 +20,7 @@ exp2(x), for a float32 x:
 
 A BITCAST is a CAST node whose arg is `BITCAST` (a plain CAST converts the value: 1.0 -> 1;
 a bitcast keeps the bits: 1.0 -> 1065353216), the node `Tensor.bitcast` builds too: `BITCAST`
-and `is_bitcast` are uop.py's (the tensor layer needs them), re-exported here.
+and `is_bitcast` are ir/uop.py's (the tensor layer needs them), re-exported here.
 
 Where it is applied: a renderer that sets `decompose_transcendentals` (the C renderer: its math
 functions are libm calls) gets the scalar float32 EXP2 of its program replaced by these ops
@@ -32,18 +32,18 @@ does not vectorize) and 22.6 ms with the sum loop's alone. LOG2 and SIN stay lib
 checked against numpy's (in float64, rounded to float32) over a dense sweep: within 1 ulp, the
 special values exact (tests/test_transcendental.py).
 
-Builds on: uop.py, lower.py (the program it rewrites). Used by: render/c.py.
+Builds on: ir/uop.py, codegen/lower.py (the program it rewrites). Used by: render/c.py.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
 
+from tinyteach.codegen.lower import LinearProgram
+from tinyteach.codegen.plan import index_value
 from tinyteach.dtype import DType, dtypes
-from tinyteach.lower import LinearProgram
-from tinyteach.opt import index_value
+from tinyteach.ir.uop import BITCAST, Ops, UOp, is_bitcast  # noqa: F401  (BITCAST: re-exported)
 from tinyteach.settings import TRANSCENDENTAL  # noqa: F401  (re-exported: its old home)
-from tinyteach.uop import BITCAST, Ops, UOp, is_bitcast  # noqa: F401  (BITCAST: re-exported)
 
 # 2**f = 1 + f*(c1 + f*(c2 + ...)) on [-0.5, 0.5]: a least-squares fit of the relative error on
 # Chebyshev points (c_k close to ln(2)**k / k!, Taylor's coefficients); error below 0.3 of

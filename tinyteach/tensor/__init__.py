@@ -5,7 +5,7 @@ What this teaches:
   nothing. `realize()`, `numpy()`, `item()` or `tolist()` schedule the graph into kernels and run
   them (chapters 6-9);
 - everything — softmax, conv2d, cross-entropy, random numbers, even `arange` — is composed
-  from the 29 primitive ops of uop.py. No numpy call computes a result behind your back; numpy is
+  from the 29 primitive ops of ir/uop.py. No numpy call computes a result behind your back; numpy is
   only used to bring data in and take it out;
 - `requires_grad`, `backward()` and `.grad` work as in PyTorch, with tinygrad's three states
   of requires_grad (chapter 2 has the rules).
@@ -15,17 +15,17 @@ below it:
 
 | part | file               | class          | what it adds                                   |
 |------|--------------------|----------------|------------------------------------------------|
-| 1    | tensor_core.py     | CoreTensor     | the graph, realize, primitive ops, autograd    |
-| 4    | tensor_create.py   | TensorCreation | full, arange, random numbers                   |
-| 5    | tensor_movement.py | TensorMovement | transpose, cat, split, gather, pad modes       |
-| 6    | tensor_math.py     | TensorMath     | exp, activations, rounding, pow, sum, cumsum   |
-| 7    | tensor_nn.py       | TensorNN       | matmul, conv2d, pooling, softmax, losses       |
-| 3    | indexing.py        | TensorIndexing | `t[...]`                                       |
+| 1    | tensor/core.py     | CoreTensor     | the graph, realize, primitive ops, autograd    |
+| 4    | tensor/create.py   | TensorCreation | full, arange, random numbers                   |
+| 5    | tensor/movement.py | TensorMovement | transpose, cat, split, gather, pad modes       |
+| 6    | tensor/math.py     | TensorMath     | exp, activations, rounding, pow, sum, cumsum   |
+| 7    | tensor/nn.py       | TensorNN       | matmul, conv2d, pooling, softmax, losses       |
+| 3    | tensor/indexing.py | TensorIndexing | `t[...]`                                       |
 
 Each class inherits the one above it in the table; `Tensor` below is the last, and adds
 nothing: this file is where the parts meet. dtype.py is part 2.
 
-Builds on: the parts above. Used by: nn/, jit.py and every notebook.
+Builds on: the parts above. Used by: nn/, engine/jit.py and every notebook.
 
 >>> from tinyteach import Tensor
 >>> a = Tensor([[1.0, 2.0], [3.0, 4.0]])
@@ -36,8 +36,7 @@ Builds on: the parts above. Used by: nn/, jit.py and every notebook.
 """
 from __future__ import annotations
 
-from tinyteach.indexing import TensorIndexing
-from tinyteach.tensor_core import (
+from tinyteach.tensor.core import (
     AUTOGRAD,
     AutogradState,
     CoreTensor,
@@ -45,6 +44,7 @@ from tinyteach.tensor_core import (
     ShapeArg,
     broadcast_shape,
 )
+from tinyteach.tensor.indexing import TensorIndexing
 
 __all__ = ["Tensor", "CoreTensor", "AUTOGRAD", "AutogradState", "Scalar", "ShapeArg",
            "broadcast_shape"]

@@ -1,20 +1,21 @@
 """Chapter 1 (part 5): movement, composed — transpose, squeeze, cat, split, repeat, gather.
 
 What this teaches:
-- tensor.py has six primitive movement ops (reshape, permute, expand, pad, shrink, flip); every
-  other change of shape is one or two of them: transpose is a permute, flatten/squeeze/unsqueeze
-  are reshapes, split and chunk are shrinks, repeat is reshape + expand + reshape;
+- tensor/core.py has six primitive movement ops (reshape, permute, expand, pad, shrink, flip);
+  every other change of shape is one or two of them: transpose is a permute,
+  flatten/squeeze/unsqueeze are reshapes, split and chunk are shrinks, repeat is reshape + expand +
+  reshape;
 - joining needs no new op either: `cat` pads each piece to the full length, zeros elsewhere, and
   adds them up (the scheduler fuses it into one kernel), `stack` is unsqueeze + cat;
-- `gather` selects with a comparison, as indexing.py does: `index == arange(n)` is a one-hot
+- `gather` selects with a comparison, as tensor/indexing.py does: `index == arange(n)` is a one-hot
   mask, and a sum over the axis picks the element; pad's "reflect", "replicate" and
   "circular" modes are shrinks, flips and expands of the edges joined with cat; `triu`,
   `tril` and `diag` are masks from two aranges too, `roll` is a split and a cat, and
   `diagonal` reads a flattened square with a stride of n + 1 (pad by one row, reshape to
   (n, n + 1), keep the first column).
 
-Builds on: tensor_create.py (part 4; `arange` for gather) and the core's six movement ops.
-Used by: tensor_math.py and everything above.
+Builds on: tensor/create.py (part 4; `arange` for gather) and the core's six movement ops.
+Used by: tensor/math.py and everything above.
 
 >>> from tinyteach import Tensor
 >>> a, b = Tensor([[1, 2]]), Tensor([[3, 4]])
@@ -31,9 +32,9 @@ from collections.abc import Sequence
 from typing import Any, Self, TypeVar
 
 from tinyteach.dtype import dtypes, least_upper_dtype
-from tinyteach.tensor_core import ArgumentError, CoreTensor, Scalar, ShapeError, padding_pairs
-from tinyteach.tensor_create import TensorCreation, _shape_from
-from tinyteach.uop import sint, sym_add, sym_sub
+from tinyteach.ir.uop import sint, sym_add, sym_sub
+from tinyteach.tensor.core import ArgumentError, CoreTensor, Scalar, ShapeError, padding_pairs
+from tinyteach.tensor.create import TensorCreation, _shape_from
 
 M = TypeVar("M", bound="TensorMovement")  # the helper functions return what they were given
 

@@ -13,7 +13,7 @@ What this teaches:
   arithmetic know their smallest and largest value (`vmin`, `vmax`), which the simplifier uses.
 - GPU kernels add four nodes (chapter 8b): `DEFINE_LOCAL` (a work-group's shared memory),
   `SPECIAL` (a thread's index within its group), `BARRIER` (the group waits until every
-  thread is there) and `WMMA` (a tensor core: a warp's small matrix multiply, wmma.py);
+  thread is there) and `WMMA` (a tensor core: a warp's small matrix multiply, codegen/wmma.py);
   `load_parts` and `store_parts` name the sources of a LOAD and a STORE;
 - a graph may be 100,000 ops deep, and Python allows only ~1,000 nested calls: every walk over
   a graph keeps its own stack of nodes (`toposort_of`, `fill_sources_first`), never recursion.
@@ -111,7 +111,7 @@ class Ops(enum.Enum):
                               # accesses before it. A LOAD or STORE after it lists it as its
                               # last source
     WMMA = enum.auto()        # a tensor core: the threads of a warp multiply small matrices
-                              # held in pieces (fragments) across them (wmma.py). src: this
+                              # held in pieces (fragments) across them (codegen/wmma.py). src: this
                               # thread's elements of A, then of B; the value is one element of
                               # its part of A @ B (arg: wmma.WMMAArg: shape, dtypes, layout,
                               # which element). WMMAs with the same sources are one instruction
@@ -994,3 +994,17 @@ def _has_symbols(node: UOp) -> bool:
         return True
     return any(s.has_symbols for s in node.src)
 
+
+# ---- loops and accumulators, as lowering (codegen/) writes them ----
+
+def make_range(kind: str, number: int, size: sint) -> UOp:
+    """A loop counter: `kind` is 'g' for an output axis, 'r' for a reduced one, 'v' for vector
+    lanes, 'w' for an output axis whose every element is computed by a whole work-group (a
+    group reduction: on a GPU, a loop over work-groups instead of threads), 'c' for the
+    columns of a row that each thread of the row's work-group stores (a plain loop)."""
+    return UOp(Ops.RANGE, dtypes.int32, (), (kind, number, size))
+
+
+def identity_element(op: Ops, dtype: DType) -> float | int | bool:
+    """What an accumulator starts from: 0 for a sum, the smallest value for a max."""
+    return 0 if op is Ops.ADD else dtype.min

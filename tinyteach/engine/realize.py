@@ -10,7 +10,7 @@ What this teaches:
   that launch one program each on their slots (writing the first, reading the rest), and
   `run(plan, buffers, var_vals)` launches its steps in order, counts each in GlobalCounters
   the same way, and shows each to whoever observes the run. Every eager realize and every
-  TinyJit replay (jit.py) is such a run; the plan cache, the lean key and a capture are ways
+  TinyJit replay (engine/jit.py) is such a run; the plan cache, the lean key and a capture are ways
   to find a plan;
 - programs are cached by kernel AST: the second time the same computation runs, nothing is
   lowered or compiled again (the cache holds at most `RUNNER_CACHE_SIZE` programs, and
@@ -32,7 +32,8 @@ What this teaches:
   once and only launches; a watched realize plans afresh, so each step keeps the item the
   scheduler made (its reasons, its buffers), and is run by the same `run`.
 
-Builds on: device.py, schedule.py, pack.py, lower.py, render/. Used by: tensor.py, viz.
+Builds on: device.py, engine/schedule.py, opt/pack.py, codegen/lower.py, render/. Used by:
+tensor/, viz.
 """
 from __future__ import annotations
 
@@ -44,16 +45,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinyteach import schedule, search
+from tinyteach.codegen.lower import LinearProgram, ProgramSpec, lower
+from tinyteach.codegen.plan import KernelOptions
 from tinyteach.device import Backend, Buffer, Device
 from tinyteach.dtype import DType
+from tinyteach.engine import schedule
+from tinyteach.engine.schedule import Schedule, ScheduleItem, estimate_ops, schedule_graph
 from tinyteach.helpers import DEBUG, GlobalCounters, LRUCache, format_bytes
-from tinyteach.lower import LinearProgram, ProgramSpec, lower
-from tinyteach.opt import KernelOptions, Opt, plan_of
-from tinyteach.pack import pack_operands
-from tinyteach.schedule import Schedule, ScheduleItem, estimate_ops, schedule_graph
-from tinyteach.settings import PLAN_CACHE, snapshot
-from tinyteach.uop import (
+from tinyteach.ir.uop import (
     ALU,
     Ops,
     UOp,
@@ -64,6 +63,10 @@ from tinyteach.uop import (
     unbind_graph,
     variables_of,
 )
+from tinyteach.opt import search
+from tinyteach.opt.kernel import Opt, plan_of
+from tinyteach.opt.pack import pack_operands
+from tinyteach.settings import PLAN_CACHE, snapshot
 
 
 @dataclass
@@ -250,8 +253,8 @@ def _unique_names(names: list[str]) -> list[str]:
 
 def build_schedule(roots: list[UOp], default_device: str,
                    var_vals: dict[str, int] | None = None) -> Schedule:
-    """The schedule that runs: the scheduler's kernels in order (schedule.py), with a packing
-    copy before each kernel that profits from one (pack.py). realize() runs exactly these
+    """The schedule that runs: the scheduler's kernels in order (engine/schedule.py), with a packing
+    copy before each kernel that profits from one (opt/pack.py). realize() runs exactly these
     items and viz draws exactly these, so a drawing shows every kernel that runs. Nothing is
     computed is allocated when a kernel first uses them. `var_vals`: the values of the
     Variables of an unbound graph (`unbind_graph`), kept on each item."""

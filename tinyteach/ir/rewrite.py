@@ -9,8 +9,8 @@ What this teaches:
 - every rewrite can be recorded (`record_rewrites()`, or DEBUG=5) so you can step through what a
   pass did, rule by rule.
 
-Builds on: uop.py (the nodes), view.py (what produces index arithmetic).
-Used by: lower.py, which runs `symbolic` over every kernel's index math.
+Builds on: ir/uop.py (the nodes), ir/view.py (what produces index arithmetic).
+Used by: codegen/lower.py, which runs `symbolic` over every kernel's index math.
 
 >>> from tinyteach.dtype import dtypes
 >>> i = UOp(Ops.RANGE, dtypes.int32, (), ("g", 0, 4))
@@ -35,8 +35,8 @@ from tinyteach.dtype import (
     to_bfloat16_bits,
     truncate_to,
 )
+from tinyteach.ir.uop import ALU, Ops, UOp, float_divide, is_bitcast
 from tinyteach.settings import DEBUG
-from tinyteach.uop import ALU, Ops, UOp, float_divide, is_bitcast
 
 COMMUTATIVE = (Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR)
 _ANY = object()

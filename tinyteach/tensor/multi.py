@@ -25,7 +25,7 @@ calling `uop.alu`, `uop.reshape`, `uop.reduce`..., and a MultiUOp answers each c
 on every shard (tinygrad's MultiLazyBuffer, before tinygrad moved the same rules into a graph
 rewrite of its MULTI op).
 
-Builds on: uop.py, device.py. Used by: tensor_core.py (a Tensor whose `.uop` is a MultiUOp,
+Builds on: ir/uop.py, device.py. Used by: tensor/core.py (a Tensor whose `.uop` is a MultiUOp,
 and whose `.device` is a tuple of devices).
 
 >>> from tinyteach import Tensor
@@ -43,10 +43,10 @@ from typing import Any, cast
 
 from tinyteach.device import Device
 from tinyteach.dtype import DType
+from tinyteach.engine.schedule import device_of
 from tinyteach.helpers import prod
-from tinyteach.schedule import device_of
+from tinyteach.ir.uop import Ops, UOp
 from tinyteach.settings import DEBUG
-from tinyteach.uop import Ops, UOp
 
 
 class ShardingError(NotImplementedError):

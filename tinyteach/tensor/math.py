@@ -15,12 +15,12 @@ What this teaches:
   input, because the gradient of an unused 1/0 is still 0 * inf = NaN;
 - reductions: sum and max are the primitive REDUCE; mean, var, std, prod, any, all, argmax and
   argmin are built on them. `cumsum`, `cumprod` and `cummax` reduce prefix windows, and `pool`
-  makes sliding windows from movement ops alone (tensor_nn.py's convolutions and pooling use it
+  makes sliding windows from movement ops alone (tensor/nn.py's convolutions and pooling use it
   too);
 - sorting is a bitonic network: log2(n)(log2(n)+1)/2 rounds of compare-and-swap between the
   two halves of a reshape, with `where` choosing.
 
-Builds on: tensor_movement.py (part 5). Used by: tensor_nn.py and everything above.
+Builds on: tensor/movement.py (part 5). Used by: tensor/nn.py and everything above.
 
 >>> from tinyteach import Tensor
 >>> x = Tensor([-1.5, 0.5, 2.5])
@@ -39,10 +39,9 @@ from typing import Any, Self, TypeVar
 import numpy as np
 
 from tinyteach.dtype import DType, dtypes, truncate_to
-from tinyteach.gradient import register_gradient
 from tinyteach.helpers import prod
-from tinyteach.multi import shards_of
-from tinyteach.tensor_core import (
+from tinyteach.ir.uop import Ops, UOp, sym_prod
+from tinyteach.tensor.core import (
     ArgumentError,
     DTypeError,
     Scalar,
@@ -52,8 +51,9 @@ from tinyteach.tensor_core import (
     sum_acc_dtype,
     sum_dtype,
 )
-from tinyteach.tensor_movement import TensorMovement
-from tinyteach.uop import Ops, UOp, sym_prod
+from tinyteach.tensor.gradient import register_gradient
+from tinyteach.tensor.movement import TensorMovement
+from tinyteach.tensor.multi import shards_of
 
 TM = TypeVar("TM", bound="TensorMath")  # the helper functions return what they were given
 
@@ -615,7 +615,7 @@ class TensorMath(TensorMovement):
 
     def bitcast(self, dtype: DType | str) -> Self:
         """The same bits read as another dtype of the same size (numpy's `view`): float32 1.0
-        is int32 1065353216. One node, a CAST whose arg is BITCAST (uop.py), which every device
+        is int32 1065353216. One node, a CAST whose arg is BITCAST (ir/uop.py), which every device
         computes by reinterpreting the bits, never with arithmetic: each float16, bfloat16,
         float32 and float64 bit pattern reads back as it was, subnormals, -0.0, infinities and
         NaN payloads (quiet or signaling) included. Integers of one size reinterpret by a

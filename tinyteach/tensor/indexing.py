@@ -18,9 +18,9 @@ What this teaches:
   comes back to the host, then the selection is a masked sum into that many slots.
 
 `TensorIndexing` is the last part of chapter 1: a mixin with `__getitem__`, on top of all the
-others (it needs arange, comparisons and sums), which tensor.py assembles into Tensor.
+others (it needs arange, comparisons and sums), which tensor/__init__.py assembles into Tensor.
 
-Builds on: tensor_nn.py and the parts below it. Used by: tensor.py (`Tensor.__getitem__`).
+Builds on: tensor/nn.py and the parts below it. Used by: tensor/__init__.py (`Tensor.__getitem__`).
 """
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ from typing import Any, Literal, Self, TypeVar
 import numpy as np
 
 from tinyteach.dtype import dtypes
-from tinyteach.tensor_core import ArgumentError, CoreTensor, DTypeError, ShapeError, broadcast_shape
-from tinyteach.tensor_movement import check_index_range
-from tinyteach.tensor_nn import TensorNN
-from tinyteach.uop import UOp, sint
+from tinyteach.ir.uop import UOp, sint
+from tinyteach.tensor.core import ArgumentError, CoreTensor, DTypeError, ShapeError, broadcast_shape
+from tinyteach.tensor.movement import check_index_range
+from tinyteach.tensor.nn import TensorNN
 
 T = TypeVar("T", bound="TensorIndexing")  # the helper functions return what they were given
 

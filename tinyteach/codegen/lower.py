@@ -9,15 +9,15 @@ What this teaches:
 - the symbolic rewrite rules (chapter 5) then tidy the index arithmetic;
 - `linearize` orders the graph into a straight-line program: open loops, compute, accumulate,
   close loops. Work that does not depend on an inner loop is placed outside it;
-- with a vector tile (opt.py), one output axis is indexed by a *lane* that stands for 16
+- with a vector tile (opt/), one output axis is indexed by a *lane* that stands for 16
   columns at once; `vectorize` turns what depends on it into vector values (DType.vec): a load
   at `base + lane` becomes one vector load at `base`, and float math on it vector math.
 
-- with a group reduction (opt.py, GPU devices), each output is computed by a whole work-group:
+- with a group reduction (opt/, GPU devices), each output is computed by a whole work-group:
   its output loops are loops over groups (kind 'w'), each thread (`SPECIAL` lidx0) sums a
   strided slice of the reduced axis, and the partial sums meet in shared memory
   (`DEFINE_LOCAL`), separated by `BARRIER`s, combined by a tree or by thread 0.
-- with a local tile (opt.py, GPU devices), a matmul-like kernel gives each tile of outputs a
+- with a local tile (opt/, GPU devices), a matmul-like kernel gives each tile of outputs a
   work-group, thread (lidx1, lidx0) computing output (row, column) of the tile. The reduction
   is two loops: over steps of the tile size (`ridx0`), in which every thread copies one element
   of X and one of Y into shared memory, then a barrier, then the sum of a row of the one tile
@@ -25,19 +25,19 @@ What this teaches:
   the next step from overwriting what slower threads still read. With a block of r x r
   outputs per thread (`tile_upcast`), a thread copies r elements of each operand per step,
   and its inner loop reads r + r values for r * r multiply-adds.
-- with tensor cores (opt.py, wmma.py), each 16 x 8 tile of outputs is a work-group of one
+- with tensor cores (opt/, codegen/wmma.py), each 16 x 8 tile of outputs is a work-group of one
   warp; each thread's 4 outputs are its elements of the warp's D fragment, and the reduction
   is a loop over steps of 16 along k whose body is the thread's fragment loads and a `WMMA`.
 
 The result, a `LinearProgram`, is what every renderer (chapter 8) turns into source code.
 
-Builds on: uop.py, view.py, rewrite.py. Used by: render/, realize.py.
+Builds on: ir/uop.py, ir/view.py, ir/rewrite.py. Used by: render/, engine/realize.py.
 
 >>> from tinyteach import Tensor
->>> from tinyteach.schedule import create_schedule
+>>> from tinyteach.engine.schedule import create_schedule
 >>> x = Tensor.ones(4, 8).realize()
 >>> item = create_schedule([x.sum(axis=1).uop], "CPU")[0][0]
->>> print(lower(item.ast))  # doctest: +NORMALIZE_WHITESPACE
+>>> print(lower(item.ast, NO_OPTIONS))  # doctest: +NORMALIZE_WHITESPACE
 %0   DEFINE_GLOBAL float32  () (0, 4)
 %1   DEFINE_GLOBAL float32  () (1, 32)
 %2   RANGE         int32    () ('g', 0, 4)
@@ -57,12 +57,10 @@ Builds on: uop.py, view.py, rewrite.py. Used by: render/, realize.py.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from tinyteach.dtype import DType, dtypes
-from tinyteach.helpers import NOOPT, LRUCache, register_memo, remember
-from tinyteach.plan import (
+from tinyteach.codegen.lower_gpu import GPULowering, row_output_index, tile_output_indices
+from tinyteach.codegen.plan import (
     NO_OPTIONS,
     KernelOptions,
     TilePlan,
@@ -71,38 +69,40 @@ from tinyteach.plan import (
     row_kernel_axis,
     tile_plan,
 )
-from tinyteach.rewrite import graph_rewrite, recording, sum_terms, symbolic
-from tinyteach.settings import FIXED_LANES
-from tinyteach.uop import ALU, COMPARISONS, MOVEMENT, Ops, UOp, sint, sym_max, variables_of
-from tinyteach.view import (
+from tinyteach.codegen.wmma import TensorCoreLowering, tensor_core_lowering
+from tinyteach.dtype import dtypes
+from tinyteach.helpers import NOOPT, LRUCache, register_memo, remember
+from tinyteach.ir.rewrite import graph_rewrite, recording, sum_terms, symbolic
+from tinyteach.ir.uop import (
+    ALU,
+    COMPARISONS,
+    MOVEMENT,
+    Ops,
+    UOp,
+    identity_element,
+    make_range,
+    sym_max,
+    variables_of,
+)
+from tinyteach.ir.view import (
+    Combine,
     Index,
+    Task,
     Valid,
     and_valid,
     below,
+    guarded,
     index_add,
     index_const,
     index_into_buffer,
     linear_index,
     view_index,
 )
-from tinyteach.wmma import TensorCoreLowering, tensor_core_lowering
-
-
-def make_range(kind: str, number: int, size: sint) -> UOp:
-    """A loop counter: `kind` is 'g' for an output axis, 'r' for a reduced one, 'v' for vector
-    lanes, 'w' for an output axis whose every element is computed by a whole work-group (a
-    group reduction: on a GPU, a loop over work-groups instead of threads), 'c' for the
-    columns of a row that each thread of the row's work-group stores (a plain loop)."""
-    return UOp(Ops.RANGE, dtypes.int32, (), (kind, number, size))
-
-
-def identity_element(op: Ops, dtype: DType) -> float | int | bool:
-    """What an accumulator starts from: 0 for a sum, the smallest value for a max."""
-    return 0 if op is Ops.ADD else dtype.min
+from tinyteach.settings import FIXED_LANES
 
 
 @dataclass
-class _Lowerer:
+class _Lowerer(GPULowering):
     """Turns the value graph of one kernel into index-carrying ALU, LOAD and REDUCE nodes.
     `group`: threads of a work-group that share each reduction (0: one thread per output)."""
 
@@ -111,7 +111,7 @@ class _Lowerer:
     group_top: bool = False  # each thread of the group sums a contiguous slice (GROUPTOP)
     unrolls: dict[int, int] = field(default_factory=dict)  # reduced axis -> elements per step
     rows: bool = False  # a kernel over whole rows: one work-group per row (row_output_index)
-    tile: TilePlan | None = None  # a local tile: how the kernel splits (opt.local_tile_plan)
+    tile: TilePlan | None = None  # a local tile: how the kernel splits (plan.local_tile_plan)
     tile_size: int = 0
     tile_upcast: int = 1  # a local tile's r x r block of outputs per thread
     tile_indices: dict[tuple[int, int], Index] = field(default_factory=dict)  # (i, j) -> output
@@ -158,7 +158,7 @@ class _Lowerer:
         if node.op in MOVEMENT:
             inner_index, condition = view_index(node, index)
             return [(node.src[0], inner_index, and_valid(valid, condition))], \
-                lambda values: _guarded(values[0], condition)
+                lambda values: guarded(values[0], condition)
         if node.op is Ops.REDUCE_AXIS:
             if self.rows and valid is not None:  # (the column guard: the same row's reduction)
                 return [(node, index, None)], lambda values: values[0]
@@ -207,201 +207,6 @@ class _Lowerer:
         return tasks, combine
 
 
-    def _plan_tensor_core_reduce(self, node: UOp) -> tuple[list[Task], Combine]:
-        """Tensor cores (wmma.py): this thread's fragments of X and Y at each step of the k
-        loop, and the sum of its element of the warp's WMMA."""
-        assert self.tensor_core is not None
-        core, output_index = self.tensor_core, self.output_index
-        if node not in self.reduce_ranges:
-            self.reduce_ranges[node] = [core.k_steps(self.reduce_count)]
-            self.reduce_count += 1
-        k_step = self.reduce_ranges[node][0]
-        tasks = core.fragment_tasks(k_step)
-        return tasks, lambda values: core.reduce(node, output_index, k_step, values, tasks)
-
-    # ---- a reduction shared by the threads of a work-group ----
-
-    def _plan_group_reduce(self, node: UOp, index: Index,
-                           valid: Valid) -> tuple[list[Task], Combine]:
-        """Thread `lidx0` of the group sums elements lidx0, lidx0 + T, lidx0 + 2T, ... of the last
-        reduced axis (T threads: neighbours read neighbours); its partial sum then goes through
-        shared memory (`_combine_in_group`). Elements past the end count as the identity."""
-        reduce_op, axes = node.arg
-        source_shape = node.src[0].shape
-        split_axis, threads = axes[-1], self.group
-        steps = -(-source_shape[split_axis] // threads)
-        if node not in self.reduce_ranges:
-            sizes = [source_shape[axis] for axis in axes[:-1]] + [steps]
-            self.reduce_ranges[node] = [make_range("r", self.reduce_count + k, size)
-                                        for k, size in enumerate(sizes)]
-            self.reduce_count += len(axes)
-        ranges = self.reduce_ranges[node]
-        inner_index = list(index)
-        for axis, loop in zip(axes[:-1], ranges):
-            inner_index[axis] = loop
-        element = local_thread_id(threads) * steps + ranges[-1] if self.group_top \
-            else ranges[-1] * threads + local_thread_id(threads)
-        inner_index[split_axis] = element
-        inside = None if source_shape[split_axis] % threads == 0 \
-            else element.lt(source_shape[split_axis])
-        identity = UOp.const(node.dtype, identity_element(reduce_op, node.dtype))
-
-        def combine(values: list[UOp]) -> UOp:
-            value = values[0] if inside is None else inside.where(values[0], identity)
-            partial = UOp(Ops.REDUCE, node.dtype, (value, *ranges), reduce_op)
-            return self._combine_in_group(partial, reduce_op)
-        return [(node.src[0], tuple(inner_index), and_valid(valid, inside))], combine
-
-    def _combine_in_group(self, partial: UOp, reduce_op: Ops) -> UOp:
-        """Every thread stores its partial result in shared memory; after a barrier they are
-        combined, and every thread reads the result from element 0."""
-        threads, lidx = self.group, local_thread_id(self.group)
-        shared = UOp(Ops.DEFINE_LOCAL, partial.dtype, (), (self.local_count, threads))
-        self.local_count += 1
-        barrier = UOp(Ops.BARRIER, dtypes.bool, (UOp(Ops.STORE, partial.dtype,
-                                                     (shared, lidx, partial)),))
-        if self.group_combine == "serial":
-            result = self._serial_combine(shared, barrier, reduce_op)
-            if self.rows:  # every thread of a row's group needs the result: thread 0 shares it
-                result = self._share_from_first(shared, result)
-            self.group_results.append(result)
-            return result
-        half = threads // 2
-        while half >= 1:  # a tree: the first `half` threads each combine two partials
-            active = lidx.lt(half)
-            mine = UOp(Ops.LOAD, partial.dtype, (shared, lidx, active, barrier))
-            partner = UOp(Ops.LOAD, partial.dtype, (shared, lidx + half, active, barrier))
-            combined = UOp(reduce_op, partial.dtype, (mine, partner))
-            store = UOp(Ops.STORE, partial.dtype, (shared, lidx, combined, active))
-            barrier = UOp(Ops.BARRIER, dtypes.bool, (store,))
-            half //= 2
-        result = UOp(Ops.LOAD, partial.dtype, (shared, index_const(0), barrier))
-        self.group_results.append(result)
-        return result
-
-    def _serial_combine(self, shared: UOp, barrier: UOp, reduce_op: Ops) -> UOp:
-        """Thread 0 alone loops over the partials (the others read nothing: their value is
-        never stored)."""
-        loop = make_range("r", self.reduce_count, self.group)
-        self.reduce_count += 1
-        first = local_thread_id(self.group).lt(1)
-        value = UOp(Ops.LOAD, shared.dtype, (shared, loop, first, barrier))
-        return UOp(Ops.REDUCE, shared.dtype, (value, loop), reduce_op)
-
-
-    def _share_from_first(self, shared: UOp, result: UOp) -> UOp:
-        """Thread 0 writes its serial result into element 0 (it alone read the partials since
-        the last barrier); after a barrier every thread reads it."""
-        first = local_thread_id(self.group).lt(1)
-        published = UOp(Ops.STORE, shared.dtype, (shared, index_const(0), result, first))
-        return UOp(Ops.LOAD, shared.dtype, (shared, index_const(0),
-                                            UOp(Ops.BARRIER, dtypes.bool, (published,))))
-
-    # ---- a matmul-like reduction from tiles in shared memory ----
-
-    def _plan_tile_reduce(self, node: UOp) -> tuple[list[Task], Combine]:
-        """Thread (row, column) = (lidx1, lidx0) stages X at (its row, step * T + column) and Y
-        at (step * T + row, its column); elements past an edge are staged as 0. With a block
-        of r x r outputs per thread (`tile_upcast`), it stages r rows of X (its row + i * T)
-        and r columns of Y (its column + j * T): the tasks are those 2r copies, the same for
-        each of its outputs, and `_sum_of_tiles` builds the staging once."""
-        assert self.tile is not None
-        tile, size = self.tile, self.tile_size
-        shape = node.src[0].shape
-        if node not in self.reduce_ranges:
-            self.reduce_ranges[node] = [
-                make_range("r", self.reduce_count, -(-shape[tile.k_axis] // size)),
-                make_range("r", self.reduce_count + 1, size)]
-            self.reduce_count += 2
-        steps, within = self.reduce_ranges[node]
-        column, row = local_thread_id(size, 0), local_thread_id(size, 1)
-        tasks: list[Task] = []
-        for i in range(self.tile_upcast):  # the X rows this thread stages
-            base = self._source_index(self.tile_indices.get((i, 0), self.output_index), shape)
-            x_index = list(base)
-            x_index[tile.n_axis], x_index[tile.k_axis] = index_const(0), steps * size + column
-            tasks.append((tile.x, tuple(x_index),
-                          and_valid(below(base[tile.m_axis], shape[tile.m_axis]),
-                                    below(x_index[tile.k_axis], shape[tile.k_axis]))))
-        for j in range(self.tile_upcast):  # the Y columns
-            base = self._source_index(self.tile_indices.get((0, j), self.output_index), shape)
-            y_index = list(base)
-            y_index[tile.m_axis], y_index[tile.k_axis] = index_const(0), steps * size + row
-            tasks.append((tile.y, tuple(y_index),
-                          and_valid(below(base[tile.n_axis], shape[tile.n_axis]),
-                                    below(y_index[tile.k_axis], shape[tile.k_axis]))))
-        position = self.tile_position
-
-        def combine(values: list[UOp]) -> UOp:
-            staged = [_guarded(value, task[2]) for value, task in zip(values, tasks)]
-            return self._sum_of_tiles(node, staged, position, steps, within)
-        return tasks, combine
-
-    def _source_index(self, output_index: Index, shape: tuple[int, ...]) -> list[UOp]:
-        """The reduction's source index of an output of this thread (the output's axes of size
-        > 1 are the source's, in order; opt.local_tile_plan checked it)."""
-        assert self.tile is not None
-        outputs = iter(entry for entry in output_index if entry.op is not Ops.CONST)
-        return [next(outputs) if size > 1 and axis != self.tile.k_axis else index_const(0)
-                for axis, size in enumerate(shape)]
-
-    def _sum_of_tiles(self, node: UOp, staged: list[UOp], position: tuple[int, int],
-                      steps: UOp, within: UOp) -> UOp:
-        """Stage both tiles (once per reduction), wait, then sum row i of X's tile times column
-        j of Y's tile, for this output's place (i, j) in the thread's block; the sum over the
-        steps adds those partial sums. X's tile is (T * r) rows x T, Y's is T x (T * r)."""
-        if node not in self.tile_stages:
-            self.tile_stages[node] = self._stage_tiles(staged[0].dtype, staged, steps)
-        x_tile, y_tile, ready = self.tile_stages[node]
-        size, block = self.tile_size, self.tile_upcast
-        column, row = local_thread_id(size, 0), local_thread_id(size, 1)
-        i, j = position
-        x_element = UOp(Ops.LOAD, x_tile.dtype, (x_tile, (row + i * size) * size + within,
-                                                 ready))
-        y_element = UOp(Ops.LOAD, y_tile.dtype, (y_tile, within * (size * block) + column +
-                                                 j * size, ready))
-        product = x_element * y_element
-        if product.dtype != node.dtype:  # a half matmul's widening cast (opt.tile_plan)
-            product = product.cast(node.dtype)
-        partial = UOp(Ops.REDUCE, node.dtype, (product, within), Ops.ADD)
-        return UOp(Ops.REDUCE, node.dtype, (partial, steps), Ops.ADD)
-
-    def _stage_tiles(self, dtype: DType, staged: list[UOp],
-                     steps: UOp) -> tuple[UOp, UOp, UOp]:
-        """The two tiles in shared memory and the barrier after every thread's copies into
-        them: X's row i (of r) at slot (lidx1 + i * T) * T + lidx0, Y's column j at slot
-        lidx1 * T * r + lidx0 + j * T. A barrier at the top of each step keeps the copies from
-        overwriting what slower threads still read of the last step."""
-        size, block = self.tile_size, self.tile_upcast
-        column, row = local_thread_id(size, 0), local_thread_id(size, 1)
-        x_tile = UOp(Ops.DEFINE_LOCAL, dtype, (), (self.local_count, size * size * block))
-        y_tile = UOp(Ops.DEFINE_LOCAL, dtype, (), (self.local_count + 1, size * size * block))
-        self.local_count += 2
-        step_start = UOp(Ops.BARRIER, dtypes.bool, (steps,))
-        x_stores = [UOp(Ops.STORE, dtype, (x_tile, (row + i * size) * size + column, value,
-                                           step_start))
-                    for i, value in enumerate(staged[:block])]
-        y_stores = [UOp(Ops.STORE, dtype, (y_tile, row * (size * block) + column + j * size,
-                                           value, step_start))
-                    for j, value in enumerate(staged[block:])]
-        return x_tile, y_tile, UOp(Ops.BARRIER, dtypes.bool, (*x_stores, *y_stores))
-
-
-def local_thread_id(threads: int, dimension: int = 0) -> UOp:
-    """This thread's index in its work-group along `dimension`, 0 <= lidx < threads."""
-    return UOp(Ops.SPECIAL, dtypes.int32, (), ("l", dimension, threads))
-
-
-
-
-Task = tuple[UOp, Index, Valid]  # lower this node at this index, under this condition
-Combine = Callable[[list[UOp]], UOp]
-
-
-def _guarded(value: UOp, condition: Valid) -> UOp:
-    """The value where `condition` holds, 0 elsewhere (padding)."""
-    return value if condition is None else condition.where(value, UOp.const(value.dtype, 0))
-
 
 def _reads_buffer_directly(node: UOp) -> bool:
     while node.op in MOVEMENT:
@@ -442,40 +247,6 @@ def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index
     return [tuple(combination) for combination in itertools.product(*per_axis)]
 
 
-def tile_output_index(shape: tuple[int, ...], size: int) -> Index:
-    """A local tile's output index: the last two axes longer than 1 are `tile * size + lidx`
-    (lidx1 along the rows, lidx0 along the columns), over loops of work-groups ('w'); other
-    axes get a work-group each."""
-    return tile_output_indices(shape, size)[(0, 0)]
-
-
-def tile_output_indices(shape: tuple[int, ...], size: int,
-                        block: int = 1) -> dict[tuple[int, int], Index]:
-    """Every output of a local tile's thread, by its place (i, j) in the thread's r x r block
-    (r = `block`): row `tile * size * r + i * size + lidx1`, column `... + j * size + lidx0`.
-    The block's rows are `size` apart, so neighbouring threads still store neighbouring
-    columns, and a group covers (size * r) x (size * r) outputs."""
-    kept = [axis for axis, length in enumerate(shape) if length > 1]
-    thread_dimension = {kept[-1]: 0, kept[-2]: 1}
-    per_axis: list[list[UOp]] = []
-    for axis, length in enumerate(shape):
-        if length == 1:
-            per_axis.append([index_const(0)])
-        elif axis in thread_dimension:
-            tiles = make_range("w", axis, -(-length // (size * block)))
-            thread = local_thread_id(size, thread_dimension[axis])
-            per_axis.append([tiles * (size * block) + offset * size + thread
-                             for offset in range(block)])
-        else:
-            per_axis.append([make_range("w", axis, length)])
-    row_axis, column_axis = kept[-2], kept[-1]
-    indices = {}
-    for combination in itertools.product(*(range(len(entries)) for entries in per_axis)):
-        index = tuple(entries[k] for entries, k in zip(per_axis, combination))
-        indices[(combination[row_axis], combination[column_axis])] = index
-    return indices
-
-
 def _inside_output(index: Index, shape: tuple[int, ...]) -> UOp | None:
     """Where a tile's thread has an output element (threads past the edge have none)."""
     inside = None
@@ -493,7 +264,7 @@ def lower_ast(ast: UOp, options: KernelOptions = NO_OPTIONS) -> UOp:
 
     Remembered by (kernel, options): UOps are immutable, so the same kernel lowers the same
     way, and a kernel is often lowered twice with the same options: once when the scheduler's
-    packing decides whether it is a vector tile (pack.py), once when it is compiled."""
+    packing decides whether it is a vector tile (opt/pack.py), once when it is compiled."""
     if recording():  # every rewrite is watched: do them all again
         return _lower_ast(ast, options)
     return remember(_lowered, (ast, options), lambda: _lower_ast(ast, options))
@@ -534,29 +305,12 @@ def _lower_ast(ast: UOp, options: KernelOptions) -> UOp:
         position = linear_index(index, value.shape)
         gate = () if inside is None else (inside,)
         stores.append(UOp(Ops.STORE, value.dtype, (output, position, lowered, *gate,
-                                                   *_group_store_sources(lowerer))))
+                                                   *lowerer._group_store_sources())))
     return graph_rewrite(UOp(Ops.SINK, dtypes.bool, tuple(stores)), symbolic,
                          memo=_symbolic_memo)
 
 
 # ---- a kernel over whole rows: one work-group per row ----
-
-def row_output_index(shape: tuple[int, ...], row_axis: int, threads: int) -> tuple[Index, Valid]:
-    """The output index of a kernel over whole rows (opt.row_kernel_axis), and where it exists.
-    Every other axis is a loop over work-groups ('w'): one group per row. Along the row,
-    thread `lidx0` of the group stores columns lidx0, lidx0 + T, lidx0 + 2T, ... (a 'c' loop
-    over steps of T): neighbouring threads store neighbouring columns. Where the row is not a
-    multiple of T, the last step's guard keeps the threads past its end from loading or
-    storing."""
-    steps = -(-shape[row_axis] // threads)
-    index: list[UOp] = []
-    for axis, size in enumerate(shape):
-        if axis == row_axis:
-            index.append(make_range("c", axis, steps) * threads + local_thread_id(threads))
-        else:
-            index.append(index_const(0) if size == 1 else make_range("w", axis, size))
-    inside = below(index[row_axis], shape[row_axis]) if shape[row_axis] % threads else None
-    return tuple(index), inside
 
 
 def _lower_rows(lowerer: _Lowerer, ast: UOp, row_axis: int) -> UOp:
@@ -574,16 +328,6 @@ def _lower_rows(lowerer: _Lowerer, ast: UOp, row_axis: int) -> UOp:
     store = UOp(Ops.STORE, value.dtype, (output, linear_index(index, value.shape), lowered,
                                          *gate, done))
     return graph_rewrite(UOp(Ops.SINK, dtypes.bool, (store,)), symbolic, memo=_symbolic_memo)
-
-
-def _group_store_sources(lowerer: _Lowerer) -> tuple[UOp, ...]:
-    """In a group reduction every thread of the group holds the result: a gate lets thread 0
-    alone store it. And a last barrier: every thread has read the result before the group's
-    next output (another turn of its loops) writes new partial sums over it."""
-    if not lowerer.group:
-        return ()
-    gate = local_thread_id(lowerer.group).lt(1)
-    return gate, UOp(Ops.BARRIER, dtypes.bool, tuple(lowerer.group_results))
 
 
 _symbolic_memo: dict[UOp, UOp] = register_memo("lower.symbolic", {})  # every kernel's index math
@@ -968,16 +712,12 @@ def _place_loop_by_loop(linearizer: _Linearizer, lowered: UOp, global_loops: lis
         opened.add(loop)
 
 
-def lower(ast: UOp, options: KernelOptions | None = None,
-          vector_width: int = 0) -> LinearProgram:
-    """The whole chapter: lower the AST as its plan says (opt.Kernel builds a plan from the
-    optimizer's actions), simplify its index math, and linearize it. Without a plan, the
-    heuristic's for a CPU with `vector_width` lanes (a shortcut for the chapters and tests;
-    realize goes through opt.Kernel). A vector plan this kernel cannot vectorize is lowered
-    in scalars (the same tile)."""
-    if options is None:
-        from tinyteach.opt import heuristic_plan  # (the shortcut's one import of the optimizer)
-        options = heuristic_plan(ast, vector_width)
+def lower(ast: UOp, options: KernelOptions) -> LinearProgram:
+    """The whole chapter: lower the AST as its plan says, simplify its index math, and
+    linearize it. The plan comes from the optimizer (opt/): a Kernel's actions (what realize
+    lowers), the heuristic's choice (`lower(ast, heuristic_plan(ast))`, opt/heuristic.py) or
+    NO_OPTIONS. A vector plan this kernel cannot vectorize is lowered in scalars (the same
+    tile)."""
     chosen = options
     lowered = lower_ast(ast, chosen)
     if chosen.vector_width:

@@ -12,9 +12,9 @@ What this teaches:
 Here, an index is a tuple of integer UOps, one per axis; a condition is a bool UOp or None
 (always valid).
 
-Builds on: uop.py. Used by: lower.py (loads and stores in generated code).
+Builds on: ir/uop.py. Used by: codegen/lower.py (loads and stores in generated code).
 
->>> from tinyteach.uop import UOp, Ops
+>>> from tinyteach.ir.uop import UOp, Ops
 >>> from tinyteach.dtype import dtypes
 >>> i, j = (UOp(Ops.RANGE, dtypes.int32, (), ("g", n, 4)) for n in range(2))
 >>> square = UOp.const(dtypes.float32, 0.0).reshape((1, 1)).expand((4, 4))
@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import memo
-from tinyteach.uop import Ops, UOp, sint, sym_mul
+from tinyteach.ir.uop import Ops, UOp, sint, sym_mul
 
 Index = tuple[UOp, ...]
 Valid = UOp | None
@@ -50,6 +50,17 @@ def and_valid(a: Valid, b: Valid) -> Valid:
 def below(index: UOp, size: int) -> Valid:
     """`index < size`, or None (always true) when the index never reaches `size`."""
     return None if index.vmax < size else index.lt(size)
+
+
+def guarded(value: UOp, condition: Valid) -> UOp:
+    """The value where `condition` holds, 0 elsewhere (padding)."""
+    return value if condition is None else condition.where(value, UOp.const(value.dtype, 0))
+
+
+# what lowering (codegen/lower.py) computes: a node's value at an index, where it is valid;
+# a Combine builds a node's lowered form from its sources' lowered values
+Task = tuple[UOp, Index, Valid]  # lower this node at this index, under this condition
+Combine = Callable[[list[UOp]], UOp]
 
 
 @memo("view.contiguous_strides")

@@ -3,7 +3,7 @@
 What this teaches:
 - matmul is broadcasting plus one reduction: (n, 1, k) * (1, m, k), summed over k. The
   scheduler fuses the multiply into the sum, so it is one kernel, not an n*m*k temporary;
-- a convolution is the same idea over sliding windows: `pool` (tensor_math.py) makes the windows
+- a convolution is the same idea over sliding windows: `pool` (tensor/math.py) makes the windows
   with movement ops only, one multiply and one sum over (channels, kh, kw) do the rest, for
   any number of spatial axes; average and max pooling reduce the same windows with mean and
   max (ceil_mode is a little more padding; return_indices compares each window with its max);
@@ -16,7 +16,8 @@ What this teaches:
   are attention (softmax(q k^T / sqrt(d)) v), einsum (permute, broadcast, multiply, sum) and
   interpolate (a mask of the source positions, built from aranges, then a sum).
 
-Builds on: tensor_math.py (part 6). Used by: tensor.py's Tensor, nn/ and every training loop.
+Builds on: tensor/math.py (part 6). Used by: tensor/__init__.py's Tensor, nn/ and every training
+loop.
 
 >>> from tinyteach import Tensor
 >>> Tensor([[1.0, 2.0]]).matmul(Tensor([[3.0], [4.0]])).tolist()
@@ -34,10 +35,10 @@ from typing import Any, Self, TypeVar
 import numpy as np
 
 from tinyteach.dtype import DType, dtypes, least_upper_dtype
-from tinyteach.gradient import register_gradient
 from tinyteach.settings import TRAINING
-from tinyteach.tensor_core import ArgumentError, ShapeError, padding_pairs, pool
-from tinyteach.tensor_math import TensorMath, in_float32_for_bfloat16
+from tinyteach.tensor.core import ArgumentError, ShapeError, padding_pairs, pool
+from tinyteach.tensor.gradient import register_gradient
+from tinyteach.tensor.math import TensorMath, in_float32_for_bfloat16
 
 N = TypeVar("N", bound="TensorNN")  # the helper functions return what they were given
 

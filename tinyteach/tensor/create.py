@@ -15,11 +15,11 @@ What this teaches:
   replay draws new numbers.
 
 Each part of chapter 1 is a mixin that stands on the ones below it: this one uses only the
-core (tensor_core.py), and tensor.py assembles the parts into Tensor, so `Tensor.zeros(2, 3)`
-finds the methods here. The methods that make a tensor from nothing are classmethods: `cls` is
+core (tensor/core.py), and tensor/__init__.py assembles the parts into Tensor, so `Tensor.zeros(2,
+3)` finds the methods here. The methods that make a tensor from nothing are classmethods: `cls` is
 the class they are called on (always the assembled Tensor), and they return `Self`.
 
-Builds on: tensor_core.py (part 1). Used by: tensor_movement.py and everything that makes a
+Builds on: tensor/core.py (part 1). Used by: tensor/movement.py and everything that makes a
 tensor.
 
 >>> from tinyteach import Tensor
@@ -41,8 +41,8 @@ import numpy as np
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import prod
-from tinyteach.tensor_core import ArgumentError, CoreTensor, Scalar, ShapeArg, pool
-from tinyteach.uop import Ops, UOp, as_sint, shape_str
+from tinyteach.ir.uop import Ops, UOp, as_sint, shape_str
+from tinyteach.tensor.core import ArgumentError, CoreTensor, Scalar, ShapeArg, pool
 
 C = TypeVar("C", bound="TensorCreation")  # the helper functions return what they were given
 
@@ -354,7 +354,7 @@ class TensorCreation(CoreTensor):
             cls._arange_int(columns, device).reshape(1, columns)
         return grid.reshape(-1).shrink([(0, count)])
 
-    # ---- properties and in-place changes (tinygrad's names; tensor.py has the rest) ----
+    # ---- properties and in-place changes (tinygrad's names; tensor/__init__.py has the rest) ----
 
     def element_size(self) -> int:
         """Bytes per element."""

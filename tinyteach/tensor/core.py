@@ -15,10 +15,10 @@ What this teaches:
   (`AutogradState`); chapter 2 has the gradient rules.
 
 The rest of chapter 1 stands on this class. Each part is a mixin that uses only what is below
-it: CoreTensor <- TensorCreation (tensor_create.py, part 4) <- TensorMovement (part 5) <-
-TensorMath (part 6) <- TensorNN (part 7) <- TensorIndexing (indexing.py, part 3), and
-tensor.py assembles them into `Tensor`. The parts are typed with `typing.Self`: a method of a
-part returns the same class it was called on, which is always the assembled Tensor.
+it: CoreTensor <- TensorCreation (tensor/create.py, part 4) <- TensorMovement (part 5) <-
+TensorMath (part 6) <- TensorNN (part 7) <- TensorIndexing (tensor/indexing.py, part 3), and
+tensor/__init__.py assembles them into `Tensor`. The parts are typed with `typing.Self`: a method of
+a part returns the same class it was called on, which is always the assembled Tensor.
 
 Builds on: uop, schedule, realize, gradient. Used by: the other parts of chapter 1.
 
@@ -51,27 +51,10 @@ from tinyteach.dtype import (
     to_bfloat16_bits,
     truncate_to,
 )
-from tinyteach.gradient import (
-    CONTIGUOUS_BACKWARD,
-    compute_gradient,
-    graph_before_realize,
-    reachable_by_gradient,
-)
+from tinyteach.engine.realize import realize_elementwise, realize_uops, schedule_uops
+from tinyteach.engine.schedule import ScheduleItem, device_of, is_contiguous_buffer
 from tinyteach.helpers import prod, register_memo
-from tinyteach.multi import (
-    MultiUOp,
-    ShardingError,
-    all_reduce,
-    canonical_devices,
-    each_shard,
-    reads_a_device,
-    shard_uop,
-    shards_of,
-)
-from tinyteach.realize import realize_elementwise, realize_uops, schedule_uops
-from tinyteach.schedule import ScheduleItem, device_of, is_contiguous_buffer
-from tinyteach.settings import Context
-from tinyteach.uop import (
+from tinyteach.ir.uop import (
     COMPARISONS,
     Ops,
     UOp,
@@ -88,6 +71,23 @@ from tinyteach.uop import (
     sym_shape_eval,
     sym_sub,
     toposort_of,
+)
+from tinyteach.settings import Context
+from tinyteach.tensor.gradient import (
+    CONTIGUOUS_BACKWARD,
+    compute_gradient,
+    graph_before_realize,
+    reachable_by_gradient,
+)
+from tinyteach.tensor.multi import (
+    MultiUOp,
+    ShardingError,
+    all_reduce,
+    canonical_devices,
+    each_shard,
+    reads_a_device,
+    shard_uop,
+    shards_of,
 )
 
 Scalar = int | float | bool
@@ -239,7 +239,7 @@ class CoreTensor:
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None):
         wanted = None if dtype is None else dtypes.as_dtype(dtype)
-        self.device: str  # (a tuple of devices for a sharded tensor: multi.py)
+        self.device: str  # (a tuple of devices for a sharded tensor: tensor/multi.py)
         self.uop: UOp  # (a MultiUOp for a sharded tensor)
         if isinstance(device, (tuple, list)):  # on several devices: replicated on each
             self.device, self.uop = _sharded_node(data, canonical_devices(device), wanted)
@@ -344,13 +344,13 @@ class CoreTensor:
     def realize(self, *others: Self) -> Self:
         """Compute this tensor (and `others`): `t.realize()` or `Tensor.realize(a, b, c)`.
         Three steps: pick the tensors that still need computing, run their graphs in one
-        schedule (realize.py), and point each tensor at its buffer."""
+        schedule (engine/realize.py), and point each tensor at its buffer."""
         # (the WeakSet's own set of references: its truth is a C call, the WeakSet's a Python one)
         sharded = isinstance(self.uop, MultiUOp)
         if not others and not sharded and not _SCHEDULED_NOT_RUN.data:  # type: ignore[attr-defined]
             if is_contiguous_buffer(self.uop):
                 return self  # already a buffer (a JIT's inputs, every call): nothing to do
-            # the lean path (realize.py): one elementwise kernel over realized buffers, whose
+            # the lean path (engine/realize.py): one elementwise kernel over realized buffers, whose
             # plan is cached. Such a graph assigns nothing, so no other tensor need be computed
             # with it (`_still_lazy`), and it reads no unrun schedule() output (checked above)
             result = realize_elementwise(self.uop, self.device)
@@ -369,7 +369,8 @@ class CoreTensor:
         return self
 
     def _realize_sharded(self, *others: Self) -> Self:
-        """`realize` where a tensor is sharded (multi.py): the same steps, over every shard."""
+        """`realize` where a tensor is sharded (tensor/multi.py): the same steps, over every
+        shard."""
         pending = _still_lazy(list({id(t): t for t in (self, *others)}.values()))
         _refuse_unrun([graph for t in (self, *others) for graph in shards_of(t.uop)])
         if pending:
@@ -489,7 +490,7 @@ class CoreTensor:
     def shard(self, devices: Sequence[str], axis: int | None = None) -> Self:
         """This tensor over several devices: cut into len(devices) equal parts along `axis`,
         part i copied to devices[i] (axis None: a whole copy on each, *replicated*). Its
-        `.device` is the tuple of devices; ops run on every part (multi.py)."""
+        `.device` is the tuple of devices; ops run on every part (tensor/multi.py)."""
         names = canonical_devices(devices)
         if isinstance(self.uop, MultiUOp):
             raise ValueError(f"shard: this tensor is already sharded over {self.device}; "
@@ -571,7 +572,7 @@ class CoreTensor:
             raise ArgumentError(f"repeated axis in {axes}")
         return normalized
 
-    # ---- movement: the six primitive movement ops (the rest are in tensor_movement.py) ----
+    # ---- movement: the six primitive movement ops (the rest are in tensor/movement.py) ----
 
     def reshape(self, *shape: Any) -> Self:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -740,7 +741,7 @@ class CoreTensor:
         x, y = self._broadcasted(other, reverse)
         return x + (-y)
 
-    # the five unary primitives (tensor_math.py composes every other function from them)
+    # the five unary primitives (tensor/math.py composes every other function from them)
     def exp2(self) -> Self:
         return self._to_float()._unary(Ops.EXP2)
 
@@ -870,7 +871,7 @@ class CoreTensor:
     def maximum(self, other: Any) -> Self:
         return self._binary(Ops.MAX, other)
 
-    # ---- reduction: one primitive op, summing or taking the max (the rest: tensor_math.py) ----
+    # ---- reduction: one primitive op, summing or taking the max (the rest: tensor/math.py) ----
 
     def sum(self, axis: Any = None, keepdim: bool = False,
             dtype: DType | str | type | None = None) -> Self:
@@ -1150,7 +1151,8 @@ _SCHEDULED_NOT_RUN: weakref.WeakSet[Buffer] = weakref.WeakSet()
 
 def _refuse_unrun(graphs: list[UOp]) -> None:
     """Raise if a graph reads a buffer that `schedule()` handed out and nothing has computed
-    yet (its memory is not even allocated: run_item allocates before it runs a kernel)."""
+    yet (its memory is not even allocated: engine/realize.run allocates a step's buffers just
+    before it launches the step)."""
     if not _SCHEDULED_NOT_RUN:
         return
     waiting = set()

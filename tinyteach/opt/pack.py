@@ -1,6 +1,6 @@
 """Chapter 7 (part 4): packing — copying an operand into the order its kernel reads it.
 
-A vector matmul tile (opt.py) reads, at each step of its sum, 32 consecutive floats of one row
+A vector matmul tile (opt/) reads, at each step of its sum, 32 consecutive floats of one row
 of `b`, then jumps a whole row (4 KB for 1024 floats) to the next step. Addresses 4 KB apart
 fall into the same few sets of the CPU's caches, so the 1024 x 32 panel of `b` one tile walks
 keeps evicting itself and is fetched again from far away for every tile.
@@ -28,13 +28,13 @@ channel axis is co again; the packed factor is the upstream gradient, fused elem
 and all) and x @ w.T (an MLP layer, whose output is channels-last already: no copy back).
 A bias and an activation after the sum (`x.linear(w.T, b).gelu()`, `conv2d(x, w, b).relu()`)
 stay in the kernel: they move with the output.
-Three kernels instead of one, so only for long sums (more than opt.SHORT_REDUCE per output);
+Three kernels instead of one, so only for long sums (more than heuristic.SHORT_REDUCE per output);
 where no copy back is needed (the channel axis is the output's last already: x @ w.T, and
 attention's q @ k.T and weights @ v over heads of 32), two kernels pay from sums of
 CHANNEL_MIN_SUM on, in a kernel of SHORT_SUM_MIN_WORK multiply-adds or more.
 `CHANNEL_TILES=0` turns channel tiles off alone.
 
-Builds on: opt.py (which kernels get a vector tile), schedule.py (ScheduleItem).
+Builds on: opt/ (which kernels get a vector tile), engine/schedule.py (ScheduleItem).
 Used by: realize.build_schedule, between scheduling and running (so viz draws the packing
 kernels too).
 """
@@ -42,16 +42,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from tinyteach.codegen.lower import _symbolic_memo, lower_ast, vectorize
+from tinyteach.codegen.plan import buffer_reads, kernel_value, step_along
 from tinyteach.device import Buffer, Device
 from tinyteach.dtype import DType, dtypes
+from tinyteach.engine.schedule import ScheduleItem
 from tinyteach.helpers import NOOPT, LRUCache, prod, remember
-from tinyteach.lower import _symbolic_memo, lower_ast, vectorize
-from tinyteach.opt import SHORT_REDUCE, buffer_reads, choose_options, kernel_value, step_along
-from tinyteach.rewrite import graph_rewrite, symbolic
-from tinyteach.schedule import ScheduleItem
+from tinyteach.ir.rewrite import graph_rewrite, symbolic
+from tinyteach.ir.uop import ALU, MOVEMENT, Ops, UOp
+from tinyteach.ir.view import view_index
+from tinyteach.opt.heuristic import SHORT_REDUCE, choose_options
 from tinyteach.settings import CHANNEL_TILES
-from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
-from tinyteach.view import view_index
 
 PACK_MIN_ELEMENTS = 1 << 20   # 4 MB of float32: smaller operands stay in cache unpacked
 MAX_PACK_GROWTH = 2           # a channel tile's copy holds at most twice what it reads
@@ -153,7 +154,7 @@ def _channel_plan(ast: UOp, width: int) -> ChannelPlan | None:
     """A sum of products X * Y where Y varies along an output axis (the channel: output channels
     of a convolution, the columns of x @ w.T) and X does not: pack Y with that axis last, and
     the kernel's inner loop reads `width` channels of Y as one vector and one X value for all of
-    them, as the vector matmul tile does (opt._vector_tile). The output is computed with the
+    them, as the vector matmul tile does (heuristic._vector_tile). The output is computed with the
     channel axis last as well, then copied back into its own order (a convolution's output is
     channels-first). Only for long sums: the copies are paid once per kernel."""
     options = choose_options(ast, width)
@@ -313,7 +314,7 @@ def _channels_last_output(ast: UOp, value: UOp, reduce: UOp, axis: int,
     output's order (None when the channel axis is last already, as in x @ w.T).
 
     Before the channel axis comes a block of 8 (or 4) rows along which the other operand moves:
-    opt._vector_tile computes 8 rows x 16 channels per iteration. The rows are the innermost
+    heuristic._vector_tile computes 8 rows x 16 channels per iteration. The rows are the innermost
     such axis, split in place: (n, y, x // 4, 4, co) for a 20-pixel row, (n // 8, y, x, 8, co)
     for an 11-pixel one. Neighbouring pixels share cache lines; 8 images 72 KB apart (a
     multiple of 4 KB) fall into the same cache sets and evict each other (5 GFLOP/s)."""

@@ -10,7 +10,7 @@ What this teaches:
   (`Tensor.assign`), so the captured launches keep pointing at the right memory;
 - graph execution: on the CPU, a replay is one native call — a small generated C function calls
   every kernel in turn — so a launch costs a few microseconds, not a trip through Python;
-- a capture is a plan of the executor (realize.py): the captured buffers by slot and a step
+- a capture is a plan of the executor (engine/realize.py): the captured buffers by slot and a step
   per launch. A replay puts the new inputs in their slots and runs that plan with
   `realize.run`, the same run as an eager realize: counted the same in GlobalCounters,
   watched the same by DEBUG and `record_launches` (it calls the device's graph when nobody
@@ -29,8 +29,8 @@ What this teaches:
   the variable, not the value, so one capture replays for every value: the new values are
   passed to the launches, and the outputs get the new sizes (a growing sequence, a KV cache).
 
-Builds on: realize.py (record_launches, Plan, run), device.py, tensor.py. Used by: nn training
-loops.
+Builds on: engine/realize.py (record_launches, Plan, run), device.py, tensor/. Used by:
+nn training loops.
 
 >>> from tinyteach import Tensor, TinyJit
 >>> @TinyJit
@@ -50,13 +50,10 @@ from typing import Any, Generic, TypeVar, cast
 
 from tinyteach.device import Allocation, Buffer, Device
 from tinyteach.dtype import DType
+from tinyteach.engine.realize import Launch, Plan, PlanStep, Slots, record_launches, run, step_of
+from tinyteach.engine.schedule import ScheduleItem, is_contiguous_buffer
 from tinyteach.helpers import format_bytes
-from tinyteach.multi import shards_of
-from tinyteach.realize import Launch, Plan, PlanStep, Slots, record_launches, run, step_of
-from tinyteach.schedule import ScheduleItem, is_contiguous_buffer
-from tinyteach.settings import DEBUG, MEMORY_PLANNER
-from tinyteach.tensor import Tensor
-from tinyteach.uop import (
+from tinyteach.ir.uop import (
     Ops,
     UOp,
     base_buffer,
@@ -70,6 +67,9 @@ from tinyteach.uop import (
     toposort_of,
     unbind_graph,
 )
+from tinyteach.settings import DEBUG, MEMORY_PLANNER
+from tinyteach.tensor import Tensor
+from tinyteach.tensor.multi import shards_of
 
 ReturnType = TypeVar("ReturnType")
 

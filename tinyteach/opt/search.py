@@ -1,7 +1,7 @@
 """Chapter 7 (part 3): searching for optimizations — time the candidates, keep the fastest (BEAM).
 
 What this teaches:
-- a heuristic (opt.py) guesses which upcasts and threads suit a kernel; a **search** measures.
+- a heuristic (opt/) guesses which upcasts and threads suit a kernel; a **search** measures.
   Each *candidate* is a `KernelOptions`: it is lowered, rendered, compiled and run on scratch
   buffers of the kernel's sizes, and the fastest one wins;
 - the search is a **beam search**, as in tinygrad: start from the heuristic's choice, try every
@@ -10,7 +10,7 @@ What this teaches:
   `MAX_ROUNDS`);
 - timing is never allowed to trade correctness: every candidate's output is compared with the
   heuristic's on the same inputs, and one that disagrees is discarded;
-- a candidate is timed only when its actions (opt.py's `actions_of`) build exactly it: the winner
+- a candidate is timed only when its actions (opt/'s `actions_of`) build exactly it: the winner
   is cached and applied as actions, so one the actions reject must never win;
 - on a GPU device (OPENCL, WEBGPU, CUDA, PYTHON) the candidates are the GPU options the kernel
   can take there (`GPUSpace`): group reductions (threads per group, tree or serial), local
@@ -40,8 +40,9 @@ kernel (tinyteach's launch picks those, render/gpu.py) and PADTO (a local tile n
 guards sit in the copies into shared memory, never in the loop over it), and times with the
 kernel's real buffers.
 
-Builds on: opt.py (the heuristic and KernelOptions), lower.py, device.py, helpers.py (the cache
-folder, the machine's identity). Used by: realize.py (`options_for`, when a kernel is compiled).
+Builds on: opt/ (the heuristic and KernelOptions), codegen/lower.py, device.py, helpers.py (the
+cache folder, the machine's identity). Used by: engine/realize.py (`options_for`, when a kernel is
+compiled).
 
 The neighbours of "upcast axis 1 by 8" for a 32x32 output (a factor must divide the axis and
 leave at least two loop iterations; a tile holds at most MAX_TILE outputs):
@@ -73,31 +74,29 @@ from typing import Any
 
 import numpy as np
 
+from tinyteach.codegen.lower import lower
+from tinyteach.codegen.plan import (
+    KernelOptions,
+    can_group_reduce,
+    kernel_value,
+    row_kernel_axis,
+    tile_plan,
+)
 from tinyteach.device import Backend, Buffer, CompileError, capabilities_of
 from tinyteach.dtype import DType, dtypes
 from tinyteach.helpers import BEAM, DEBUG, NOOPT, LRUCache, cache_dir, dedup, machine_identity, prod
-from tinyteach.lower import lower
-from tinyteach.opt import (
+from tinyteach.ir.uop import Ops, UOp
+from tinyteach.opt.heuristic import (
     GROUP_THREADS,
     LOCAL_TILE,
     MAX_UPCAST_AXES,
-    KernelOptions,
-    Opt,
-    OptOps,
-    actions_of,
-    can_group_reduce,
     heuristic_tile_upcast,
-    kernel_value,
     local_tile_fits,
     options_for_renderer,
-    outer_loop_size,
-    plan_of,
-    row_kernel_axis,
     tensor_core_block_for,
-    tile_plan,
 )
+from tinyteach.opt.kernel import Opt, OptOps, actions_of, outer_loop_size, plan_of
 from tinyteach.settings import IGNORE_BEAM_CACHE
-from tinyteach.uop import Ops, UOp
 
 SEARCHED_DEVICES = ("CPU", "OPENCL", "WEBGPU", "PYTHON", "CUDA")
 COST_MODEL_DEVICES = ("PYTHON",)  # ranked by the emulator's record, not by wall time
@@ -113,7 +112,7 @@ SEARCH_VERSION = "3"       # bump when a cached choice should no longer be trust
 # ---- the candidates ----
 
 def heuristic_options(backend: Backend, ast: UOp) -> KernelOptions:
-    """What the hand-written heuristic (opt.py) would choose: the search's starting point.
+    """What the hand-written heuristic (opt/) would choose: the search's starting point.
     It reads the device's renderer: its vector width, and whether it can group-reduce."""
     return options_for_renderer(ast, backend.renderer)
 
@@ -138,7 +137,9 @@ def gpu_space(ast: UOp, renderer: Any) -> GPUSpace | None:
     capabilities = capabilities_of(renderer)
     if not capabilities.group_reduce:
         return None
-    from tinyteach.wmma import why_no_tensor_core  # (wmma.py builds on opt.py, as this does)
+    from tinyteach.codegen.wmma import (
+        why_no_tensor_core,  # (codegen/wmma.py builds on opt/, as this does)
+    )
     plan = tile_plan(ast)
     return GPUSpace(can_group_reduce(ast),
                     plan is not None and capabilities.local_tile,
@@ -215,7 +216,7 @@ def _kind(options: KernelOptions) -> str:
 
 def _local_tile_changes(options: KernelOptions, space: GPUSpace) -> list[KernelOptions]:
     """Half and twice the tile (4 to 16 on a side), and every block of outputs per thread
-    (TILE_UPCASTS), where the tile's shared memory fits (opt.local_tile_fits)."""
+    (TILE_UPCASTS), where the tile's shared memory fits (heuristic.local_tile_fits)."""
     sizes = [size for size in (options.local_tile // 2, options.local_tile * 2) if 4 <= size <= 16]
     found = [dataclasses.replace(options, local_tile=size) for size in sizes]
     found += [dataclasses.replace(options, tile_upcast=r) for r in TILE_UPCASTS]
@@ -300,7 +301,7 @@ class Candidate:
 
     options: KernelOptions
     name: str
-    spec: Any = None  # its ProgramSpec (lower.py): the source and what the runtime needs
+    spec: Any = None  # its ProgramSpec (codegen/lower.py): the source and what the runtime needs
     program: Any = None
     seconds: float = math.inf  # inf: not timed, or discarded
 

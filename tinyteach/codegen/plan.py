@@ -1,10 +1,11 @@
-"""Chapter 7 (part 2a): a kernel's plan — what the optimizer decided, in the form lower.py reads.
+"""Chapter 7 (part 2a): a kernel's plan — what the optimizer decided, in the form codegen/lower.py
+reads.
 
 What this teaches:
-- the optimizer (opt.py) speaks in *actions*: `Opt(OptOps.UPCAST, 1, 8)`, `Opt(OptOps.LOCAL, 0,
+- the optimizer (opt/) speaks in *actions*: `Opt(OptOps.UPCAST, 1, 8)`, `Opt(OptOps.LOCAL, 0,
   16)`, ... A kernel's optimization is the list of actions applied to it, in order, each one
   checked when it is applied (`opt.Kernel.apply_opt`);
-- lower.py does not read actions one by one: it reads the **plan** they add up to, a
+- codegen/lower.py does not read actions one by one: it reads the **plan** they add up to, a
   `KernelOptions` (which upcasts, the vector lanes, the loop order, threads over cores, a group
   reduction, a local tile, tensor cores). Only `opt.Kernel` builds one from actions; a plan
   states what the lowering does, not why;
@@ -14,17 +15,17 @@ What this teaches:
   X * Y, X constant along one output axis and Y along another), and how each buffer it reads
   moves along a loop (`step_along`), worked out from the views alone.
 
-Builds on: uop.py, view.py, rewrite.py (Python's ALU). Used by: opt.py (builds plans from
-actions), lower.py and wmma.py (read them), pack.py and search.py.
+Builds on: ir/uop.py, ir/view.py, ir/rewrite.py (Python's ALU). Used by: opt/ (builds plans from
+actions), codegen/lower.py and codegen/wmma.py (read them), opt/pack.py and opt/search.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tinyteach.dtype import dtypes
-from tinyteach.rewrite import PYTHON_ALU
-from tinyteach.uop import ALU, MOVEMENT, Ops, UOp
-from tinyteach.view import linear_index, view_index
+from tinyteach.ir.rewrite import PYTHON_ALU
+from tinyteach.ir.uop import ALU, MOVEMENT, Ops, UOp
+from tinyteach.ir.view import linear_index, view_index
 
 GROUP_COMBINES = ("tree", "serial")
 # a kernel over whole rows (a fused softmax or layernorm, schedule.fuses_along_rows) takes one
@@ -37,7 +38,7 @@ TENSOR_CORE_TILE = (16, 8, 16)  # m, n, k of the tensor-core instruction (wmma.M
 
 @dataclass(frozen=True)
 class KernelOptions:
-    """The plan of one kernel, as lower.py reads it (opt.Kernel builds it from actions).
+    """The plan of one kernel, as codegen/lower.py reads it (opt.Kernel builds it from actions).
     `upcasts`: (output axis, factor) pairs, by axis. `vector_width` > 0: the last upcast axis's
     tile is computed in vectors of that many lanes. `padded`: (output axis, size) pairs, an axis
     whose loop runs to a padded size, its extra iterations guarded (PADTO)."""
@@ -52,7 +53,7 @@ class KernelOptions:
     # with tensor_core: (warps along m, along n, 16x8 tiles per warp along m, along n) of a
     # work-group fed from shared memory (wmma.TensorCoreBlock); empty: one warp per tile
     tensor_core_block: tuple[int, ...] = ()
-    tensor_core: bool = False  # a half/bf16 matmul on tensor cores: a warp per 16x8 tile (wmma.py)
+    tensor_core: bool = False  # a half/bf16 matmul on tensor cores: a warp per 16x8 tile
     tile_upcast: int = 1  # > 1: each thread of a local tile computes a block of r x r outputs
     group_top: bool = False  # a group's thread sums one contiguous slice (GROUPTOP), not a stride
     padded: tuple[tuple[int, int], ...] = ()  # (axis, padded size): PADTO
@@ -159,8 +160,8 @@ def can_group_reduce(ast: UOp) -> bool:
 def row_kernel_axis(ast: UOp) -> int | None:
     """The row axis of a kernel that computes whole rows from reductions over them (a fused
     softmax or layernorm: the output has the reductions' source shape), or None. Such a kernel
-    takes one work-group per row (lower.row_output_index): the row is the last reduced axis,
-    the only one longer than 1 and the innermost, at most MAX_GROUP_ROW long."""
+    takes one work-group per row (codegen/lower_gpu.py's row_output_index): the row is the last
+    reduced axis, the only one longer than 1 and the innermost, at most MAX_GROUP_ROW long."""
     value = kernel_value(ast)
     reduces = [n for n in value.toposort if n.op is Ops.REDUCE_AXIS]
     if not reduces or not can_group_reduce(ast) or value.shape != reduces[0].src[0].shape:
@@ -228,7 +229,7 @@ def tile_plan(ast: UOp) -> TilePlan | None:
     """`local_tile_plan`, also where a widening cast sits between the sum and the product (a
     half matmul sums in float32: REDUCE_AXIS(CAST(MUL))). The plan is then made on the kernel
     with the cast left out: its X, Y and axes are the kernel's own; the local tile stages X
-    and Y in their dtype and casts each product (lower.py), as the kernel does."""
+    and Y in their dtype and casts each product (codegen/lower.py), as the kernel does."""
     plan = local_tile_plan(ast)
     if plan is not None:
         return plan
