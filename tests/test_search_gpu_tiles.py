@@ -13,13 +13,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from test_backends import gpu_device  # noqa: E402
 
-from tinyteach import (  # noqa: E402
-    Context,
-    Tensor,
-    clear_caches,
-    search,  # noqa: E402
-)
+from tinyteach import Context, Tensor, clear_caches  # noqa: E402
 from tinyteach.codegen.plan import KernelOptions  # noqa: E402
+from tinyteach.opt import search  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
