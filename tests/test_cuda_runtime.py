@@ -296,8 +296,8 @@ def test_graph_launches_every_kernel_then_waits_once(fake):
     a.copyin(np.zeros(4, np.float32))
     launches = [SimpleNamespace(runner=SimpleNamespace(program=program), buffers=[b, a]),
                 SimpleNamespace(runner=SimpleNamespace(program=program), buffers=[c, b])]
-    graph = fake.backend.graph(launches)
-    graph(launches, [])
+    graph = fake.backend.graph(launches, [(1, 0), (2, 1)], {0})  # slots: a 0, b 1, c 2
+    graph([a, b, c])
     assert len(fake.driver.launches) == 2 and fake.driver.synchronized == 1
     np.testing.assert_array_equal(c.numpy(), np.full(4, 2, np.float32))
 
@@ -305,7 +305,7 @@ def test_graph_launches_every_kernel_then_waits_once(fake):
 def test_graph_refuses_another_devices_programs(fake):
     other = SimpleNamespace(runner=SimpleNamespace(program=lambda *b: None), buffers=[])
     with pytest.raises(TypeError, match="not a DriverProgram"):
-        fake.backend.graph([other])
+        fake.backend.graph([other], [()], set())
 
 
 # ---- on a real GPU ----

@@ -178,7 +178,10 @@ class Backend:
                  program: Callable[..., Any]):
         self.name, self.allocator, self.renderer = name, allocator, renderer
         self.compiler, self.program = compiler, program
-        self.graph: Any = None  # optional: a class that replays a JIT's launches in one go
+        # optional: a class that replays a JIT's launches in one go. Built once per capture as
+        # `graph(launches, slots, inputs)` (each launch's slots of the plan's buffer list, and
+        # the slots a replay may refill), it is called with the plan's buffers: `graph(buffers)`
+        self.graph: Any = None
 
     def load_program(self, spec: Any, binary: Any) -> Callable[..., Any]:
         """The runnable program of a compiled kernel, from its ProgramSpec (codegen/lower.py) and

@@ -50,7 +50,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from tinyteach.device import Allocation, Buffer, Device
 from tinyteach.dtype import DType
-from tinyteach.engine.realize import Launch, Plan, PlanStep, Slots, record_launches, run, step_of
+from tinyteach.engine.realize import Launch, Plan, Slots, record_launches, run, step_of
 from tinyteach.engine.schedule import ScheduleItem, is_contiguous_buffer
 from tinyteach.helpers import format_bytes
 from tinyteach.ir.uop import (
@@ -384,23 +384,6 @@ def _buffers_of(outputs: list[Tensor]) -> list[Buffer]:
     return [node.arg for node in nodes if node.op is Ops.BUFFER]
 
 
-class GraphRun:
-    """A captured plan's graph: the device's batched executor (`Device[d].graph`, built from
-    the launches), called with the plan's buffers. It swaps each changed input into its
-    launch (the graph reads the new addresses there), then runs every launch at once."""
-
-    def __init__(self, graph: Any, launches: list[Launch], steps: tuple[PlanStep, ...],
-                 changed: list[tuple[int, int]]):
-        self.graph, self.launches, self.changed = graph, launches, changed
-        self.places = [(launches[k].buffers, position, steps[k].slots[position])
-                       for k, position in changed]
-
-    def __call__(self, buffers: list[Buffer]) -> None:
-        for launch_buffers, position, slot in self.places:
-            launch_buffers[position] = buffers[slot]
-        self.graph(self.launches, self.changed)
-
-
 class CapturedJit:
     """The launches recorded during the capture call, ready to replay with new inputs. With
     MEMORY_PLANNER on, `plan_memory` has given their intermediates shared memory first
@@ -419,15 +402,15 @@ class CapturedJit:
         self.result = result  # (its structure, and the devices, `outputs()` rebuilds)
         self.output_uops = [t.uop for t in outputs]
         self.input_slots = self._find_input_slots(input_buffers)
-        self.changed = [(k, position) for k, position, _ in self.input_slots]  # for the graph
         self.symbolic = any(launch.var_vals for launch in launches)
-        # a device graph replays the values it was built with: symbolic launches go one by one
-        self.graph = None if self.symbolic else self._make_graph()
         self.var_vals: dict[str, int] = {}  # the values of the latest replay
         self.plan, self.buffers = self._make_plan()
         # (plan slot, input) of each input: a replay puts the new buffers there
         self.inputs = sorted({(self.plan.steps[k].slots[position], i)
                               for k, position, i in self.input_slots})
+        # a device graph replays the values it was built with: symbolic launches go one by one
+        if not self.symbolic:
+            self.plan = dataclasses.replace(self.plan, graph=self._make_graph())
         self._release_inputs()
 
     def _release_inputs(self) -> None:
@@ -442,14 +425,12 @@ class CapturedJit:
 
     def _make_plan(self) -> tuple[Plan, list[Buffer]]:
         """The executor's plan of the launches (realize.Plan): each buffer by slot, and each
-        launch a step on its slots; with the device's graph, when there is one."""
+        launch a step on its slots (the device's graph is added by __init__)."""
         slots = Slots()
         steps = tuple(step_of(launch.item, launch.runner,
                               tuple(slots.slot(b) for b in launch.buffers))
                       for launch in self.launches)
-        graph = None if self.graph is None else GraphRun(self.graph, self.launches, steps,
-                                                         self.changed)
-        return Plan((), steps, graph=graph, captured=True), slots.buffers
+        return Plan((), steps, captured=True), slots.buffers
 
     def _find_input_slots(self, input_buffers: list[Buffer]) -> list[tuple[int, int, int]]:
         """(launch, position, input) for every place an input buffer is passed."""
@@ -462,12 +443,22 @@ class CapturedJit:
         return slots
 
     def _make_graph(self) -> Any:
-        """A device's batched executor, when every launch is a kernel on that device."""
+        """A device's batched executor, when every launch is a kernel on that device: built
+        from the launches, the plan's slots of each and the input slots, and called with the
+        plan's buffers (realize.run: `plan.graph(buffers)`)."""
         devices = {launch.item.device for launch in self.launches}
         if len(devices) != 1 or any(launch.runner is None for launch in self.launches):
             return None
-        graph_class = getattr(Device[devices.pop()], "graph", None)
-        return None if graph_class is None else graph_class(self.launches)
+        graph_class = Device[devices.pop()].graph
+        if graph_class is None:
+            return None
+        return graph_class(self.launches, [step.slots for step in self.plan.steps],
+                           {slot for slot, _ in self.inputs})
+
+    @property
+    def graph(self) -> Any:
+        """The device's graph the plan replays through (None: launch by launch)."""
+        return self.plan.graph
 
     @property
     def counts(self) -> tuple[int, int]:

@@ -745,10 +745,12 @@ def render_graph(arities: list[int]) -> str:
 
 class CPUGraph:
     """Graph execution for TinyJit on the CPU: one ctypes call runs every captured kernel.
-    The buffer addresses live in one C array; a replay only rewrites the input slots. The
-    kernels' addresses live in another, re-read after a program swapped tiers."""
+    The buffer addresses live in one C array; a replay only rewrites the places of the
+    plan's input slots, from the plan's buffers. The kernels' addresses live in another,
+    re-read after a program swapped tiers."""
 
-    def __init__(self, launches: list[Any]) -> None:
+    def __init__(self, launches: list[Any], slots: list[tuple[int, ...]],
+                 inputs: set[int]) -> None:
         arities = [len(launch.buffers) for launch in launches]
         compiler = Device["CPU"].compiler
         assert isinstance(compiler, ClangStyleCompiler)
@@ -759,8 +761,11 @@ class CPUGraph:
         self.programs = native_kernels(launches)
         self.kernels = (ctypes.c_void_p * len(self.programs))()
         self._read_kernels()
-        self.offsets = [sum(arities[:k]) for k in range(len(arities))]
-        addresses = [b.storage.address for launch in launches for b in launch.buffers]
+        flat = [slot for launch_slots in slots for slot in launch_slots]
+        self.places = [(index, slot) for index, slot in enumerate(flat) if slot in inputs]
+        captured = [buffer for launch in launches for buffer in launch.buffers]
+        addresses = [None if slot in inputs else buffer.storage.address  # (inputs: each call)
+                     for buffer, slot in zip(captured, flat)]
         self.buffers = (ctypes.c_void_p * len(addresses))(*addresses)
 
     def _read_kernels(self) -> None:
@@ -768,11 +773,11 @@ class CPUGraph:
         for k, program in enumerate(self.programs):
             self.kernels[k] = program.function_address()
 
-    def __call__(self, launches: list[Any], changed: list[tuple[int, int]]) -> None:
+    def __call__(self, buffers: list[Buffer]) -> None:
         if CPUProgram.swaps != self.swaps_seen:
             self._read_kernels()
-        for k, position in changed:
-            self.buffers[self.offsets[k] + position] = launches[k].buffers[position].storage.address
+        for index, slot in self.places:
+            self.buffers[index] = buffers[slot].storage.address
         self.run(self.kernels, self.buffers)
 
 

@@ -227,13 +227,15 @@ class PyCUDAProgram:
 class PyCUDAGraph:
     """Graph execution for TinyJit: every captured kernel launched back to back, one wait."""
 
-    def __init__(self, launches: list[Any]) -> None:
+    def __init__(self, launches: list[Any], slots: list[tuple[int, ...]],
+                 inputs: set[int]) -> None:
         self.programs = programs_of(launches, PyCUDAProgram, "CUDA")
+        self.slots = slots
         self.driver = self.programs[0].driver
 
-    def __call__(self, launches: list[Any], changed: list[tuple[int, int]]) -> None:
-        for program, launch in zip(self.programs, launches):
-            program(*launch.buffers)
+    def __call__(self, buffers: list[Buffer]) -> None:
+        for program, slots in zip(self.programs, self.slots):
+            program(*[buffers[slot] for slot in slots])
         self.driver.Context.synchronize()
 
 
@@ -401,13 +403,15 @@ class DriverProgram:
 class DriverGraph:
     """Graph execution for TinyJit: every captured kernel launched back to back, one wait."""
 
-    def __init__(self, launches: list[Any]) -> None:
+    def __init__(self, launches: list[Any], slots: list[tuple[int, ...]],
+                 inputs: set[int]) -> None:
         self.programs = programs_of(launches, DriverProgram, "CUDA")
+        self.slots = slots
         self.driver = self.programs[0].driver
 
-    def __call__(self, launches: list[Any], changed: list[tuple[int, int]]) -> None:
-        for program, launch in zip(self.programs, launches):
-            program(*launch.buffers)
+    def __call__(self, buffers: list[Buffer]) -> None:
+        for program, slots in zip(self.programs, self.slots):
+            program(*[buffers[slot] for slot in slots])
         check(self.driver, self.driver.cuCtxSynchronize(), "cuCtxSynchronize")
 
 

@@ -236,13 +236,15 @@ class OpenCLProgram:
 class OpenCLGraph:
     """Graph execution for TinyJit: enqueue every captured kernel, wait once."""
 
-    def __init__(self, launches: list[Any]) -> None:
+    def __init__(self, launches: list[Any], slots: list[tuple[int, ...]],
+                 inputs: set[int]) -> None:
         self.programs = programs_of(launches, OpenCLProgram, "OPENCL")
+        self.slots = slots
         self.queue = self.programs[0].queue
 
-    def __call__(self, launches: list[Any], changed: list[tuple[int, int]]) -> None:
-        for program, launch in zip(self.programs, launches):
-            program(*launch.buffers)
+    def __call__(self, buffers: list[Buffer]) -> None:
+        for program, slots in zip(self.programs, self.slots):
+            program(*[buffers[slot] for slot in slots])
         self.queue.finish()
 
 

@@ -197,15 +197,19 @@ class WebGPUGraph:
     """Graph execution for TinyJit: all captured dispatches in one command encoder, submitted
     once. Bind groups are made once and remade only for launches whose inputs changed."""
 
-    def __init__(self, launches: list[Any]) -> None:
+    def __init__(self, launches: list[Any], slots: list[tuple[int, ...]],
+                 inputs: set[int]) -> None:
         self.programs = programs_of(launches, WebGPUProgram, "WEBGPU")
         self.device = self.programs[0].device
-        self.bind_groups = [program.bind_group(launch.buffers)
-                            for program, launch in zip(self.programs, launches)]
+        self.slots = slots
+        # the launches that read an input get a new bind group each call, the others keep theirs
+        self.refreshed = [k for k, launch_slots in enumerate(slots) if inputs & set(launch_slots)]
+        self.bind_groups = [None if k in self.refreshed else program.bind_group(launch.buffers)
+                            for k, (program, launch) in enumerate(zip(self.programs, launches))]
 
-    def __call__(self, launches: list[Any], changed: list[tuple[int, int]]) -> None:
-        for k in sorted({k for k, _ in changed}):
-            self.bind_groups[k] = self.programs[k].bind_group(launches[k].buffers)
+    def __call__(self, buffers: list[Buffer]) -> None:
+        for k in self.refreshed:
+            self.bind_groups[k] = self.programs[k].bind_group([buffers[s] for s in self.slots[k]])
         encoder = self.device.create_command_encoder()
         compute_pass = encoder.begin_compute_pass()
         for program, bind_group in zip(self.programs, self.bind_groups):
