@@ -121,11 +121,11 @@ def test_rich_display_of_tensors(shell: InteractiveShell) -> None:
 
 
 def test_rich_display_of_schedule_items(shell: InteractiveShell) -> None:
-    item = shell.ev("__import__('tinyteach.engine.schedule').schedule.create_schedule("
+    item = shell.ev("__import__('tinyteach.engine.schedule').engine.schedule.create_schedule("
                     "[(a + b).sum(1).uop], 'CPU')[0][0]")
     html = shell.display_formatter.format(item)[0]["text/html"]
     assert "linear program" in html and "C source" in html
-    launches = shell.ev("__import__('tinyteach.engine.realize').realize.record_launches")
+    launches = shell.ev("__import__('tinyteach.engine.realize').engine.realize.record_launches")
     with launches() as recorded:
         shell.ev("(a - b).realize()")
     html = shell.display_formatter.format(recorded[0])[0]["text/html"]
