@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,12 +124,20 @@ class HostAllocator(Allocator):
 
 class Compiler:
     """Turns source code into a binary (whatever the device's Program loads: bytes, a path).
-    `cache_key` names the compiler and its flags."""
+    `cache_key` names the compiler and its flags. `builds_together`: compile_many builds
+    several kernels in one go (one gcc or OpenCL build for a schedule's new kernels), so the
+    engine and BEAM hand it all of them; otherwise compile_many compiles them one by one."""
 
     cache_key = "none"
+    builds_together = False
 
     def compile(self, source: str) -> Any:
         raise NotImplementedError
+
+    def compile_many(self, sources: list[str], heavy: Sequence[bool] = ()) -> list[Any]:
+        """Several kernels' binaries, in order (`heavy`: the specs' flags, for a compiler with
+        tiers). This one compiles each alone."""
+        return [self.compile(source) for source in sources]
 
 
 class CompileError(RuntimeError):

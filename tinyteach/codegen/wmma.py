@@ -107,8 +107,7 @@ class TensorCore:
 
 M16N8K16 = TensorCore("m16n8k16", 16, 8, 16, 32, 8, 4, 4, _a_cell, _b_cell, _c_cell)
 TENSOR_CORES = (M16N8K16,)
-FRAGMENT_DTYPES = tuple(d for d in (dtypes.float16, getattr(dtypes, "bfloat16", None))
-                        if d is not None)  # bfloat16 where dtype.py has it
+FRAGMENT_DTYPES = (dtypes.float16, dtypes.bfloat16)  # what a fragment may hold
 
 
 @dataclass(frozen=True)

@@ -222,7 +222,7 @@ def precompile(items: list[ScheduleItem]) -> None:
             queued.add((item.device, item.ast))
     for device, group in waiting.items():
         backend = Device[device]
-        if len(group) > 1 and hasattr(backend.compiler, "compile_many"):
+        if len(group) > 1 and backend.compiler is not None and backend.compiler.builds_together:
             _compile_together(backend, group)
 
 
@@ -230,7 +230,8 @@ def _compile_together(backend: Backend, group: list[ScheduleItem]) -> None:
     names = _unique_names([item.name for item in group])  # one library: no two alike
     linears = [lower(item.ast, _plan(backend, item.name, item.ast)) for item in group]
     specs = [backend.renderer.spec(name, linear) for name, linear in zip(names, linears)]
-    binaries = backend.compiler.compile_many(  # type: ignore[union-attr]
+    assert backend.compiler is not None
+    binaries = backend.compiler.compile_many(
         [spec.source for spec in specs], heavy=[spec.heavy for spec in specs])
     for item, name, linear, spec, binary in zip(group, names, linears, specs, binaries):
         runner = Runner(name, backend.name, backend.load_program(spec, binary), item.ast,

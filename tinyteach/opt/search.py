@@ -313,12 +313,13 @@ def render_candidate(backend: Backend, name: str, ast: UOp, options: KernelOptio
 
 
 def compile_candidates(backend: Backend, candidates: list[Candidate]) -> list[Candidate]:
-    """Compile all candidates in one compiler call when the device can (`compile_many`);
+    """Compile all candidates in one compiler call when the device's compiler builds them
+    together (`builds_together`: compile_many);
     the ones that fail to compile are dropped."""
     compiler = backend.compiler
     assert compiler is not None
     sources = [c.spec.source for c in candidates]
-    if hasattr(compiler, "compile_many") and len(candidates) > 1:
+    if compiler.builds_together and len(candidates) > 1:
         try:
             binaries = compiler.compile_many(sources)
             return _load(backend, candidates, binaries)

@@ -489,6 +489,8 @@ class ClangStyleCompiler(Compiler):
     """Compiles C source to a shared object with gcc or clang, with an on-disk cache; for
     `compile_many`, with a fast tier first (see the module docstring)."""
 
+    builds_together = True  # one shared object per core for a schedule's new kernels
+
     def __init__(self, compiler: str, arch: str | None = None):
         self.compiler = compiler
         self.target = cpu_target(compiler, arch)  # CPU_ARCH's, unless `arch` names one

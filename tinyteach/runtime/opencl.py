@@ -167,6 +167,8 @@ def build_options(device: Any) -> list[str]:
 class OpenCLCompiler(Compiler):
     """Builds OpenCL C for one device; refuses half or double when the device lacks them."""
 
+    builds_together = True  # a schedule's new kernels in one program: one pocl build
+
     def __init__(self, context: Any, device: Any):
         self.context, self.device = context, device
         self.options = build_options(device)
