@@ -396,3 +396,73 @@ def test_the_graph_replays_only_native_kernels() -> None:
 
     with pytest.raises(TypeError, match="NotNative"):
         cpu.native_kernels([FakeLaunch()])
+
+
+# ---- the order and the groups of the builds ----
+
+def test_waited_kernels_are_split_over_the_cores_by_source_length() -> None:
+    """balanced_groups: every source once, each group in the given order, and the groups'
+    lengths as even as the longest-first rule makes them (by count, the 439 KB of one GPT
+    group took 11.2 s beside 2.8 s for the other)."""
+    sources = ["a" * 900, "b" * 100, "c" * 100, "d" * 100, "e" * 800, "f" * 100]
+    groups = cpu.balanced_groups(sources, 2)
+    assert sorted(s for g in groups for s in g) == sorted(sources)
+    assert all(g == [s for s in sources if s in g] for g in groups)
+    assert sorted(sum(map(len, g)) for g in groups) == [1000, 1100]
+    assert cpu.balanced_groups(sources[:1], 4) == [sources[:1]]  # never an empty group
+    assert cpu.balanced_groups([], 2) == []
+
+
+def test_background_builds_come_in_runs_of_a_few_kernels() -> None:
+    """runs_of_size: consecutive runs, each at least one source, a run closed once it holds
+    `nbytes` of source; a source longer than that is a run of its own."""
+    sources = ["x" * 10, "y" * 10, "z" * 25, "w" * 5, "v" * 5]
+    runs = cpu.runs_of_size(sources, nbytes=20)
+    assert [s for run in runs for s in run] == sources
+    assert runs == [sources[:2], sources[2:3], sources[3:]]
+    assert cpu.runs_of_size([], nbytes=20) == []
+
+
+def test_the_costliest_kernels_are_optimized_first(cache: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """With costs (the specs' instructions), the fast tier's optimized builds are queued in
+    order of cost per byte of source: what saves the most per second of gcc comes first. Each
+    build is a group of its own here (BACKGROUND_GROUP_BYTES of 1): it swaps in by itself."""
+    queued_groups: list[list[str]] = []
+    optimize = cpu.ClangStyleCompiler._optimize
+
+    def recorded(self: cpu.ClangStyleCompiler, queued: list) -> None:
+        queued_groups.extend(group for group, _ in queued)
+        optimize(self, queued)
+    monkeypatch.setattr(cpu.ClangStyleCompiler, "_optimize", recorded)
+    monkeypatch.setattr(cpu, "BACKGROUND_GROUP_BYTES", 1)
+    sources = unique_kernels(4)[:4]  # elementwise kernels only: all start on the fast tier
+    costs = [10, 4000, 70, 900]
+    binaries = compiler().compile_many(sources, costs=costs)
+    assert all(isinstance(b, cpu.TieredBinary) for b in binaries)
+    cpu.wait_for_optimized_builds(timeout=120)
+    assert queued_groups == [[sources[1]], [sources[3]], [sources[2]], [sources[0]]]
+    assert len({b.optimized.path for b in binaries if isinstance(b, cpu.TieredBinary)}) == 4
+    with pytest.raises(ValueError, match="3 costs for 4 sources"):
+        compiler().compile_many(sources, costs=costs[:3])
+
+
+def test_a_kernels_instructions_count_the_work_of_its_unoptimized_build() -> None:
+    """render/c.py's instructions_of (the spec's `instructions`): the operations in the
+    loops times the loops' sizes. Twice the elements, about twice the instructions; an
+    exponential per element costs more than an addition (it is arithmetic there:
+    codegen/transcendental.py)."""
+    from tinyteach.codegen.lower import lower
+    from tinyteach.engine.schedule import create_schedule
+    from tinyteach.opt.heuristic import heuristic_plan
+
+    def instructions(result: Tensor) -> int:
+        items = [i for i in create_schedule([result.uop], "CPU")[0] if i.kind == "kernel"]
+        assert len(items) == 1
+        renderer = Device["CPU"].renderer
+        spec = renderer.spec(items[0].name, lower(items[0].ast, heuristic_plan(items[0].ast)))
+        return spec.instructions
+    small = instructions(Tensor.empty(4096, device="CPU") + 1)
+    large = instructions(Tensor.empty(8192, device="CPU") + 1)
+    assert 1.8 <= large / small <= 2.2
+    assert instructions(Tensor.empty(4096, device="CPU").exp()) > 4 * small

@@ -134,9 +134,10 @@ class Compiler:
     def compile(self, source: str) -> Any:
         raise NotImplementedError
 
-    def compile_many(self, sources: list[str], heavy: Sequence[bool] = ()) -> list[Any]:
-        """Several kernels' binaries, in order (`heavy`: the specs' flags, for a compiler with
-        tiers). This one compiles each alone."""
+    def compile_many(self, sources: list[str], heavy: Sequence[bool] = (),
+                     costs: Sequence[int] = ()) -> list[Any]:
+        """Several kernels' binaries, in order (`heavy` and `costs`: the specs' flags and
+        instructions, for a compiler with tiers). This one compiles each alone."""
         return [self.compile(source) for source in sources]
 
 

@@ -479,7 +479,8 @@ class ProgramSpec:
     output loops are loops), its `buffers` (parameters 0..n-1) and `variables` (int parameters
     after them, by name), the `linear` program it was rendered from and the optimizer's actions
     that shaped it (`applied_opts`), and its compile flags: `heavy`, a kernel of so much work
-    that the CPU builds it optimized at once (render/c.py, HEAVY_WORK). A runtime reads sizes,
+    that the CPU builds it optimized at once (render/c.py, HEAVY_WORK), and `instructions`, how
+    long its unoptimized build runs (the CPU optimizes the costliest first). A runtime reads sizes,
     bindings and flags here, never from the source; DEBUG=4 and viz show this source, the one
     that runs."""
 
@@ -492,6 +493,7 @@ class ProgramSpec:
     variables: tuple[str, ...] = ()
     applied_opts: tuple[object, ...] = ()
     heavy: bool = False
+    instructions: int = 0  # operations an unoptimized build runs (render/c.py instructions_of)
 
     @property
     def groups(self) -> tuple[int, int, int]:

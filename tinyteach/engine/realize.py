@@ -232,7 +232,8 @@ def _compile_together(backend: Backend, group: list[ScheduleItem]) -> None:
     specs = [backend.renderer.spec(name, linear) for name, linear in zip(names, linears)]
     assert backend.compiler is not None
     binaries = backend.compiler.compile_many(
-        [spec.source for spec in specs], heavy=[spec.heavy for spec in specs])
+        [spec.source for spec in specs], heavy=[spec.heavy for spec in specs],
+        costs=[spec.instructions for spec in specs])
     for item, name, linear, spec, binary in zip(group, names, linears, specs, binaries):
         runner = Runner(name, backend.name, backend.load_program(spec, binary), item.ast,
                         linear, spec.source, estimate_ops(item.ast), spec=spec)

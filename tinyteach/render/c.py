@@ -279,6 +279,24 @@ def work_of(program: LinearProgram) -> int:
     return total
 
 
+def instructions_of(program: LinearProgram) -> int:
+    """How many operations an unoptimized build executes: every operation inside the loops,
+    times the sizes of the loops around it, a vector operation counted once (the fast tier
+    runs the code as written, where gcc -O2 would vectorize the scalar loops). It predicts a
+    kernel's time on the fast tier (about 0.5-1 ns an operation here), so the CPU's compiler
+    optimizes the costliest kernels first."""
+    sizes: list[int] = []
+    total = 0
+    for u in program.uops:
+        if u.op is Ops.RANGE:
+            sizes.append(u.arg[2] if isinstance(u.arg[2], int) else 1)
+        elif u.op is Ops.END_RANGE and sizes:
+            sizes.pop()
+        elif u.op not in (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_ACC, Ops.DEFINE_LOCAL):
+            total += math.prod(sizes)
+    return total
+
+
 def fused_products(program: LinearProgram) -> dict[UOp, UOp]:
     """The vector float32/float64 products whose only use is a sum's accumulation, each with
     that ACCUMULATE: each pair is written as one fused multiply-add (FMA_FUNCTIONS). (The
@@ -520,9 +538,11 @@ class CRenderer(CStyleRenderer):
 
     def spec(self, name: str, program: LinearProgram) -> ProgramSpec:
         """The rendered kernel (lower.ProgramSpec), `heavy` when it does at least HEAVY_WORK
-        accumulations and stores: the CPU's compiler then builds it optimized at once."""
-        source, work = self._render_with_work(name, program)
-        return spec_of(name, source, program, heavy=work >= HEAVY_WORK)
+        accumulations and stores: the CPU's compiler then builds it optimized at once. Its
+        `instructions` (instructions_of) order the other kernels' optimized builds."""
+        source, (work, instructions) = self._render_with_work(name, program)
+        return spec_of(name, source, program, heavy=work >= HEAVY_WORK,
+                       instructions=instructions)
 
     def render(self, name: str, program: LinearProgram) -> str:
         """Kernels are compiled with -ffp-contract=off, so `a*b+c` rounds twice, as numpy does.
@@ -532,9 +552,10 @@ class CRenderer(CStyleRenderer):
         and such a kernel is compiled without -ftrapping-math (NO_TRAPS)."""
         return self._render_with_work(name, program)[0]
 
-    def _render_with_work(self, name: str, program: LinearProgram) -> tuple[str, int]:
-        """The source, and the work (`work_of`) of the program it was written from: the
-        program after the rewrites below, each lane counted."""
+    def _render_with_work(self, name: str,
+                          program: LinearProgram) -> tuple[str, tuple[int, int]]:
+        """The source, and the work and instructions (`work_of`, `instructions_of`) of the
+        program it was written from: the program after the rewrites below."""
         if ROW_CACHE:
             program = cache_row_values(program)
         positions_only = integers_are_positions(program)  # (before exp2's bit fields)
@@ -550,7 +571,7 @@ class CRenderer(CStyleRenderer):
         if options:
             attribute = "__attribute__((optimize(" + ", ".join(f'"{o}"' for o in options) + ")))"
             source = source.replace(f"void {name}(", f"{attribute}\nvoid {name}(", 1)
-        return source, work_of(program)
+        return source, (work_of(program), instructions_of(program))
 
     def render_fused(self, name: str, program: LinearProgram) -> str:
         """CStyleRenderer.render, but a product that only feeds a vector sum (`fused_products`)

@@ -179,13 +179,14 @@ class OpenCLCompiler(Compiler):
         self._check_extensions(source)
         return OpenCLBinary(self._build(source), source)
 
-    def compile_many(self, sources: list[str],
-                     heavy: Sequence[bool] = ()) -> list[OpenCLBinary]:
+    def compile_many(self, sources: list[str], heavy: Sequence[bool] = (),
+                     costs: Sequence[int] = ()) -> list[OpenCLBinary]:
         """Several kernels (with different names) built as one program: a build costs pocl
         ~0.1-0.2 s however many kernels it holds (the OpenCL C front end and the link of its
         kernel library), so a schedule's new kernels are built together. When the joined
         program does not build, each kernel is built alone, so the error names its source.
-        (`heavy`, the specs' flags, is the CPU's business: OpenCL has one build, no tiers.)"""
+        (`heavy` and `costs`, the specs' flags and instructions, are the CPU's business:
+        OpenCL has one build, no tiers.)"""
         for source in sources:
             self._check_extensions(source)
         try:
