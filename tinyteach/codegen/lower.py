@@ -379,7 +379,7 @@ def vectorize(lowered: UOp) -> UOp | None:
         else:
             return None
     result = done[lowered]
-    if lane in ranges_of(result, {}):
+    if lane in ranges_of(result, memo):  # (UOps are hash-consed: the memo holds for new ones)
         return None  # a lane-dependent index reached something that is not a load or store
     return result
 
@@ -516,6 +516,8 @@ def ranges_of(node: UOp, memo: dict[UOp, frozenset[UOp]] | None = None) -> froze
     """The loops a node's value depends on. A REDUCE closes its own loops: its result depends
     only on the loops outside it."""
     memo = {} if memo is None else memo
+    if node in memo:
+        return memo[node]
     stack = [node]
     while stack:  # sources first, skipping what an earlier call already worked out
         n = stack[-1]
