@@ -402,7 +402,7 @@ class Buffer:
         return self._storage is not None
 
     def _allocate(self) -> None:
-        self._allocation = Allocation(self.device, self.nbytes)
+        self._allocation = Allocation(self.device, self.size * self.dtype.itemsize)
         self._storage = self._allocation.handle
 
     @property

@@ -541,12 +541,6 @@ PLAN_CACHE_SIZE = 1024
 plan_cache: LRUCache[tuple[Any, ...], Plan] = LRUCache("realize.plans", PLAN_CACHE_SIZE)
 
 
-def _rules() -> tuple[Any, ...]:
-    """Everything besides the graph a schedule depends on: the snapshot of every setting and
-    limit that changes what is scheduled or compiled (settings.snapshot)."""
-    return snapshot()
-
-
 def plan_key(roots: list[UOp], default_device: str) -> tuple[tuple[Any, ...], list[Buffer]]:
     """The graph's structure, and its input buffers in hole order. Each node becomes
     (op, dtype, arg, source positions); a BUFFER's arg becomes its hole number with the
@@ -572,7 +566,7 @@ def plan_key(roots: list[UOp], default_device: str) -> tuple[tuple[Any, ...], li
         # dtype has its own: dtype.py makes them by name), a str whose hash Python keeps,
         # where hashing a DType is a Python call; and a list comprehension beats a generator
         parts.append((node.op, node.dtype.name, arg, tuple([position[s] for s in node.src])))
-    key = (tuple(parts), tuple([position[r] for r in roots]), default_device, _rules())
+    key = (tuple(parts), tuple([position[r] for r in roots]), default_device, snapshot())
     return key, buffers
 
 
@@ -787,7 +781,7 @@ def elementwise_key(root: UOp, default_device: str) -> tuple[tuple[Any, ...],
     # of the same buffer get different plans)
     arg = root.arg if root.arg is None else _arg_key(root.arg)
     key = ("elementwise", (root.op, root.dtype.name, arg), default_device,
-           tuple(structures), tuple(slots), tuple([b.overwritten for b in buffers]), _rules())
+           tuple(structures), tuple(slots), tuple([b.overwritten for b in buffers]), snapshot())
     return key, buffers
 
 
