@@ -216,6 +216,8 @@ class CStyleRenderer:
         dtypes.float64: "double",
     }
     infinity, nan = "INFINITY", "NAN"
+    # ops whose code writes an operand more than once (`maximum`): see KernelWriter
+    repeats_operands: frozenset[Ops] = frozenset({Ops.MAX})
     code_for_op: dict[Ops, CodeForOp] = {
         Ops.NEG: negate, Ops.RECIPROCAL: reciprocal, Ops.CAST: cast,
         **{op: math_function(name) for op, name in MATH_FUNCTIONS.items()},
@@ -511,6 +513,24 @@ class KernelWriter:
 
     def __post_init__(self) -> None:
         self.uses = Counter(s for u in self.program.uops for s in u.src)
+        self._name_nested_repeats()
+
+    def _name_nested_repeats(self) -> None:
+        """An op whose code writes an operand more than once (C's float max writes `a` three
+        times: `((a>b)|(a!=a))?a:b`) copies an inline operand's text as often. When that
+        operand holds such an op itself, the copies multiply level by level: an unrolled max
+        over 8 values rendered to 1.2 MB of C. So such an operand gets a name (it counts as
+        used twice), and each level's text holds one level of copies."""
+        repeating = self.renderer.repeats_operands
+        holds_repeat: set[UOp] = set()
+        for u in self.program.uops:
+            repeats = u.op in repeating or (u.op is Ops.ACCUMULATE and u.arg in repeating)
+            if repeats:
+                for source in u.src:
+                    if source in holds_repeat:
+                        self.uses[source] += 1
+            if u.op in ALU and (repeats or any(s in holds_repeat for s in u.src)):
+                holds_repeat.add(u)
 
     def new_name(self, prefix: str) -> str:
         """val0, val1, ... acc0, ... alu0, ...: each prefix counts on its own."""

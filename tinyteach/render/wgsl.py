@@ -351,6 +351,7 @@ class WGSLRenderer(GPURenderer):
     # 8- and 16-bit integers are held as 32-bit ones: wrapped back into range after these
     wrapping_ops = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.CAST)
     narrow_dtypes = NARROW_INTS
+    repeats_operands: frozenset[Ops] = frozenset()  # max_f32(a, b) is a function: once each
 
     def __init__(self, shader_f16: bool = True,
                  max_storage_buffers: int = DEFAULT_STORAGE_BUFFERS) -> None:
