@@ -173,9 +173,12 @@ class ConvTranspose2d:
         self.stride, self.padding, self.output_padding = stride, padding, output_padding
         self.dilation, self.groups = dilation, groups
         bound = 1 / math.sqrt(in_channels * prod(self.kernel_size))
+        # tinygrad's ConvTranspose2d runs Conv2d's __init__ first, which draws a weight of
+        # Conv2d's shape (dropped) and the bias; the same draws here give tinygrad's numbers
+        _uniform(out_channels, in_channels // groups, *self.kernel_size, bound=bound)
+        self.bias = _uniform(out_channels, bound=bound) if bias else None
         self.weight = _uniform(in_channels, out_channels // groups, *self.kernel_size,
                                bound=bound)
-        self.bias = _uniform(out_channels, bound=bound) if bias else None
 
     def __call__(self, x: Tensor) -> Tensor:
         return x.conv_transpose2d(self.weight, self.bias, self.groups, self.stride,

@@ -360,6 +360,10 @@ class CoreTensor:
         if sharded or (others and any(isinstance(t.uop, MultiUOp) for t in others)):
             return self._realize_sharded(*others)
         pending = _still_lazy(list({id(t): t for t in (self, *others)}.values()))
+        if any(isinstance(t.uop, MultiUOp) for t in pending):
+            # a live sharded tensor reads what this assigns over (a random draw on a tuple of
+            # devices reads the key that manual_seed rewrites): it is computed first, shard by shard
+            return self._realize_sharded(*others)
         _refuse_unrun([self.uop, *(t.uop for t in others)])
         if pending:
             graphs, devices = [t.uop for t in pending], [t.device for t in pending]

@@ -5,14 +5,19 @@ What this teaches:
   until a kernel reads it; `empty` is a buffer that nothing has written;
 - `arange` needs no host data: a running sum of ones gives 0, 1, 2, ...; `linspace` and `eye`
   follow from it;
-- random numbers are a hash of (counter, seed): integer xor, multiply and shift, computed by the
-  kernels themselves, so a seed gives the same numbers on every device. Uniform floats keep the
-  top 24 bits of the hash; normal ones come from two uniforms (Box-Muller); a random
-  permutation is the rank of each of n random keys (randperm);
-- the seed and the counter live in a small buffer on each device, as in tinygrad, and every
-  draw is two kernels: copy the state into a buffer of the draw's own, then add the draw's size
-  to the counter in place (an assign). A TinyJit replay runs those kernels again, so each
-  replay draws new numbers.
+- random numbers are tinygrad's, bit for bit: a counter-based generator. Threefry-2x32 is a
+  small block cipher (32-bit additions, xors and rotations): scrambling the numbers 0, 1, 2, ...
+  under a key gives bits that look random. The n-th number depends only on (key, n), not on
+  the numbers before it, so every element is computed on its own, in parallel, by the
+  kernels themselves, and a seed reproduces them on every device. Each device holds its key
+  [hash of its place, seed] and a 64-bit counter in small buffers; a draw of n numbers takes
+  the counter's value c and advances it by n: its own key is threefry(c), and its numbers are
+  threefry(0 .. n-1) under that key. A TinyJit replay runs the counter's kernels again, so
+  each replay draws new numbers;
+- bits become floats without arithmetic: 23 random bits under the exponent of 1.0 are a float
+  in [1, 2), minus 1 in [0, 1). uniform scales and shifts them (rounded once, as tinygrad's
+  fused multiply-add), normal ones come from two uniforms (Box-Muller; its cos and log are
+  each device's own, so randn agrees with tinygrad to about 1e-6, not bit for bit).
 
 Each part of chapter 1 is a mixin that stands on the ones below it: this one uses only the
 core (tensor/core.py), and tensor/__init__.py assembles the parts into Tensor, so `Tensor.zeros(2,
@@ -32,7 +37,9 @@ from __future__ import annotations
 
 import ctypes
 import gzip
+import hashlib
 import math
+import time
 import urllib.request
 from typing import Any, ClassVar, Self, TypeVar, cast
 
@@ -66,10 +73,15 @@ def _shape_from(args: tuple[Any, ...], symbolic: bool = False) -> tuple[int, ...
 class TensorCreation(CoreTensor):
     """full, zeros, ones, empty, arange, linspace, eye and random numbers (part 4)."""
 
-    # the random number generator's state: the seed, and on each device a uint32 buffer
-    # [hash of the seed, counter] (the counter wraps after 2^32 numbers)
-    _seed: ClassVar[int] = 0
-    _rng_states: ClassVar[dict[str, CoreTensor]] = {}
+    # the random number generator's state, tinygrad's: the seed (the clock's, until
+    # manual_seed), and on each device a key, uint32 [key0, key1], and a 64-bit counter,
+    # uint32 [low, high]; plus the devices drawn from since the seed, in order (a device's
+    # key depends on its place), and the place each device's key was written for
+    _seed: ClassVar[int] = int(time.time())
+    _device_seeds: ClassVar[dict[str, TensorCreation]] = {}
+    _device_rng_counters: ClassVar[dict[str, TensorCreation]] = {}
+    _devices_since_seed: ClassVar[list[str]] = []
+    _key_positions: ClassVar[dict[str, int]] = {}
 
     # ---- constants and ranges ----
 
@@ -194,116 +206,178 @@ class TensorCreation(CoreTensor):
             data = response.read()
         return (cls(gzip.decompress(data) if gunzip else data, **kwargs))
 
-    # ---- random numbers: a counter-based hash, computed on the device itself ----
+    # ---- random numbers: tinygrad's generator, threefry2x32 of counters ----
 
     @classmethod
     def manual_seed(cls, seed: int = 0) -> None:
-        """Make random numbers reproducible: the same seed gives the same numbers on every
-        device, because they come from integer arithmetic that every device does exactly.
-        The state buffers are rewritten in place, so a TinyJit captured before starts over
-        too."""
-        TensorCreation._seed = int(seed)
-        for device, state in TensorCreation._rng_states.items():
-            state.assign(cls._first_state(device)).realize()
+        """Make random numbers reproducible: after `manual_seed(n)` the same calls give the
+        same numbers, tinygrad's own, on every device. As in tinygrad, every device starts
+        over: the first device drawn from gets key [hash of 0, n], the second [hash of 1, n],
+        and each counter restarts at 0. The state buffers are rewritten in place, so a TinyJit
+        captured before starts over too."""
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"manual_seed takes an int, not {type(seed).__name__} {seed!r}")
+        TensorCreation._seed = seed
+        TensorCreation._devices_since_seed = []
+        for position, device in enumerate(list(TensorCreation._device_seeds)):
+            cls._write_rng_state(device, position)  # (a guess at the order: see _next_counter)
 
     @classmethod
-    def _first_state(cls, device: str) -> Self:
-        # 0x6A09E667 (from sqrt(2)) moves seed 0 off the hash's fixed point hash(0) == 0
-        seed_key = _hash32_int(TensorCreation._seed ^ 0x6A09E667)
-        return cls([seed_key, 0], device, dtype=dtypes.uint32, requires_grad=False)
+    def _write_rng_state(cls, device: str, position: int) -> None:
+        """Device `device`'s key is [low 32 bits of sha256(position), seed] (tinygrad's), its
+        counter [0, 0]; existing buffers are overwritten in place."""
+        digest = hashlib.sha256(position.to_bytes(4, "big")).digest()
+        key = [int.from_bytes(digest, "big") & 0xFFFFFFFF, TensorCreation._seed & 0xFFFFFFFF]
+        seeds = cls(key, device, dtype=dtypes.uint32, requires_grad=False)
+        counter = cls([0, 0], device, dtype=dtypes.uint32, requires_grad=False)
+        if device in TensorCreation._device_seeds:
+            TensorCreation._device_seeds[device].assign(seeds).realize()
+            TensorCreation._device_rng_counters[device].assign(counter).realize()
+        else:
+            TensorCreation._device_seeds[device] = seeds.realize()
+            TensorCreation._device_rng_counters[device] = counter.realize()
+        TensorCreation._key_positions[device] = position
 
     @classmethod
-    def _draw_state(cls, count: int, device: str) -> Self:
-        """[seed key, first counter] for a draw of `count` numbers, in a buffer of its own, and
-        the device's counter advanced by `count`: both computed now, by kernels (so a TinyJit
-        records and replays them), and never overwritten later, however lazily the random
-        numbers themselves are computed."""
-        state = TensorCreation._rng_states.get(device)
-        if state is None:
-            state = TensorCreation._rng_states[device] = cls._first_state(device)
-        mine = state.contiguous().realize()
-        step = cls([0, count & 0xFFFFFFFF], device, dtype=dtypes.uint32, requires_grad=False)
-        state.assign(state + step).realize()
-        return mine  # type: ignore[return-value]
+    def _next_counter(cls, device: str, count: int) -> tuple[Self, Self]:
+        """(key, counter) for a draw of `count` 32-bit numbers on `device`, and the device's
+        counter advanced by `count`. The counter is copied into a buffer of the draw's own and
+        advanced now, by kernels (a TinyJit captures and replays them), so the draw's numbers
+        are fixed here, however lazily they are computed later."""
+        order = TensorCreation._devices_since_seed
+        if device not in order:  # the device's first draw since the seed: it takes the next key
+            order.append(device)
+            if TensorCreation._key_positions.get(device) != len(order) - 1:
+                cls._write_rng_state(device, len(order) - 1)
+        counter = TensorCreation._device_rng_counters[device]
+        mine = counter.contiguous().realize()
+        counter.assign(_add_uint64(counter, count)).realize()
+        return TensorCreation._device_seeds[device], mine  # type: ignore[return-value]
 
     @classmethod
-    def _random_bits(cls, count: int, device: str | None) -> Self:
-        """`count` pseudo-random uint32s: hash(counter, seed), lowbias32 by Chris Wellons. On
-        a tuple of devices: drawn on the first, and replicated (every device the same bits)."""
-        if isinstance(device, (tuple, list)):
-            return cls._random_bits(count, device[0]).shard(device)
-        name = Device.canonicalize(device)
-        state = cls._draw_state(count, name)
-        counter = cls._arange_int(count, name).cast(dtypes.uint32)
-        seed_key, start = state._row(0), state._row(1)
-        key = _hash32(seed_key ^ start)
-        return _hash32((counter ^ key) * 0x9E3779B9)
+    def _random_bits(cls, key: Self, counter: Self, count: int) -> Self:
+        """`count` random uint32s (tinygrad's random_bits): the draw's own key is
+        threefry(counter; key), and the bits are threefry(j, j + half; that key) for
+        j = 0 .. half-1, half = ceil(count / 2): first every first word, then every second."""
+        if count >= 0xFFFFFFFF:  # tinygrad splits such a draw in parts; 16 GiB fits no test here
+            raise ValueError(f"a draw of {count} random 32-bit words is too large (at most "
+                             f"{0xFFFFFFFF - 1})")
+        draw_key = _threefry2x32(counter._row(0), counter._row(1), key._row(0), key._row(1))
+        half = -(-count // 2)
+        j = cls._arange_int(half, key.device).cast(dtypes.uint32).reshape(1, half)
+        first, second = _threefry2x32(j, j + half, *draw_key)
+        lane = cls._arange_int(2, key.device).reshape(2, 1)
+        words = (lane == 0).where(first, second)  # (2, half): row 0 the first words
+        return words.reshape(2 * half).shrink([(0, count)])
+
+    @classmethod
+    def _random_floats(cls, shape: tuple[int, ...], dtype: DType, device: str) -> Self:
+        """Uniform floats in [0, 1) of `dtype` (tinygrad's _rand): random mantissa bits under
+        the exponent of 1.0 give a float in [1, 2); minus 1 (exact) gives [0, 1)."""
+        words = -(-prod(shape) * dtype.itemsize // 4)
+        key, counter = cls._next_counter(device, words)
+        bits = cls._random_bits(key, counter, words)
+        as_float = _FLOAT_FROM_BITS[dtype.itemsize](bits, dtype)
+        return (as_float - 1).shrink([(0, prod(shape))]).reshape(shape)
 
     @classmethod
     def rand(cls, *shape: Any, device: str | None = None, dtype: DType | str | None = None,
-             requires_grad: bool | None = None) -> Self:
-        """Uniform in [0, 1)."""
+             contiguous: bool = True, requires_grad: bool | None = None) -> Self:
+        """Uniform in [0, 1), tinygrad's numbers. On a tuple of devices: drawn on the first,
+        and replicated (every device the same numbers)."""
         dims = _shape_from(shape)
         wanted = dtypes.default_float if dtype is None else dtypes.as_dtype(dtype)
-        bits = cls._random_bits(prod(dims), device)
-        # the top 24 bits, scaled to [0, 1): exactly representable in float32
-        uniform = bits._binary(Ops.IDIV, 256).cast(dtypes.float32) * (1.0 / (1 << 24))
-        result = uniform.cast(wanted).reshape(dims)
+        if wanted not in _FLOAT_LAYOUT:
+            raise ArgumentError(f"rand makes floats (float16, bfloat16, float32, float64), "
+                                f"not {wanted.name}")
+        if isinstance(device, (tuple, list)):
+            drawn = cls.rand(*dims, device=device[0], dtype=wanted, contiguous=contiguous)
+            return drawn.shard(device)._with(requires_grad=requires_grad)
+        result = cls._random_floats(dims, wanted, Device.canonicalize(device))
+        result = result.contiguous() if contiguous else result
         result.requires_grad = requires_grad
         return result
 
     @classmethod
     def randn(cls, *shape: Any, dtype: DType | str | None = None, requires_grad: bool | None = None,
               **kwargs: Any) -> Self:
-        """Standard normal, by the Box-Muller transform of two uniforms."""
+        """Standard normal, by the Box-Muller transform of two uniforms u0, u1 (float32):
+        cos(2 pi u0) * sqrt(-2 ln(1 - u1)), tinygrad's formula, op for op."""
         dims = _shape_from(shape)
         wanted = dtypes.default_float if dtype is None else dtypes.as_dtype(dtype)
-        u = cls.rand(2, *dims, **kwargs)
-        radius = ((1 - u._row(0)).log2() * math.log(2) * -2).sqrt()  # sqrt(-2 ln u0)
-        angle = (math.pi / 2) - u._row(1) * (2 * math.pi)  # cos(2 pi u1) = sin(pi/2 - 2 pi u1)
-        result = (radius * angle.sin()).cast(wanted)
+        u = cls.rand(2, *dims, dtype=dtypes.float32, **kwargs)
+        # cos x = sin(pi/2 - x), and pi/2 - 2 pi u0 rounded once, as tinygrad's kernel fuses it
+        cosine = _multiply_add(u._row(0), -2 * math.pi, math.pi / 2).sin()
+        radius = ((1 - u._row(1)).log2() * math.log(2) * -2).sqrt()  # ln y = log2(y) ln 2
+        result = (cosine * radius).cast(wanted)
         result.requires_grad = requires_grad
         return result
 
     @classmethod
-    def uniform(cls, *shape: Any, low: float = 0.0, high: float = 1.0, **kwargs: Any) -> Self:
+    def uniform(cls, *shape: Any, low: float = 0.0, high: float = 1.0,
+                dtype: DType | str | None = None, **kwargs: Any) -> Self:
+        """Uniform in [low, high): (high - low) * rand, cast to dtype, + low (tinygrad's)."""
+        if not low < high:
+            raise ValueError(f"uniform needs low < high, got low={low}, high={high}")
         requires_grad = kwargs.pop("requires_grad", None)
-        result = cls.rand(*shape, **kwargs) * (high - low) + low
+        wanted = dtypes.default_float if dtype is None else dtypes.as_dtype(dtype)
+        u = cls.rand(*shape, **kwargs)
+        if u.dtype == wanted == dtypes.float32:  # tinygrad's kernel fuses it: one rounding
+            result = _multiply_add(u, high - low, low)
+        else:
+            result = ((high - low) * u).cast(wanted) + low
         result.requires_grad = requires_grad
         return result
+
+    @classmethod
+    def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: DType | str = dtypes.int32,
+                **kwargs: Any) -> Self:
+        """Uniform integers in [low, high): uniform floats cast to the integer dtype, which
+        truncates (tinygrad's: float32, so a range wider than 2^24 skips values)."""
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
+            raise TypeError(f"randint needs integer bounds, got low={low!r}, high={high!r}")
+        wanted = dtypes.as_dtype(dtype)
+        if not dtypes.is_int(wanted):
+            raise TypeError(f"randint makes integers, not {wanted.name}")
+        if low >= high:
+            raise ValueError(f"randint needs low < high, got low={low}, high={high}")
+        return cls.uniform(*shape, low=low, high=high, dtype=wanted, **kwargs)
 
     @classmethod
     def normal(cls, *shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Self:
+        if std < 0:
+            raise ValueError(f"normal needs std >= 0, got std={std}")
         requires_grad = kwargs.pop("requires_grad", None)
-        result = cls.randn(*shape, **kwargs) * std + mean
+        result = std * cls.randn(*shape, **kwargs) + mean
         result.requires_grad = requires_grad
         return result
 
     @classmethod
     def kaiming_uniform(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> Self:
+        """Uniform in +-sqrt(6 / (1 + a^2) / fan_in), fan_in = prod(shape[1:]): PyTorch's
+        kaiming_uniform_ for a leaky_relu of slope a (tinygrad's default a)."""
         dims = _shape_from(shape)
-        bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(dims[1:]))
+        bound = (6 / (1 + a ** 2) / max(prod(dims[1:]), 1)) ** 0.5  # tinygrad's arithmetic
         return cls.uniform(*dims, low=-bound, high=bound, **kwargs)
 
     @classmethod
     def glorot_uniform(cls, *shape: Any, **kwargs: Any) -> Self:
         dims = _shape_from(shape)
-        bound = math.sqrt(6 / (dims[0] + prod(dims[1:])))
+        bound = (6 / max(dims[0] + prod(dims[1:]), 1)) ** 0.5
         return cls.uniform(*dims, low=-bound, high=bound, **kwargs)
 
     @classmethod
     def scaled_uniform(cls, *shape: Any, **kwargs: Any) -> Self:
-        """Uniform in [-1, 1), scaled by 1 / sqrt(number of elements) (tinygrad's)."""
+        """Uniform in [-1, 1), times 1 / sqrt(number of elements) (tinygrad's)."""
         dims = _shape_from(shape)
-        scale = prod(dims) ** -0.5 if prod(dims) else 1.0
-        return cls.uniform(*dims, low=-scale, high=scale, **kwargs)
+        return cls.uniform(*dims, low=-1.0, high=1.0, **kwargs) * max(prod(dims), 1) ** -0.5
 
     @classmethod
     def kaiming_normal(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> Self:
-        """Normal with std = sqrt(2 / (1 + a^2)) / sqrt(fan_in), fan_in = prod(shape[1:]):
+        """Normal with std = sqrt(2 / (1 + a^2) / fan_in), fan_in = prod(shape[1:]):
         PyTorch's kaiming_normal_ for a leaky_relu of slope a (tinygrad's default a)."""
         dims = _shape_from(shape)
-        std = math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(max(prod(dims[1:]), 1))
+        std = (2 / (1 + a ** 2) / max(prod(dims[1:]), 1)) ** 0.5
         return cls.normal(*dims, mean=0.0, std=std, **kwargs)
 
     @classmethod
@@ -317,26 +391,6 @@ class TensorCreation(CoreTensor):
         receptive = prod(dims[2:])
         bound = gain * math.sqrt(6 / ((dims[0] + dims[1]) * receptive))
         return cls.uniform(*dims, low=-bound, high=bound, **kwargs)
-
-    @classmethod
-    def randperm(cls, n: int, device: str | None = None, dtype: DType | str = dtypes.int32,
-                 requires_grad: bool | None = None) -> Self:
-        """A random permutation of 0..n-1: give each position a random 32-bit key; a key's rank
-        (how many keys are smaller, ties broken by position) is the permutation, and every
-        permutation is equally likely. n^2 comparisons, all in one reduction kernel."""
-        if not isinstance(n, int) or n < 0:
-            raise ValueError(f"randperm needs a non-negative int n, got {n!r}")
-        if requires_grad:
-            raise TypeError("randperm gives integers, which cannot require gradients")
-        if isinstance(device, (tuple, list)):  # drawn on the first device, replicated
-            return cls.randperm(n, device=device[0], dtype=dtype).shard(device)
-        name = Device.canonicalize(device)
-        keys = cls._random_bits(n, name)
-        position = cls._arange_int(n, name)
-        mine, theirs = keys.reshape(n, 1), keys.reshape(1, n)
-        before = (theirs < mine) | ((theirs == mine) & (position.reshape(1, n) <
-                                                        position.reshape(n, 1)))
-        return before.cast(dtypes.int32).sum(1).cast(dtypes.as_dtype(dtype))
 
     @classmethod
     def _arange_int(cls, count: int, device: str) -> Self:
@@ -405,20 +459,133 @@ def _float_default(kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def _hash32_int(x: int) -> int:
-    """lowbias32 on a Python int (for the key, computed once on the host)."""
-    x &= 0xFFFFFFFF
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & 0xFFFFFFFF
-    x ^= x >> 15
-    x = (x * 0x846CA68B) & 0xFFFFFFFF
-    return x ^ (x >> 16)
+# ---- threefry2x32 and the bits -> float step, on uint32 tensors ----
+
+THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))  # bits rotated in rounds 1-4, 5-8
+THREEFRY_PARITY = 0x1BD11BDA  # the key schedule's third word is key0 ^ key1 ^ this
 
 
-def _hash32(x: C) -> C:
-    """lowbias32 on a uint32 tensor: xor, multiply and shift (a shift is a division by 2^k)."""
-    x = x ^ x._binary(Ops.IDIV, 1 << 16)
-    x = x * 0x7FEB352D
-    x = x ^ x._binary(Ops.IDIV, 1 << 15)
-    x = x * 0x846CA68B
-    return x ^ x._binary(Ops.IDIV, 1 << 16)
+def _threefry2x32(x0: C, x1: C, key0: C, key1: C) -> tuple[C, C]:
+    """Threefry-2x32 with 20 rounds (Salmon et al., "Parallel random numbers: as easy as
+    1, 2, 3", SC 2011): a block cipher that scrambles the two 32-bit words (x0, x1) under
+    the key (key0, key1), with nothing but 32-bit additions, xors and rotations. A round
+    adds the words, rotates the second and xors the sum into it; every 4 rounds a word of
+    the key schedule is added in. Written as tinygrad's decomp.threefry2x32, step for step.
+    Any shapes that broadcast; every value a uint32."""
+    schedule = (key1, key0 ^ key1 ^ THREEFRY_PARITY, key0)  # tinygrad's order of the words
+    x0, x1 = x0 + schedule[2], x1 + schedule[0]
+    for block in range(5):
+        for rotation in THREEFRY_ROTATIONS[block % 2]:
+            x0, x1 = _threefry_round(x0, x1, rotation)
+        x0 = x0 + schedule[block % 3]
+        x1 = x1 + schedule[(block + 1) % 3] + (block + 1)
+    return x0, x1
+
+
+def _threefry_round(x0: C, x1: C, rotation: int) -> tuple[C, C]:
+    total = x0 + x1
+    return total, total ^ _rotate_left(x1, rotation)
+
+
+def _rotate_left(x: C, bits: int) -> C:
+    """(x << bits) | (x >> (32 - bits)) for a uint32 x: the shifts are a multiplication and
+    a division by powers of two (a uint32 product wraps, as a left shift does); their bits
+    do not overlap, so tinygrad's + is the same as |."""
+    return x * (1 << bits) + x._binary(Ops.IDIV, 1 << (32 - bits))
+
+
+def _add_uint64(counter: C, count: int) -> C:
+    """The 64-bit counter [low, high] (two uint32 words) plus `count`, with the carry."""
+    low, high = counter._row(0), counter._row(1)
+    new_low = low + (count & 0xFFFFFFFF)
+    carry = (new_low < low).cast(dtypes.uint32)
+    new_high = high + (count >> 32) + carry
+    return new_low.reshape(1).pad([(0, 1)]) + new_high.reshape(1).pad([(1, 0)])
+
+
+# dtype -> (mantissa bits, the bits of 1.0): a float in [1, 2) is 1.0's bits with random
+# mantissa bits
+_FLOAT_LAYOUT = {dtypes.float16: (10, 0x3C00), dtypes.bfloat16: (7, 0x3F80),
+                 dtypes.float32: (23, 0x3F800000), dtypes.float64: (52, 0x3FF0000000000000)}
+
+
+def _bitcast(x: C, dtype: DType) -> C:
+    return x._apply(x.uop.bitcast(dtype), x)
+
+
+def _floats_from_words(bits: C, dtype: DType) -> C:
+    """float32: each 32-bit word's top 23 bits under 1.0's exponent, read as a float."""
+    mantissa, one = _FLOAT_LAYOUT[dtype]
+    return _bitcast(bits._binary(Ops.IDIV, 1 << (32 - mantissa)) | one, dtype)
+
+
+def _floats_from_half_words(bits: C, dtype: DType) -> C:
+    """float16 and bfloat16: each word is two 16-bit numbers, the low half first (the bytes
+    of little-endian memory, as tinygrad's bitcast to uint16 reads them)."""
+    mantissa, one = _FLOAT_LAYOUT[dtype]
+    count = bits.shape[0]
+    low, high = bits & 0xFFFF, bits._binary(Ops.IDIV, 1 << 16)
+    lane = bits._arange_int(2, bits.device).reshape(1, 2)
+    halves = (lane == 0).where(low.reshape(count, 1), high.reshape(count, 1)).reshape(2 * count)
+    pattern = halves._binary(Ops.IDIV, 1 << (16 - mantissa)) | one
+    return _bitcast(pattern.cast(dtypes.uint16), dtype)
+
+
+def _floats_from_word_pairs(bits: C, dtype: DType) -> C:
+    """float64: each pair of words (low first) is one 64-bit number, of which the top 52
+    bits are kept."""
+    mantissa, one = _FLOAT_LAYOUT[dtype]
+    pairs = bits.cast(dtypes.uint64).reshape(-1, 2)
+    whole = _column(pairs, 0) + _column(pairs, 1) * (1 << 32)
+    return _bitcast(whole._binary(Ops.IDIV, 1 << (64 - mantissa)) | one, dtype)
+
+
+def _column(x: C, i: int) -> C:
+    return x.shrink([None, (i, i + 1)]).reshape(x.shape[0])
+
+
+# float size in bytes -> how 32-bit words become floats in [1, 2)
+_FLOAT_FROM_BITS = {2: _floats_from_half_words, 4: _floats_from_words,
+                    8: _floats_from_word_pairs}
+
+
+# ---- a * x + b rounded once, from operations that each round ----
+
+def _multiply_add(x: C, scale: float, offset: float) -> C:
+    """scale * x + offset for a float32 x, rounded once (a fused multiply-add), as tinygrad's
+    kernels compute uniform numbers: its compiler fuses the two (MULACC). tinyteach rounds
+    each operation, as numpy does, so this computes the exact value in pieces and rounds it
+    once: the product is p + p_low exactly (Dekker: numbers of 12 significant bits multiply
+    without rounding), the sum of p, p_low and offset is a rounded w plus exact leftovers
+    (error-free additions), and w is right unless the exact value lies just past a halfway
+    point that w rounded away from. Only additions of exact terms and exact products: a
+    device that fuses some of them itself gives the same bits. (Checked against
+    long-double arithmetic for all 2^23 uniform floats: tests/test_random.py.)"""
+    scale_high, scale_low = _float32_halves(scale)
+    x_high = _bitcast(_bitcast(x, dtypes.uint32) & 0xFFFFF000, dtypes.float32)
+    x_low = x - x_high
+    product = x * scale
+    product_low = (((x_high * scale_high - product) + x_high * scale_low) + x_low * scale_high
+                   ) + x_low * scale_low
+    total, total_error = _two_sum(product, x._const(offset))
+    leftover, leftover_error = _two_sum(total_error, product_low)
+    rounded, rounding_error = _two_sum(total, leftover)
+    neighbour = rounded + 2 * rounding_error  # the float on the other side of the halfway point
+    halfway = (rounding_error != 0) & ((neighbour - rounded) == 2 * rounding_error)
+    past_halfway = halfway & (leftover_error != 0) & ((leftover_error > 0) == (rounding_error > 0))
+    return past_halfway.where(neighbour, rounded)
+
+
+def _two_sum(a: C, b: C) -> tuple[C, C]:
+    """(a + b rounded, its rounding error), both exact: a + b == sum + error (Knuth)."""
+    total = a + b
+    b_part = total - a
+    return total, (a - (total - b_part)) + (b - b_part)
+
+
+def _float32_halves(value: float) -> tuple[float, float]:
+    """value as float32, split into two floats of at most 12 significant bits each."""
+    whole = np.float32(value)
+    high = np.array(whole).view(np.uint32) & np.uint32(0xFFFFF000)
+    high_value = np.array(high, np.uint32).view(np.float32)
+    return float(high_value), float(whole - high_value)

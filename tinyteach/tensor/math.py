@@ -61,18 +61,21 @@ TM = TypeVar("TM", bound="TensorMath")  # the helper functions return what they 
 class TensorMath(TensorMovement):
     """Derived elementwise math, activations, rounding, reductions and cumsum (part 6)."""
 
-    # ---- random integers: rand (part 4), scaled and rounded down ----
+    # ---- a random permutation: rand (part 4), sorted (below) ----
 
     @classmethod
-    def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: DType | str = dtypes.int32,
-                **kwargs: Any) -> Self:
-        """Uniform integers in [low, high): a uniform float, scaled and rounded down (here in
-        part 6, not with the other random numbers in part 4, because it needs floor)."""
-        if high <= low:
-            raise ValueError(f"randint needs low < high, got low={low}, high={high}")
-        uniform = cls.rand(*shape, dtype=dtypes.float64 if high - low > 1 << 23 else None,
-                              **kwargs)
-        return (uniform * (high - low)).floor().cast(dtypes.as_dtype(dtype)) + low
+    def randperm(cls, n: int, device: str | None = None, dtype: DType | str = dtypes.int32,
+                 **kwargs: Any) -> Self:
+        """A random permutation of 0..n-1: the order that sorts n uniform numbers (tinygrad's;
+        here in part 6, not with the other random numbers in part 4, because it needs sort).
+        The sort is stable, so equal numbers keep their order, as in tinygrad."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"randperm needs a non-negative int n, got {n!r}")
+        if kwargs.get("requires_grad"):
+            raise TypeError("randperm gives integers, which cannot require gradients")
+        if isinstance(device, (tuple, list)):  # drawn on the first device, replicated
+            return cls.randperm(n, device=device[0], dtype=dtype).shard(device)
+        return cls.rand(n, device=device).argsort().cast(dtypes.as_dtype(dtype))
 
     # ---- min from max: turn the order around ----
 

@@ -477,15 +477,16 @@ class TensorNN(TensorMath):
             return self
         if p == 1:
             return self.zeros_like()
-        keep = type(self).rand(*self.shape, device=self.device) >= p
-        return keep.where(self, 0) * (1 / (1 - p))
+        keep = type(self).rand(*self.shape, device=self.device, contiguous=False) >= p
+        return keep.where(self, 0) / (1.0 - p)
 
     def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Self:
         """Draw category indices from the weights in the last axis (one row, or one per row of
         a 2-d tensor), as int32 (tinygrad's signature, PyTorch's checks). With replacement:
         a uniform u picks the first category whose running share of the total exceeds it.
-        Without: each category gets the key -log(u)/w (an exponential race, the first to
-        finish wins), and the num_samples smallest keys are the draws."""
+        Without: each category gets the key log2(u)/w (Efraimidis-Spirakis: an exponential
+        race, the first to finish wins), and the num_samples largest keys are the draws.
+        Both use tinygrad's uniforms in tinygrad's order, so a seed gives its draws."""
         if not 1 <= self.ndim <= 2:
             raise RuntimeError("prob_dist must be 1 or 2 dim")
         if not isinstance(num_samples, int) or num_samples <= 0:
@@ -506,9 +507,9 @@ class TensorNN(TensorMath):
             picked = (uniform.expand(num_samples, rows, categories) >= cdf).cast(dtypes.int32)
             indices = picked.sum(2).minimum(categories - 1).permute(1, 0)
         else:
-            uniform = type(self).rand(rows, categories, device=self.device)
-            keys = -(1 - uniform).log() / weight  # a zero weight never finishes: +inf
-            indices = keys.topk(num_samples, dim=1, largest=False)[1]
+            uniform = type(self).rand(rows, categories, dtype=dtypes.float32, device=self.device)
+            keys = uniform.log2() / weight  # a zero weight never finishes: -inf
+            indices = keys.topk(num_samples, dim=1)[1]
         indices = indices.cast(dtypes.int32)
         return indices.squeeze(0) if self.ndim == 1 else indices
 
