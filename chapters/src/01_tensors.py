@@ -10,7 +10,8 @@
 # - the whole API — `exp`, `softmax`, matmul, indexing, even random numbers — is composed from
 #   29 primitive ops;
 # - broadcasting and dtype promotion happen once, in the Tensor layer, before the graph is built;
-# - indexing is made of movement ops, and random numbers come from an integer hash.
+# - indexing is made of movement ops, and random numbers come from a small integer cipher
+#   (threefry, tinygrad's generator, bit for bit).
 #
 # **Where it lives:** [`tinyteach/tensor/core.py`](../tinyteach/tensor/core.py) (the core:
 # the lazy graph, the primitive elementwise, movement and reduction ops, `backward`),
@@ -254,14 +255,23 @@ print(picked.shape, ops_used(picked))
 assert np.array_equal(picked.numpy(), t_np[:, [2, 0]])
 
 # %% [markdown] id="tensors-29"
-# ## Random numbers from an integer hash
+# ## Random numbers from a counter-based cipher
 #
 # There is no random-number op either. `Tensor.rand`
-# ([`tensor/create.py`](../tinyteach/tensor/create.py)) hashes a counter: element `i` gets
-# `hash((i ^ key) * 0x9E3779B9)`, where `hash` is *lowbias32* (two rounds of xor-shift and
-# multiply) and the key comes from the seed. It is plain integer arithmetic — `XOR`, `MUL`, and
-# `IDIV` by a power of two as a right shift — so every device produces exactly the same bits,
-# and the numbers are generated on the device, in parallel.
+# ([`tensor/create.py`](../tinyteach/tensor/create.py)) is tinygrad's generator, bit for bit:
+# **threefry-2x32**, a small block cipher made of 32-bit additions, xors and rotations
+# (Salmon et al., 2011). It is *counter-based*: encrypting the numbers 0, 1, 2, ... under a key
+# gives bits that look random, and number `n` depends only on (key, n), not on the numbers
+# before it — so every element is computed on its own, in parallel, by an ordinary kernel. It
+# is integer arithmetic (`ADD`, `XOR`, a rotation as `MUL` and `IDIV` by powers of two), so every
+# device gives exactly the same bits.
+#
+# The layout is tinygrad's. Each device holds a key `[low 32 bits of sha256(its place), seed]`
+# (the first device drawn from after `manual_seed` has place 0) and a 64-bit counter `c`, both
+# in small buffers on the device. A draw of `n` 32-bit words takes the counter and advances it
+# by `n`: the draw's own key is threefry of `c` under the device's key, and its words are
+# threefry of the pairs `(j, j + n/2)`, `j = 0 .. n/2 − 1`, under that key — first every first
+# word, then every second.
 
 # %% id="tensors-30"
 Tensor.manual_seed(42)
@@ -275,24 +285,41 @@ print(ops_used(Tensor.rand(5)))
 
 # %% [markdown] id="tensors-31"
 # The same computation in numpy, written from the description above, reproduces the bits
-# exactly: uniform floats are the top 24 bits divided by 2²⁴.
+# exactly. Bits become floats without any arithmetic: 23 random bits placed under the exponent
+# of 1.0 (`0x3F800000`) are a float in [1, 2); subtracting 1, which is exact, gives [0, 1).
+# tinygrad 0.14 prints `[0.5334206819534302, 0.6701551675796509, 0.7630789279937744]` for
+# `Tensor.manual_seed(42); Tensor.rand(3).tolist()`: the same numbers. (They are not the first
+# three of `rand(5)` above: where a draw's words split in halves depends on its size.)
 
 # %% id="tensors-32"
-def lowbias32(v):
-    v = np.array(v, dtype=np.uint32, ndmin=1)   # arrays wrap around silently
-    v = v ^ (v >> 16)
-    v = v * np.uint32(0x7FEB352D)
-    v = v ^ (v >> 15)
-    v = v * np.uint32(0x846CA68B)
-    return v ^ (v >> 16)
+import hashlib
 
-def numpy_rand(seed: int, count: int, start: int = 0) -> np.ndarray:
-    key = lowbias32(lowbias32(np.uint32(seed) ^ np.uint32(0x6A09E667)) ^ np.uint32(start))
-    counter = np.arange(count, dtype=np.uint32)
-    bits = lowbias32((counter ^ key) * np.uint32(0x9E3779B9) + np.uint32(start >> 32))
-    return (bits >> 8).astype(np.float32) / (1 << 24)
+ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))     # bits rotated in rounds 1-4, then 5-8
+
+def threefry2x32(x0, x1, key0, key1):
+    x0, x1, key0, key1 = (np.array(v, dtype=np.uint32, ndmin=1) for v in (x0, x1, key0, key1))
+    schedule = (key1, key0 ^ key1 ^ np.uint32(0x1BD11BDA), key0)    # arrays wrap silently
+    x0, x1 = x0 + schedule[2], x1 + schedule[0]
+    for block in range(5):                  # 5 blocks of 4 rounds; a key word after each
+        for r in ROTATIONS[block % 2]:
+            x0 = x0 + x1
+            x1 = ((x1 << np.uint32(r)) | (x1 >> np.uint32(32 - r))) ^ x0
+        x0 = x0 + schedule[block % 3]
+        x1 = x1 + schedule[(block + 1) % 3] + np.uint32(block + 1)
+    return x0, x1
+
+def numpy_rand(seed: int, count: int, start: int = 0, place: int = 0) -> np.ndarray:
+    digest = hashlib.sha256(place.to_bytes(4, "big")).digest()
+    device_key = (int.from_bytes(digest, "big") & 0xFFFFFFFF, seed)
+    draw_key = threefry2x32(start & 0xFFFFFFFF, start >> 32, *device_key)   # the counter's
+    half = -(-count // 2)
+    j = np.arange(half, dtype=np.uint32)
+    words = np.concatenate(threefry2x32(j, j + np.uint32(half), *draw_key))[:count]
+    return ((words >> np.uint32(9)) | np.uint32(0x3F800000)).view(np.float32) - 1
 
 assert np.array_equal(numpy_rand(42, 5), first)
+assert numpy_rand(42, 3).tolist() == [0.5334206819534302, 0.6701551675796509,
+                                      0.7630789279937744]       # tinygrad 0.14's numbers
 
 # %% [markdown] id="tensors-33"
 # `randn` turns two uniforms into a normal with the Box–Muller transform
@@ -312,9 +339,9 @@ assert abs(normal.mean()) < 0.03 and abs(normal.std() - 1) < 0.03
 #    the primitive ops its graph uses.
 # 2. Without `[...]`, select every other column of a `(3, 6)` tensor using only `reshape`
 #    and `shrink`. Check against `t_np[:, ::2]`.
-# 3. `lowbias32(0) == 0`: the hash has a fixed point. Without the constant `0x6A09E667`
-#    mixed into the seed, what would `Tensor.manual_seed(0); Tensor.rand(3)` start with?
-#    Check with `numpy_rand` written without it.
+# 3. Is `Tensor.rand(3)` followed by `Tensor.rand(5)` the same eight numbers as one
+#    `Tensor.rand(8)`? Predict it from the layout above, then check it, and reproduce the
+#    second draw with `numpy_rand` (its `start` is the counter's value).
 
 # %% [markdown] id="tensors-36"
 # #### Solution (click to show): exercise 1
@@ -343,15 +370,14 @@ every_other.numpy()
 # #### Solution (click to show): exercise 3
 
 # %% id="tensors-41" jupyter={"source_hidden": true}
-# xor-shift and multiply both map 0 to 0, so lowbias32(0) == 0. Without the constant the
-# key for seed 0 would be lowbias32(lowbias32(0) ^ 0) == 0, and counter 0 would hash to
-# lowbias32(0 * golden) == 0: the very first number would be exactly 0.0.
-def rand_without_constant(seed: int, count: int) -> np.ndarray:
-    key = lowbias32(lowbias32(np.uint32(seed)) ^ np.uint32(0))
-    bits = lowbias32((np.arange(count, dtype=np.uint32) ^ key) * np.uint32(0x9E3779B9))
-    return (bits >> 8).astype(np.float32) / (1 << 24)
-
-print(lowbias32(np.uint32(0)), rand_without_constant(0, 3))
-assert rand_without_constant(0, 3)[0] == 0.0
-Tensor.manual_seed(0)
-assert Tensor.rand(3).numpy()[0] != 0.0
+# No: each draw takes its own key, threefry of the counter (0 for the first draw, 3 for the
+# second), and splits its words in halves of its own size; the counter only says where the
+# next draw starts. Counter-based: the second draw needs no numbers of the first.
+Tensor.manual_seed(7)
+three, five = Tensor.rand(3).numpy(), Tensor.rand(5).numpy()
+Tensor.manual_seed(7)
+eight = Tensor.rand(8).numpy()
+print(np.concatenate([three, five]), eight, sep="\n")
+assert not np.array_equal(np.concatenate([three, five]), eight)
+assert np.array_equal(five, numpy_rand(7, 5, start=3))
+assert np.array_equal(eight, numpy_rand(7, 8))
