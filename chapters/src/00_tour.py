@@ -128,13 +128,13 @@ assert np.allclose(w2.grad.numpy(), expected_grad, atol=1e-4)
 round(loss.item(), 4)
 
 # %% [markdown] id="tour-25"
-# Is 3.5 a sensible loss for a network that has learnt nothing? A classifier that spreads its
+# Is 3.1 a sensible loss for a network that has learnt nothing? A classifier that spreads its
 # bets evenly over 10 classes scores ln 10 ≈ 2.30. He initialization gives the logits a spread
-# (standard deviation) σ of about 1.5 rather than 0, and random logits of spread σ cost more:
+# (standard deviation) σ of about 1.1 rather than 0, and random logits of spread σ cost more:
 # the loss is the log of the mean of e^z over the classes, minus the picked class's z, which is
-# about ln 10 + σ²/2 ≈ 3.4 for σ = 1.5 (the mean of e^z is e^(σ²/2) for normal z). With the fan-in
+# about ln 10 + σ²/2 ≈ 2.9 for σ = 1.1 (the mean of e^z is e^(σ²/2) for normal z). With the fan-in
 # taken from the wrong axis, both layers are too large (by √(784/128) ≈ 2.5 and √(128/10) ≈ 3.6),
-# the logits come out about 8× too large, and the softmax is confidently wrong:
+# the logits come out about 11× too large, and the softmax is confidently wrong:
 
 # %% id="tour-26"
 wrong1, wrong2 = Tensor.kaiming_uniform(784, 128), Tensor.kaiming_uniform(128, 10)
