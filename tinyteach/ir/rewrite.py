@@ -431,7 +431,13 @@ def simplify_idiv(x: UOp, c: UOp) -> UOp | None:
     multiples, rest = split
     remainder = _sum(rest, x.dtype)
     if not multiples:
-        return UOp.const(x.dtype, 0) if remainder.vmax < c.arg else None
+        if remainder.vmax < c.arg:
+            return UOp.const(x.dtype, 0)
+        common = _split_by_common_factor(x, c.arg)
+        if common is None:
+            return None
+        factor, scaled, small = common  # x = factor*q + small, 0 <= small < factor
+        return _sum([_divide_term(t, factor) for t in scaled], x.dtype) // (c.arg // factor)
     quotient = _sum([_divide_term(t, c.arg) for t in multiples], x.dtype)
     return quotient if remainder.vmax < c.arg else quotient + remainder // c
 
@@ -448,7 +454,33 @@ def simplify_mod(x: UOp, c: UOp) -> UOp | None:
     if remainder.vmax < c.arg:
         return remainder
     changed = multiples or any(r is not t for r, t in zip(reduced, rest))
-    return remainder % c if changed else None
+    if changed:
+        return remainder % c
+    common = _split_by_common_factor(x, c.arg)
+    if common is None:
+        return None
+    factor, scaled, small = common  # x = factor*q + small, 0 <= small < factor
+    quotient = _sum([_divide_term(t, factor) for t in scaled], x.dtype)
+    return (quotient % (c.arg // factor)) * factor + _sum(small, x.dtype)
+
+
+def _split_by_common_factor(x: UOp, divisor: int) -> tuple[int, list[UOp], list[UOp]] | None:
+    """x = f*q + s, where f (> 1, < divisor) divides `divisor` and the factor of every term of
+    q, and 0 <= s < f: (f, the terms of f*q, the terms of s), or None. Then x // divisor is
+    q // (divisor/f) and x % divisor is (q % (divisor/f))*f + s: s never carries into the next
+    multiple of f. This is how a lane's index splits: (i*8 + lane) // 32 -> i // 4 and
+    (i*8 + lane) % 32 -> (i % 4)*8 + lane for lane < 8, so the 8 lanes stay consecutive.
+    Only non-negative terms (_split_by_divisor checked them)."""
+    terms = sum_terms(x)
+    common = math.gcd(divisor, *[_factor(t) for t in terms
+                                 if t.op is not Ops.CONST and _factor(t) > 1])
+    if common in (1, divisor):
+        return None
+    scaled = [t for t in terms if _factor(t) % common == 0]
+    small = [t for t in terms if _factor(t) % common != 0]
+    if not scaled or not small or _sum(small, x.dtype).vmax >= common:
+        return None
+    return common, scaled, small
 
 
 def _reduce_factor(term: UOp, divisor: int) -> UOp:
