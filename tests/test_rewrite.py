@@ -360,3 +360,35 @@ def test_adding_zero_keeps_ieee_signed_zeros(device):
         assert list(np.signbit(got)) == list(np.signbit(expected))
     ints = (Tensor(np.array([-3, 7], dtype=np.int32), device=device) + 0).numpy()
     assert ints.tolist() == [-3, 7]
+
+
+# ---- division by a common factor (issue 25) ----
+
+def test_a_lane_below_the_common_factor_never_carries():
+    """(i*8 + lane) // 32 -> i // 4 and % 32 -> (i % 4)*8 + lane: the lanes stay consecutive,
+    so a head-permuted tensor's load vectorizes. No IDIV or MOD keeps the lane inside it."""
+    i, lane = loop(0, 16), UOp(Ops.RANGE, I32, (), ("v", 1, 8))
+    quotient = graph_rewrite((i * 8 + lane) // 32, symbolic)
+    remainder = graph_rewrite((i * 8 + lane) % 32, symbolic)
+    assert quotient is graph_rewrite(i // 4, symbolic)
+    assert lane in remainder.src  # (i % 4)*8 + lane: the lane is added last, outside any MOD
+    assert all(lane not in n.src for n in remainder.toposort if n.op in (Ops.IDIV, Ops.MOD))
+
+
+def test_division_by_a_common_factor_by_brute_force():
+    """Every value of the loop counters, for sums g*f1 + r*f2 + lane + c divided by d: the rule
+    applies where it may (f divides d, the rest stays below f) and the value never changes."""
+    from tinyteach.codegen.plan import index_value
+    g, r, lane = loop(0, 16), loop(1, 5), UOp(Ops.RANGE, I32, (), ("v", 2, 8))
+    rng = np.random.default_rng(25)
+    for _ in range(150):
+        f1, f2 = (int(v) for v in rng.choice([1, 2, 3, 4, 8, 16, 32], 2))
+        c, d = int(rng.integers(0, 40)), int(rng.choice([2, 3, 4, 8, 12, 16, 24, 32, 64]))
+        total = g * f1 + r * f2 + lane + c
+        for op in (Ops.IDIV, Ops.MOD):
+            simplified = graph_rewrite(total.alu(op, const(d)), symbolic)
+            for gv, rv, lv in itertools.product(range(16), range(5), range(8)):
+                value = gv * f1 + rv * f2 + lv + c
+                expected = value // d if op is Ops.IDIV else value % d
+                assert index_value(simplified, {g: gv, r: rv, lane: lv}) == expected, \
+                    (f1, f2, c, d, op, gv, rv, lv)
