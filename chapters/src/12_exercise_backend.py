@@ -37,7 +37,7 @@ from tinyteach.exercises import (
     InterpreterBackend,
     grade,
 )
-from tinyteach.ir.uop import Ops, UOp
+from tinyteach.ir.uop import Ops, UOp, is_bitcast
 
 Device.DEFAULT = "CPU"
 print(len(INTERPRETER_OPS), "ops for exercise A:", ", ".join(op.name for op in INTERPRETER_OPS))
@@ -116,6 +116,8 @@ def reciprocal(node: UOp, a: np.ndarray) -> np.ndarray:
 
 def cast(node: UOp, a: np.ndarray) -> np.ndarray:
     ### BEGIN SOLUTION
+    if is_bitcast(node):
+        return a.view(node.dtype.np)
     if node.dtype == dtypes.bool:
         return a != 0
     return a.astype(node.dtype.np)
@@ -128,6 +130,8 @@ def cast(node: UOp, a: np.ndarray) -> np.ndarray:
 # - NEG of a bool is logical not: `-True` is not a bool.
 # - `1/0` is `inf` and `1/-0.0` is `-inf`; `np.divide` gets both right.
 # - CAST must return an array of `node.dtype.np`; anything → bool is `x != 0` (NaN counts as true).
+# - A CAST whose arg is `BITCAST` (`is_bitcast(node)`) keeps the bits and reads them as the new dtype:
+#   `a.view(node.dtype.np)`. `Tensor.rand` makes its floats so (chapter 1), so training needs it.
 # </details>
 
 # %% [markdown] id="ex-a2-intro"

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tinyteach.dtype import DType, dtypes
-from tinyteach.ir.uop import Ops, UOp
+from tinyteach.ir.uop import BITCAST, Ops, UOp
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 NAN, INF = float("nan"), float("inf")
@@ -61,6 +61,12 @@ def arg_case(label: str, op: Ops, source: np.ndarray, arg: Any) -> Case:
     """A movement or reduce op: one input and an arg."""
     return Case(label, UOp(op, dtypes.from_np(source.dtype), (placeholder(1, source),), arg),
                 (source,))
+
+
+def bitcast_case(label: str, source: np.ndarray, dtype: DType) -> Case:
+    """A CAST whose arg is BITCAST: the same bits read as `dtype` (Tensor.rand makes its floats
+    so)."""
+    return Case(label, UOp(Ops.CAST, dtype, (placeholder(1, source),), BITCAST), (source,))
 
 
 def const_case(label: str, dtype: DType, value: Any) -> Case:
@@ -101,6 +107,8 @@ CASES: dict[Ops, list[Case]] = {
                  array([0.0, 0.5, -1.0, NAN], f32), dtype=boolean),
         alu_case("int32 -> int8 (wraps)", Ops.CAST, array([127, 128, -129, 300], i32), dtype=i8),
         alu_case("bool -> float32", Ops.CAST, array([True, False], boolean), dtype=f32),
+        bitcast_case("uint32 bits -> float32 (arg BITCAST: the same bits)",
+                     array([0x3F800000, 0x3FC00000, 0xBF800000, 0x7F800000], u32), f32),
     ],
     Ops.ADD: [alu_case("float32", Ops.ADD, array([1.5, INF, -2.0, NAN], f32),
                        array([2.25, -INF, 2.0, 1.0], f32)),
@@ -183,7 +191,8 @@ HINTS: dict[Ops, str] = {
     Ops.RECIPROCAL: "1/x: 1/0 is inf and 1/-0.0 is -inf, not an error.",
     Ops.CAST: "convert to node.dtype (a.astype(node.dtype.np)); float -> int truncates toward "
               "zero, int -> int8 wraps, and anything -> bool is x != 0 (NaN is true). In C: "
-              "((type)(x)).",
+              "((type)(x)). With node.arg BITCAST (is_bitcast(node)) the bits stay as they are: "
+              "a.view(node.dtype.np).",
     Ops.ADD: "a + b in the operands' dtype: integers wrap around (127+1 is -128 in int8).",
     Ops.MUL: "a * b in the operands' dtype: integers wrap around, 0*inf is NaN.",
     Ops.IDIV: "IDIV truncates toward zero as C does (-7/2 is -3, Python's // gives -4); "
