@@ -621,8 +621,10 @@ noisy = TinyJit(lambda x: (x + Tensor.rand(2)).realize())
 draws = [noisy(Tensor([0.0, 0.0])).numpy() for _ in range(3)]   # the 2nd call captures
 assert not np.array_equal(draws[1], draws[2])   # the replay drew new numbers
 assert all(((0 <= d) & (d < 1)).all() for d in draws)
-# the random state (a seed and a counter) lives in a buffer on the device: one captured kernel
-# copies it for the draw, another advances the counter in place, and a replay runs both again
+# the random state (a key and a 64-bit counter, chapter 1) lives in buffers on the device: the
+# first three captured kernels copy the counter for the draw and advance it in place (into a
+# fresh buffer, then back: the new words read the old ones through views), and a replay runs
+# them again; the others compute the draw itself and x + rand
 print(len(noisy.captured.launches), "captured launches:",
       [launch.item.name for launch in noisy.captured.launches])
 
