@@ -149,7 +149,11 @@ for e in [node, (i * 8 + j) % 8, i + 0, 3 + i, (i + 2) + 5, (i * 1) // 1, c * 2]
     assert (found and found[0]) == first_rule(e), expression(e)
 
 # %% [markdown] id="rewrite-14"
-# The showcase rule: `(a*c + b) // c -> a + b // c`, and `b // c -> 0` when `0 ≤ b < c`. With
+# The showcase rule: `(a*c + b) // c -> a + b // c`, and `b // c -> 0` when `0 ≤ b < c`. When no
+# term is a multiple of `c`, a common factor may still do: if every term but a small rest is a
+# multiple of `f`, `f` divides `c`, and the rest stays below `f`, the rest never carries, so
+# `(b*2 + 1) // 8 -> b // 4` (and `% 8` keeps the rest outside: `(b % 4)*2 + 1`). That is what
+# keeps a vector's lanes consecutive in an index such as `(i*8 + lane) // 32`. With
 # `0 ≤ gidx1 < 8`:
 
 # %% id="rewrite-15"
