@@ -340,6 +340,56 @@ def test_function_refuses_implicit_inputs_and_computing_while_traced() -> None:
         computes(Tensor(A[1]))
 
 
+def test_a_method_reads_its_models_weights_as_inputs_and_trains() -> None:
+    """tinygrad's rule (issue 26, beautiful_mnist's `@function` on a method): the tensors
+    reachable from the arguments, `self`'s layers here, are the function's inputs. Each call
+    reads their contents of that moment, so Adam's steps are seen, and the losses are the
+    undecorated model's, step for step. An assign to such a tensor inside is refused."""
+    from tinyteach import nn
+
+    class Model:
+        def __init__(self) -> None:
+            self.layers = [nn.Linear(4, 8), Tensor.relu, nn.Linear(8, 3)]
+
+        def forward(self, x: Tensor) -> Tensor:
+            return x.sequential(self.layers)
+
+        @tinyteach.function
+        def __call__(self, x: Tensor) -> Tensor:
+            return self.forward(x)
+
+    x, y = Tensor(A[:, :4].copy()), Tensor(np.arange(10) % 3)
+
+    def train(call: str) -> list[float]:
+        Tensor.manual_seed(3)
+        model = Model()
+        opt = nn.optim.Adam(nn.state.get_parameters(model), lr=0.05)
+        losses = []
+        for _ in range(4):
+            with Tensor.train():
+                opt.zero_grad()
+                out = model(x) if call == "function" else model.forward(x)
+                loss = out.sparse_categorical_crossentropy(y).backward()
+                opt.step()
+            losses.append(loss.item())
+        return losses
+    traced, plain = train("function"), train("plain")
+    assert len(Model.__dict__["__call__"].traces) == 1  # traced once, for four steps
+    np.testing.assert_allclose(traced, plain, rtol=1e-6)
+    assert traced[-1] < traced[0]
+
+    class Counter:
+        def __init__(self) -> None:
+            self.count = Tensor([0.0]).realize()
+
+        @tinyteach.function
+        def bump(self, x: Tensor) -> Tensor:
+            self.count.assign(self.count + 1)
+            return x + 1
+    with pytest.raises(ValueError, match="assigned to 1 tensor"):
+        Counter().bump(Tensor(A[0]))
+
+
 def test_cuda_driver_params_carry_the_variables_after_the_buffers() -> None:
     import ctypes
 

@@ -674,7 +674,13 @@ class GraphFunction:
     and the same kernels as calling the function. The function must only build a graph:
     computing a value while it is traced (realize, numpy, item) is an error, as is reading a
     tensor that is not an argument, unless `allow_implicit=True` (then that tensor's graph at
-    the time of the first call is part of the body)."""
+    the time of the first call is part of the body).
+
+    A tensor reachable from an argument counts as an argument, as in tinygrad: the weights of
+    a model passed in (or of `self`, for a method: `@function def __call__(self, x)`) are
+    found through attributes, lists and dicts (nn.state.get_state_dict's walk), traced as
+    placeholders, and each call reads their contents of that moment, so an optimizer step
+    between two calls is seen. The body must not assign to them."""
 
     def __init__(self, fn: Callable[..., Any], allow_implicit: bool = False):
         self.fn, self.allow_implicit = fn, allow_implicit
@@ -687,10 +693,12 @@ class GraphFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         named = [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
         key = tuple(_signature_part(name, value) for name, value in named)
+        reachable = _reachable_tensors(named)
+        key += tuple(_signature_part("reachable", t) for t in reachable)
         trace = self.traces.get(key)
         if trace is None:
-            trace = self.traces[key] = self._trace(args, kwargs)
-        tensors = [value for _, value in named if isinstance(value, Tensor)]
+            trace = self.traces[key] = self._trace(args, kwargs, reachable)
+        tensors = [value for _, value in named if isinstance(value, Tensor)] + reachable
         replace = {p: t.uop for p, t in zip(trace.placeholders, tensors)}
         now = unbind_graph([v for _, v in named if _is_bound(v)] +
                            [s for t in tensors for s in t.shape if isinstance(s, UOp)])[1]
@@ -709,22 +717,41 @@ class GraphFunction:
             return type(trace.result)(rebuild(r) for r in trace.result)
         return rebuild(trace.result)
 
-    def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Trace:
+    def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+               reachable: list[Tensor]) -> _Trace:
         placeholders: list[UOp] = []
 
-        def placeholder(value: Any) -> Any:
-            if not isinstance(value, Tensor):
-                return value
+        def placeholder_node(value: Tensor) -> UOp:
             count = sym_prod(value.shape)
             stand_in = Buffer(value.device, sym_max(count), value.dtype)
             node = symbolic_view(UOp(Ops.BUFFER, value.dtype, (), stand_in), value.shape)
             placeholders.append(node)
-            return Tensor(node, value.device, requires_grad=value.requires_grad)
+            return node
+
+        def placeholder(value: Any) -> Any:
+            if not isinstance(value, Tensor):
+                return value
+            return Tensor(placeholder_node(value), value.device,
+                          requires_grad=value.requires_grad)
         traced_args = tuple(placeholder(a) for a in args)
         traced_kwargs = {k: placeholder(v) for k, v in kwargs.items()}
-        result = self.fn(*traced_args, **traced_kwargs)
-        outputs = [t.uop for t in _returned_tensors(result)]
         name = getattr(self.fn, "__name__", type(self.fn).__name__)
+        # the reachable tensors themselves point at placeholders while the body runs
+        originals = [t.uop for t in reachable]
+        stand_in_nodes = [placeholder_node(t) for t in reachable]
+        for tensor, node in zip(reachable, stand_in_nodes):
+            tensor.uop = node
+        try:
+            result = self.fn(*traced_args, **traced_kwargs)
+        finally:
+            changed = [t for t, node in zip(reachable, stand_in_nodes) if t.uop is not node]
+            for tensor, original in zip(reachable, originals):
+                tensor.uop = original
+        if changed:
+            raise ValueError(f"function {name} assigned to {len(changed)} tensor(s) reachable "
+                             f"from its arguments (shapes {[t.shape for t in changed[:4]]}): "
+                             "a function only builds a graph from its inputs")
+        outputs = [t.uop for t in _returned_tensors(result)]
         stand_ins = {base_buffer(p).arg for p in placeholders}  # type: ignore[union-attr]
         if any(b.is_allocated for b in stand_ins):
             raise RuntimeError(f"function {name}: it computed a value while it was traced "
@@ -737,6 +764,19 @@ class GraphFunction:
                              f"its arguments (buffers of {shapes} elements): pass them as "
                              "arguments, or use function(allow_implicit=True)")
         return _Trace(result, outputs, placeholders, binds_of(outputs) if outputs else [])
+
+
+def _reachable_tensors(named: list[tuple[str, Any]]) -> list[Tensor]:
+    """The tensors found inside the arguments that are not tensors themselves (a model, a
+    method's `self`, a list or dict of weights), each once, in the order of the walk."""
+    from tinyteach.nn.state import get_state_dict  # (nn stands on the engine: import late)
+    found: dict[int, Tensor] = {}
+    for _, value in named:
+        if isinstance(value, (Tensor, str, bytes, int, float, bool, type(None))):
+            continue
+        for tensor in get_state_dict(value).values():
+            found.setdefault(id(tensor), tensor)
+    return list(found.values())
 
 
 def _signature_part(name: str, value: Any) -> Any:
