@@ -186,3 +186,12 @@ def test_standin_mnist_is_harder_than_the_undistorted_digits() -> None:
     standin = [t.numpy() for t in datasets.standin_mnist(device="NUMPY")]
     easy, hard = nearest_neighbour_accuracy(*plain), nearest_neighbour_accuracy(*standin)
     assert easy > 0.97 and 0.75 < hard < easy - 0.04, (easy, hard)
+
+
+def test_standin_mnist_takes_tinygrads_fashion_argument() -> None:
+    """tinygrad's newest beautiful_mnist calls mnist(fashion=getenv("FASHION")): a false value
+    gives the stand-in, a true one is refused by name (there is no offline Fashion-MNIST)."""
+    with pytest.raises(ValueError, match="Fashion-MNIST"):
+        datasets.standin_mnist(fashion=True)
+    X_train, _, _, _ = datasets.standin_mnist(fashion=0)  # type: ignore[arg-type]
+    assert X_train.shape == (10000, 1, 28, 28)

@@ -658,6 +658,9 @@ class _Trace:
     outputs: list[UOp]
     placeholders: list[UOp]
     binds: list[UOp]
+    # (index among the reachable tensors, its node after the body assigned to it): a
+    # BatchNorm's running statistics, which each call assigns again
+    assigned: list[tuple[int, UOp]] = dataclasses.field(default_factory=list)
 
 
 class GraphFunction:
@@ -680,7 +683,8 @@ class GraphFunction:
     a model passed in (or of `self`, for a method: `@function def __call__(self, x)`) are
     found through attributes, lists and dicts (nn.state.get_state_dict's walk), traced as
     placeholders, and each call reads their contents of that moment, so an optimizer step
-    between two calls is seen. The body must not assign to them."""
+    between two calls is seen. What the body assigns to them (a BatchNorm's running
+    statistics in training) each call assigns again, to that call's tensors."""
 
     def __init__(self, fn: Callable[..., Any], allow_implicit: bool = False):
         self.fn, self.allow_implicit = fn, allow_implicit
@@ -705,7 +709,11 @@ class GraphFunction:
         for bind in trace.binds:  # the same variable, bound to this call's value
             var = bind.src[0]
             replace[bind] = var.bind(now[var.arg[0]]) if var.arg[0] in now else bind
-        outputs = iter(substitute_symbols(trace.outputs, replace) if trace.outputs else [])
+        nodes = trace.outputs + [node for _, node in trace.assigned]
+        substituted = substitute_symbols(nodes, replace) if nodes else []
+        for (index, _), node in zip(trace.assigned, substituted[len(trace.outputs):]):
+            _assign_as_traced(reachable[index], node)
+        outputs = iter(substituted[:len(trace.outputs)])
 
         def rebuild(value: Any) -> Any:
             if not isinstance(value, Tensor):
@@ -744,26 +752,37 @@ class GraphFunction:
         try:
             result = self.fn(*traced_args, **traced_kwargs)
         finally:
-            changed = [t for t, node in zip(reachable, stand_in_nodes) if t.uop is not node]
+            assigned = [(k, t.uop) for k, (t, node) in enumerate(zip(reachable, stand_in_nodes))
+                        if t.uop is not node]
             for tensor, original in zip(reachable, originals):
                 tensor.uop = original
-        if changed:
-            raise ValueError(f"function {name} assigned to {len(changed)} tensor(s) reachable "
-                             f"from its arguments (shapes {[t.shape for t in changed[:4]]}): "
-                             "a function only builds a graph from its inputs")
         outputs = [t.uop for t in _returned_tensors(result)]
         stand_ins = {base_buffer(p).arg for p in placeholders}  # type: ignore[union-attr]
         if any(b.is_allocated for b in stand_ins):
             raise RuntimeError(f"function {name}: it computed a value while it was traced "
                                "(realize, numpy, item): a function must only build a graph")
-        implicit = [n for n in toposort_of(outputs)
+        implicit = [n for n in toposort_of(outputs + [node for _, node in assigned])
                     if n.op is Ops.BUFFER and n.arg not in stand_ins]
         if implicit and not self.allow_implicit:
             shapes = ", ".join(str(n.arg.size) for n in implicit[:4])
             raise ValueError(f"function {name} reads {len(implicit)} tensor(s) that are not "
                              f"its arguments (buffers of {shapes} elements): pass them as "
                              "arguments, or use function(allow_implicit=True)")
-        return _Trace(result, outputs, placeholders, binds_of(outputs) if outputs else [])
+        every = outputs + [node for _, node in assigned]
+        return _Trace(result, outputs, placeholders, binds_of(every) if every else [], assigned)
+
+
+def _assign_as_traced(tensor: Tensor, node: UOp) -> None:
+    """Do to this call's `tensor` what the traced body's assign did to its placeholder, as
+    Tensor.assign would: write into the tensor's buffer (after an assign still pending on it),
+    or, for a tensor not in memory yet (a lazy zeros), take the value's graph."""
+    if node.op is Ops.ASSIGN:
+        target, value = node.src
+        if target.op is Ops.ASSIGN:
+            target = target.src[0]
+        node = UOp(Ops.ASSIGN, node.dtype, (target, value)) if is_contiguous_buffer(target) \
+            else value
+    tensor.uop, tensor._lazy = node, None
 
 
 def _reachable_tensors(named: list[tuple[str, Any]]) -> list[Tensor]:

@@ -308,13 +308,18 @@ def standin_mnist_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
             Y_test[test_from].astype(np.uint8))
 
 
-def standin_mnist(device: str | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def standin_mnist(device: str | None = None,
+                  fashion: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """What `mnist()` returns, made with no network and about as hard as MNIST: X_train (10000,
     1, 28, 28) uint8, Y_train (10000,) uint8, X_test, Y_test (2000). The images are the digits()
     split's 8x8 digits, each drawn many times at MNIST's size with its own distortion
     (`distorted_digits`); the test images come from the 297 test digits only, so no digit (nor
     any drawing of it) is in both sets. examples/beautiful_mnist.py's 70 steps reach 97.8% on it
     (tinygrad's reach about 98% on MNIST), where the undistorted digits (`digits_mnist`) let it
-    reach 100%."""
+    reach 100%. `fashion` is tinygrad's mnist() argument (`mnist(fashion=getenv("FASHION"))`):
+    there is no offline stand-in for Fashion-MNIST, so a true value is refused."""
+    if fashion:
+        raise ValueError("standin_mnist has no Fashion-MNIST stand-in (it draws digits): unset "
+                         "FASHION, or load Fashion-MNIST's files yourself")
     return tuple(_data(array, device)  # type: ignore[return-value]
                  for array in standin_mnist_arrays())
