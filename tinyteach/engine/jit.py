@@ -787,14 +787,28 @@ def _assign_as_traced(tensor: Tensor, node: UOp) -> None:
 
 def _reachable_tensors(named: list[tuple[str, Any]]) -> list[Tensor]:
     """The tensors found inside the arguments that are not tensors themselves (a model, a
-    method's `self`, a list or dict of weights), each once, in the order of the walk."""
-    from tinyteach.nn.state import get_state_dict  # (nn stands on the engine: import late)
+    method's `self`, a list or dict of weights), each once, in the order of the walk: the walk
+    nn.state.get_state_dict makes (attributes, lists, tuples, dicts), written here because the
+    engine stands below nn."""
     found: dict[int, Tensor] = {}
-    for _, value in named:
-        if isinstance(value, (Tensor, str, bytes, int, float, bool, type(None))):
+    seen: set[int] = set()
+    stack = [value for _, value in reversed(named) if not isinstance(value, Tensor)]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, Tensor):
+            found.setdefault(id(value), value)
             continue
-        for tensor in get_state_dict(value).values():
-            found.setdefault(id(tensor), tensor)
+        if isinstance(value, (str, bytes, int, float, bool, type(None))) or id(value) in seen:
+            continue
+        seen.add(id(value))  # (a cycle, or a shared sub-object: visited once)
+        if hasattr(value, "_asdict"):  # a namedtuple
+            value = value._asdict()
+        elif not isinstance(value, (list, tuple, dict)) and hasattr(value, "__dict__"):
+            value = vars(value)
+        if isinstance(value, (list, tuple)):
+            stack.extend(reversed(value))
+        elif isinstance(value, dict):
+            stack.extend(reversed(list(value.values())))
     return list(found.values())
 
 
