@@ -199,3 +199,18 @@ def test_fifty_steps_without_jit_do_not_grow_live_buffers():
         step()
     assert _live_buffers() <= start + 4
     assert X_train.grad is None
+
+
+def test_manual_seed_restarts_a_jit_after_another_device_drew_first():
+    """The CI of 5d2358f, under xdist: a worker had drawn on another device before, so
+    manual_seed gave CPU the second key, and a replay (which runs no Python) kept it. manual_seed
+    now orders the devices as the last seed's draws came."""
+    Tensor.rand(3, device="NUMPY").realize()
+
+    @TinyJit
+    def jitted() -> Tensor:
+        return Tensor.randint(6, high=1000).realize()
+    Tensor.manual_seed(1)
+    first = [jitted().tolist() for _ in range(4)]
+    Tensor.manual_seed(1)
+    assert [jitted().tolist() for _ in range(4)] == first

@@ -218,9 +218,13 @@ class TensorCreation(CoreTensor):
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"manual_seed takes an int, not {type(seed).__name__} {seed!r}")
         TensorCreation._seed = seed
+        # a guess at the order the devices will be drawn from (see _next_counter): the order of
+        # the last seed's draws, which a TinyJit replay repeats without running the Python
+        previous = TensorCreation._devices_since_seed
         TensorCreation._devices_since_seed = []
-        for position, device in enumerate(list(TensorCreation._device_seeds)):
-            cls._write_rng_state(device, position)  # (a guess at the order: see _next_counter)
+        order = list(dict.fromkeys([*previous, *TensorCreation._device_seeds]))
+        for position, device in enumerate(order):
+            cls._write_rng_state(device, position)
 
     @classmethod
     def _write_rng_state(cls, device: str, position: int) -> None:
