@@ -392,3 +392,30 @@ def test_division_by_a_common_factor_by_brute_force():
                 expected = value // d if op is Ops.IDIV else value % d
                 assert index_value(simplified, {g: gv, r: rv, lane: lv}) == expected, \
                     (f1, f2, c, d, op, gv, rv, lv)
+
+
+def test_a_window_index_with_a_negative_term_folds_its_mod():
+    """tril's mask reads window g of a padded row at 8064 - r*128 + g (r, g < 64): the sum is
+    never negative, though one term is, and its remainder by 127 is 63 - r + g, below 127.
+    So no MOD is left, and the causal mask is a comparison of two counters."""
+    r, g = loop(0, 64), loop(1, 64)
+    folded = graph_rewrite((UOp.const(I32, 8064) + (-r) * 128 + g) % 127, symbolic)
+    assert all(n.op is not Ops.MOD for n in folded.toposort)
+
+
+def test_mod_of_a_sum_with_negative_terms_by_brute_force():
+    """Sums c + g*f1 - r*f2 + lane that are never negative, by d: a remainder is rewritten only
+    to a congruent sum whose range lies in [0, d), so every value of the counters agrees."""
+    from tinyteach.codegen.plan import index_value
+    g, r, lane = loop(0, 9), loop(1, 5), UOp(Ops.RANGE, I32, (), ("v", 2, 4))
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        f1, f2 = (int(v) for v in rng.choice([1, 2, 3, 7, 8, 15, 16, 17, 33], 2))
+        d = int(rng.choice([2, 3, 5, 7, 8, 15, 16, 17, 32, 64]))
+        c = 4 * f2 + int(rng.integers(0, 40))  # so c - r*f2 >= 0
+        total = UOp.const(I32, c) + g * f1 + (-r) * f2 + lane
+        simplified = graph_rewrite(total % d, symbolic)
+        for gv, rv, lv in itertools.product(range(9), range(5), range(4)):
+            expected = (c + gv * f1 - rv * f2 + lv) % d
+            assert index_value(simplified, {g: gv, r: rv, lane: lv}) == expected, \
+                (f1, f2, c, d, gv, rv, lv)

@@ -445,6 +445,12 @@ def simplify_idiv(x: UOp, c: UOp) -> UOp | None:
 def simplify_mod(x: UOp, c: UOp) -> UOp | None:
     """(a*c + b) % c -> b % c, and b % c -> b when 0 <= b < c.
     A term's factor also counts modulo c: (r*(c+2) + b) % c -> (r*2 + b) % c."""
+    if _is_int(x) and c.arg > 0 and x.vmin >= 0:
+        if x.vmax < c.arg:
+            return x
+        congruent = _congruent_in_range(x, c.arg)
+        if congruent is not None:
+            return congruent
     split = _split_by_divisor(x, c.arg)
     if split is None:
         return None
@@ -462,6 +468,35 @@ def simplify_mod(x: UOp, c: UOp) -> UOp | None:
     factor, scaled, small = common  # x = factor*q + small, 0 <= small < factor
     quotient = _sum([_divide_term(t, factor) for t in scaled], x.dtype)
     return (quotient % (c.arg // factor)) * factor + _sum(small, x.dtype)
+
+
+def _congruent_in_range(x: UOp, divisor: int) -> UOp | None:
+    """For x >= 0: a sum y with y = x (mod divisor) and 0 <= y < divisor, so x % divisor is y;
+    or None. Each term's factor becomes its nearest value modulo divisor (128 -> 1 and
+    -128 -> -1 for 127), which may be negative, and the constant is the one that puts y's
+    range in [0, divisor). A window's index folds so: (8064 - r*128 + g) % 127 -> 63 - r + g
+    for r, g < 64, where the non-negative rule gives up on the negative term."""
+    terms = sum_terms(x)
+    constant = sum(int(t.arg) for t in terms if t.op is Ops.CONST)
+    reduced = []
+    for term in terms:
+        if term.op is Ops.CONST:
+            continue
+        factor = _factor(term) % divisor
+        factor = factor - divisor if 2 * factor > divisor else factor
+        if factor == 0:
+            continue
+        inner = term.src[0] if term.op is Ops.MUL and term.src[1].op is Ops.CONST else term
+        reduced.append(inner if factor == 1 else inner * factor)
+    variable = _sum(reduced, x.dtype)
+    low = variable.vmin
+    if not isinstance(low, int):
+        return None
+    shift = -((low + constant) // divisor) * divisor + constant  # = constant (mod divisor)
+    if not 0 <= low + shift or variable.vmax + shift >= divisor:
+        return None
+    result = variable + shift if shift else variable
+    return result if result is not x else None
 
 
 def _split_by_common_factor(x: UOp, divisor: int) -> tuple[int, list[UOp], list[UOp]] | None:

@@ -9,8 +9,9 @@ What this teaches:
   adds them up (the scheduler fuses it into one kernel), `stack` is unsqueeze + cat;
 - `gather` selects with a comparison, as tensor/indexing.py does: `index == arange(n)` is a one-hot
   mask, and a sum over the axis picks the element; pad's "reflect", "replicate" and
-  "circular" modes are shrinks, flips and expands of the edges joined with cat; `triu`,
-  `tril` and `diag` are masks from two aranges too, `roll` is a split and a cat, and
+  "circular" modes are shrinks, flips and expands of the edges joined with cat; `triu`
+  and `tril` are windows of one padded constant row (no arange, so the mask costs no kernel),
+  `diag` is a mask from two aranges, `roll` is a split and a cat, and
   `diagonal` reads a flattened square with a stride of n + 1 (pad by one row, reshape to
   (n, n + 1), keep the first column).
 
@@ -33,7 +34,14 @@ from typing import Any, Self, TypeVar
 
 from tinyteach.dtype import dtypes, least_upper_dtype
 from tinyteach.ir.uop import sint, sym_add, sym_sub
-from tinyteach.tensor.core import ArgumentError, CoreTensor, Scalar, ShapeError, padding_pairs
+from tinyteach.tensor.core import (
+    ArgumentError,
+    CoreTensor,
+    Scalar,
+    ShapeError,
+    padding_pairs,
+    pool,
+)
 from tinyteach.tensor.create import TensorCreation, _shape_from
 
 M = TypeVar("M", bound="TensorMovement")  # the helper functions return what they were given
@@ -281,10 +289,30 @@ class TensorMovement(TensorCreation):
             raise ValueError(f"{name} needs a tensor with at least 2 dimensions, got shape "
                              f"{self.shape}")
         rows, columns = self.shape[-2:]
-        row = type(self).arange(rows, device=self.device).reshape(rows, 1)
-        column = type(self).arange(columns, device=self.device).reshape(1, columns)
-        keep = (column - row >= diagonal) if upper else (column - row <= diagonal)
+        if isinstance(rows, int) and isinstance(columns, int):
+            keep = self._triangle_mask(rows, columns, diagonal, upper)
+        else:  # symbolic sizes: the mask from two aranges
+            row = type(self).arange(rows, device=self.device).reshape(rows, 1)
+            column = type(self).arange(columns, device=self.device).reshape(1, columns)
+            keep = (column - row >= diagonal) if upper else (column - row <= diagonal)
         return keep.where(self, self.zeros_like())  # zeros of self's dtype, bool too
+
+    def _triangle_mask(self, rows: int, columns: int, diagonal: int, upper: bool) -> Self:
+        """The (rows, columns) bool mask of triu/tril as windows of one padded constant row,
+        with movement ops only: no arange, so no kernel of its own. Window i of
+        B = [False]*start + [True]*rest is B[i : i + columns]; it holds True from position
+        start - i on. Flipped, the windows' columns make tril (column - row <= diagonal, for
+        start = columns - 1 - diagonal); flipped, their rows make triu (start = rows - 1 +
+        diagonal). The kernel that reads the mask computes it from the indices: the view's
+        pad becomes a comparison of the row and the column."""
+        if rows == 0 or columns == 0:
+            return type(self).ones(rows, columns, dtype=dtypes.bool, device=self.device)
+        length = rows + columns - 1
+        start = (rows - 1 + diagonal) if upper else (columns - 1 - diagonal)
+        start = min(max(start, 0), length)
+        row = type(self).ones(length - start, dtype=dtypes.bool, device=self.device)
+        windows = pool(row.pad([(start, 0)]), (columns,))
+        return windows.flip(0) if upper else windows.flip(-1)
 
     def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Self:
         """The elements (i, i + offset) of axes dim1 and dim2, which are removed; the diagonal
