@@ -181,10 +181,10 @@ np.testing.assert_allclose(attention(q, k, v).numpy(), expected, rtol=1e-5, atol
 primitive_items = schedule_of(attention(q, k, v))
 for number, item in enumerate(primitive_items, 1):
     print(f"kernel {number}: {item.name:10} stored because {item.boundary_reason}")
-assert len(primitive_items) == 5
+assert len(primitive_items) == 4
 
 # %% [markdown] id="gpt-09"
-# Five kernels for one attention. In the drawing, each arrow is labelled with why its value had
+# Four kernels for one attention. In the drawing, each arrow is labelled with why its value had
 # to go through memory:
 
 # %% id="gpt-10"
@@ -193,20 +193,28 @@ viz.schedule(attention(q, k, v))
 # %% [markdown] id="gpt-11"
 # Reading them in order:
 #
-# 1. `r_8_8` is the `arange(8)` that the causal mask's `tril` compares against (a running sum
-#    of ones, 8 integers). It stores the arange, not the mask: the comparison `j ≤ i` is fused
-#    into each of the three kernels that read it, and those three readers are why it is stored.
-# 2. `r_2_8_8_4` is the first matrix product, the scores `q k^T`: one sum over d per (head, i,
+# 1. `r_2_8_8_4` is the first matrix product, the scores `q k^T`: one sum over d per (head, i,
 #    j); its one fused MUL is the products q·k. The scale is not in it: it stores the raw
 #    products, and each of the three kernels that read them multiplies by `1/√d` again.
-# 3. `r_2_8_8` is the softmax's **max** over j, with the scale and the mask fused into its input.
-# 4. `r_2_8_8` is the softmax's **sum** of `exp(s - max)` over j.
-# 5. `r_2_8_4_8` is the second matrix product. Its input is `exp(s - max) / sum` — the
+# 2. `r_2_8_8` is the softmax's **max** over j, with the scale and the mask fused into its input.
+# 3. `r_2_8_8` is the softmax's **sum** of `exp(s - max)` over j.
+# 4. `r_2_8_4_8` is the second matrix product. Its input is `exp(s - max) / sum` — the
 #    softmax's elementwise work (scale, mask, subtract, exp, divide) is fused into it and never
 #    stored.
 #
-# The generated C says the same: `r_8_8` writes integers, and the scale, `* 0.5f` for d = 4,
-# appears in the last three kernels and not in the product that computes the scores:
+# The causal mask has no kernel at all. `tril` (in `tinyteach/tensor/movement.py`) builds it
+# from movement ops alone: a row of 15 bools, 7 False then 8 True, and its 8 windows of 8
+# (chapter 4's views: a pad, then the sliding-window reshape that convolutions use), flipped
+# along the columns. Window i holds True from column 7 − i on, so flipped, row i holds True in
+# columns 0 … i. A view of a constant is not data in memory: the kernel that reads it computes
+# the pad's condition from its loop counters, and chapter 5's symbolic rules fold that index
+# (a sum with a negative term, taken modulo the window's length) down to one comparison of the
+# row and the column.
+#
+# The generated C says the same: the scale, `* 0.5f` for d = 4, appears in the last three
+# kernels and not in the product that computes the scores, and the kernels that read the mask
+# compare two loop counters and hold no `%` (`alu4` is the row minus the column; the score is
+# kept where it is not negative):
 
 # %% id="gpt-26"
 from tinyteach.codegen.lower import lower
@@ -217,10 +225,13 @@ sources = [cpu.render(item.name, lower(item.ast, heuristic_plan(item.ast, cpu.ve
            for item in primitive_items]
 scale = f"*{1 / math.sqrt(D)}f"                    # / sqrt(d): a multiplication by 0.5
 scaled = [item.name for item, source in zip(primitive_items, sources) if scale in source]
-print(f"{primitive_items[0].name} writes", sources[0].split("(", 1)[1].split(")")[0])
+mask_lines = [line.strip() for line in sources[1].splitlines()
+              if "(-(ridx0))" in line or "INFINITY)" in line][:2]
 print(f"kernels with {scale}:", scaled)
-assert "void r_8_8(int* restrict data0)" in sources[0]     # the arange: 8 integers
-assert [scale in source for source in sources] == [False, False, True, True, True]
+print(f"{primitive_items[1].name}'s mask, column ridx0 against row:", *mask_lines, sep="\n  ")
+assert len(mask_lines) == 2 and "<0" in mask_lines[1]
+assert [scale in source for source in sources] == [False, True, True, True]
+assert all("%" not in source for source in sources[1:])  # the mask: a comparison, no modulo
 
 # %% [markdown] id="gpt-27"
 # `Tensor.scaled_dot_product_attention(k, v, is_causal=True)` (in `tinyteach/tensor/nn.py`) is
@@ -254,7 +265,7 @@ viz.schedule(q.scaled_dot_product_attention(k, v, is_causal=True))
 # three kernels, so they go through memory: a (T, T) matrix per head.
 
 # %% id="gpt-14"
-scores_item = primitive_items[1]
+scores_item = primitive_items[0]
 print(f"the scores: {scores_item.output.size} floats = B*H*T*T = {B * H * T * T}")
 assert scores_item.output.size == B * H * T * T
 for length in (8, 64, 1024):
@@ -327,7 +338,7 @@ viz.schedule(online_softmax_attention(q, k, v, KEY_BLOCK))
 
 # %% [markdown] id="gpt-33"
 # Read honestly, this is not flash attention yet. Kernels 1 and 2 are the aranges of the key
-# and the query positions (as `r_8_8` in `gpt-11`). Then the scheduler did fuse a lot: the
+# and the query positions (built as `gpt-07` tells; `tril` needs none). Then the scheduler did fuse a lot: the
 # running sum and the running output of both blocks, their rescaling by `e^{m - m'}` and the
 # final division all landed in the last kernel, so neither `l` nor `o` ever went through
 # memory. But each block's scores are a reduction (the product q·k) read by two later kernels,
@@ -405,7 +416,7 @@ print(f"one kernel, key blocks of {KEY_BLOCK}: equals softmax(q k^T / sqrt(d)) v
 # One launch, one buffer written, and no (T, T) matrix anywhere: the scores of a block exist
 # only inside the loop. (The local arrays are sized 64, so this kernel takes head sizes and key
 # blocks up to 64; a real one is generated for its sizes, as tinyteach's kernels are.) Its
-# arithmetic is about that of the five kernels of `gpt-08` (which compute each `exp` twice, in
+# arithmetic is about that of the four kernels of `gpt-08` (which compute each `exp` twice, in
 # the sum and in the product; this kernel once, plus one rescaling per block), but its memory
 # traffic no longer grows with T × T. On a GPU the same loop
 # runs one work-group per block of queries, with the key and value blocks in shared memory
