@@ -42,6 +42,52 @@ def test_matmul_gets_a_vector_tile():
     assert "vectors: axis 1's 32 values as 2 vector(s) of 16 lanes" in options.describe()
 
 
+def test_convolution_rows_of_24_and_8_take_half_width_vectors():
+    """A 16-lane target (AVX-512) with 24 or 8 outputs per row: 8-lane halves, three per row
+    where 32 registers hold 8 x 3 accumulators. (beautiful_mnist's second convolution's input
+    gradient took 347 ms as scalar 4 x 8 tiles and takes 28 ms so.) An 8-lane target (AVX2,
+    16 registers) keeps one vector of 8 per row; both give numpy's numbers."""
+    x, w = Tensor(data(2, 4, 12, 24)), Tensor(data(3, 4, 5, 5, seed=1))
+    upstream = Tensor(data(2, 3, 8, 20, seed=2))
+    x.requires_grad = True
+    (x.conv2d(w) * upstream).sum().backward()
+    ast = kernel_asts(x.grad)[-1]  # (the first pads the upstream gradient)
+    wide = choose_options(ast, 16)
+    assert wide.vector_width == 8 and dict(wide.upcasts)[3] == 24 and dict(wide.upcasts)[2] == 4
+    narrow = choose_options(ast, 8)
+    assert narrow.vector_width == 8 and dict(narrow.upcasts)[3] == 8
+    torch = pytest.importorskip("torch")
+    tx = torch.tensor(x.numpy(), requires_grad=True)
+    (torch.nn.functional.conv2d(tx, torch.tensor(w.numpy())) *
+     torch.tensor(upstream.numpy())).sum().backward()
+    for width in (16, 8):
+        program = lower(ast, choose_options(ast, width))
+        source = CRenderer(width).render("k", program)
+        assert "float_vec8" in source
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    rows_of_8 = Tensor(data(2, 4, 8, 8))
+    rows_of_8.requires_grad = True
+    (rows_of_8.conv2d(Tensor(data(4, 4, 3, 3, seed=3))) * Tensor(data(2, 4, 6, 6, seed=4))
+     ).sum().backward()
+    ast = kernel_asts(rows_of_8.grad)[-1]
+    assert choose_options(ast, 16).vector_width == 8
+
+
+def test_vectorize_takes_the_full_width_or_its_half():
+    from tinyteach.opt import Kernel, KernelOptError, Opt, OptOps
+    a, b = Tensor(data(64, 64)), Tensor(data(64, 64, seed=1))
+    (ast,) = kernel_asts(a @ b)
+    width = Device["CPU"].renderer.vector_width
+    if width < 8:
+        pytest.skip(f"the CPU renders {width} lanes: no half of at least 4")
+    half = Kernel(ast, "CPU").apply_opts([Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.VECTORIZE, 1,
+                                                                          width // 2)])
+    assert half.plan.vector_width == width // 2
+    with pytest.raises(KernelOptError, match=f"vectors have {width} lanes .or {width // 2} in "
+                                             f"their halves., not 2"):
+        Kernel(ast, "CPU").apply_opts([Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.VECTORIZE, 1, 2)])
+
+
 def test_a_long_epilogue_keeps_eight_rows():
     """gelu after the sum (23 ops per output) keeps the 8-row vector tile: on an idle AVX2
     machine 8 rows were faster for gelu (2.20 against 2.43 ms) and for gelu's gradient (1.77

@@ -213,8 +213,8 @@ viz.schedule(attention(q, k, v))
 #
 # The generated C says the same: the scale, `* 0.5f` for d = 4, appears in the last three
 # kernels and not in the product that computes the scores, and the kernels that read the mask
-# compare two loop counters and hold no `%` (`alu4` is the row minus the column; the score is
-# kept where it is not negative):
+# compare two loop counters and hold no `%` (the first line printed is the row minus the column;
+# the score is kept where it is not negative):
 
 # %% id="gpt-26"
 from tinyteach.codegen.lower import lower

@@ -445,15 +445,11 @@ def simplify_idiv(x: UOp, c: UOp) -> UOp | None:
 def simplify_mod(x: UOp, c: UOp) -> UOp | None:
     """(a*c + b) % c -> b % c, and b % c -> b when 0 <= b < c.
     A term's factor also counts modulo c: (r*(c+2) + b) % c -> (r*2 + b) % c."""
-    if _is_int(x) and c.arg > 0 and x.vmin >= 0:
-        if x.vmax < c.arg:
-            return x
-        congruent = _congruent_in_range(x, c.arg)
-        if congruent is not None:
-            return congruent
     split = _split_by_divisor(x, c.arg)
-    if split is None:
-        return None
+    if split is None:  # a negative term (or not an int): its sum may still be >= 0
+        if not _is_int(x) or c.arg <= 0 or x.vmin < 0:
+            return None
+        return x if x.vmax < c.arg else _congruent_in_range(x, c.arg)
     multiples, rest = split
     reduced = [_reduce_factor(t, c.arg) for t in rest]
     remainder = _sum(reduced, x.dtype)

@@ -245,8 +245,9 @@ def _vectorize(k: Kernel, opt: Opt) -> KernelOptions:
     axis, lanes = k.output_axis(opt), k.amount(opt)
     width = k.capabilities.vector_width
     k.needs(opt, width > 0, "vector types")
-    if lanes != width:
-        raise k.fail(opt, f"{k.device}'s vectors have {width} lanes, not {lanes}")
+    if lanes not in (width, width // 2) or lanes < 4:  # a half: AVX-512's ymm, AVX2's xmm
+        halves = f" (or {width // 2} in their halves)" if width >= 8 else ""
+        raise k.fail(opt, f"{k.device}'s vectors have {width} lanes{halves}, not {lanes}")
     upcasts = dict(k.plan.upcasts)
     if axis not in upcasts or upcasts[axis] % lanes:
         raise k.fail(opt, f"VECTORIZE needs axis {axis} upcast by a multiple of {lanes} first")

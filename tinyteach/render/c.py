@@ -440,6 +440,9 @@ class LanedProgram(LinearProgram):
 
     lane_loops: dict[UOp, list[UOp]] = field(default_factory=dict)
     lanes: int = 0
+    # each lane loop's outermost reduce loop: the loops of one reduction are a perfect nest,
+    # so the lanes live across all of them and are combined once, after the nest
+    lane_nest_starts: dict[UOp, UOp] = field(default_factory=dict)
 
 
 def with_lanes(program: LinearProgram, width: int) -> LinearProgram:
@@ -463,7 +466,21 @@ def with_lanes(program: LinearProgram, width: int) -> LinearProgram:
             pragma_loops[loop] = accumulators
     fields_of = {f.name: getattr(program, f.name) for f in fields(LinearProgram)}
     return LanedProgram(**{**fields_of, "simd_loops": pragma_loops}, lane_loops=lane_loops,
-                        lanes=width)
+                        lanes=width, lane_nest_starts=_nest_starts(program.uops, lane_loops))
+
+
+def _nest_starts(uops: list[UOp], lane_loops: dict[UOp, list[UOp]]) -> dict[UOp, UOp]:
+    """For each lane loop, the outermost of the reduce loops opened right before it (itself
+    when there are none). Lanes declared there and combined after it: a sum over 32 x 26 x 26
+    (a convolution's weight gradient) is 16 lanes combined once, not once per row of 26."""
+    position = {u: i for i, u in enumerate(uops)}
+    starts = {}
+    for loop in lane_loops:
+        i = position[loop]
+        while i > 0 and uops[i - 1].op is Ops.RANGE and uops[i - 1].arg[0] == "r":
+            i -= 1
+        starts[loop] = uops[i]
+    return starts
 
 
 @dataclass
@@ -472,6 +489,7 @@ class LaneWriter(KernelWriter):
     one's closing brace writes the combination of its lanes (`CRenderer.combine_lanes`)."""
 
     lane_loop_names: dict[str, UOp] = field(default_factory=dict)
+    lane_nests: dict[str, list[str]] = field(default_factory=dict)  # nest start -> lane loops
     open_lanes: list[tuple[int, str, list[UOp]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -479,6 +497,8 @@ class LaneWriter(KernelWriter):
         if isinstance(self.program, LanedProgram):
             self.lane_loop_names = {f"ridx{loop.arg[1]}": loop
                                     for loop in self.program.lane_loops}
+            for loop, start in self.program.lane_nest_starts.items():
+                self.lane_nests.setdefault(f"ridx{start.arg[1]}", []).append(f"ridx{loop.arg[1]}")
 
     def emit(self, line: str) -> None:
         super().emit(line)
@@ -692,15 +712,31 @@ class CRenderer(CStyleRenderer):
         """A loop; a lane loop (`LanedProgram`) is two: blocks of W steps, and the W lanes of
         a block, lane l adding into (or taking the max with) element l of each accumulator's
         lane array. The last block of a row that W does not divide has fewer lanes."""
-        if not isinstance(writer, LaneWriter) or name not in writer.lane_loop_names:
+        if not isinstance(writer, LaneWriter):
+            return super().loop(writer, name, size)
+        for lane_loop in writer.lane_nests.get(name, []):
+            self.open_lanes(writer, lane_loop)  # before the nest's outermost loop
+        if name not in writer.lane_loop_names:
             return super().loop(writer, name, size)
         program = writer.program
         assert isinstance(program, LanedProgram)
         width, block, lane = program.lanes, f"{name}_block", f"{name}_lane"
+        lanes: int | str = width
+        if not isinstance(size, int) or size % width:
+            lanes = f"({size}-{block} < {width} ? {size}-{block} : {width})"
+        return (f"for (int {block} = 0; {block} < {size}; {block} += {width}) "
+                f"for (int {lane} = 0; {lane} < {lanes}; {lane}++) {{ "
+                f"int {name} = {block}+{lane};")
+
+    def open_lanes(self, writer: LaneWriter, name: str) -> None:
+        """Declare the lane arrays of lane loop `name`'s accumulators, where its nest of
+        reduce loops begins; from here on the accumulators are written as lane l of them."""
+        program = writer.program
+        assert isinstance(program, LanedProgram)
+        width, lane = program.lanes, f"{name}_lane"
         accumulators = program.lane_loops[writer.lane_loop_names[name]]
         for acc in accumulators:
-            # lane 0 carries the accumulator's value in, the others start at the identity: the
-            # accumulator may already hold the sums of an outer loop (a sum over two axes)
+            # lane 0 carries the accumulator's value in, the others start at the identity
             reduce_op = next(r.arg for r, a in program.accumulators.items() if a is acc)
             identity = self.render_const(identity_element(reduce_op, acc.dtype), acc.dtype)
             starts = [writer.names[acc]] + [identity] * (width - 1)
@@ -708,12 +744,6 @@ class CRenderer(CStyleRenderer):
                                      "{" + ", ".join(starts) + "}"))
             writer.names[acc] = f"{writer.names[acc]}_lanes[{lane}]"
         writer.open_lanes.append((writer.depth, name, accumulators))
-        lanes: int | str = width
-        if not isinstance(size, int) or size % width:
-            lanes = f"({size}-{block} < {width} ? {size}-{block} : {width})"
-        return (f"for (int {block} = 0; {block} < {size}; {block} += {width}) "
-                f"for (int {lane} = 0; {lane} < {lanes}; {lane}++) {{ "
-                f"int {name} = {block}+{lane};")
 
     def combine_lanes(self, writer: LaneWriter, name: str, accumulators: list[UOp]) -> None:
         """After a lane loop: each accumulator's W lanes combined by halving (lane l with lane
