@@ -282,7 +282,7 @@ for length, kernels in ((2048, 1), (2049, 3)):
 # | `COPY` | a copy between devices is its own step (and its source is stored first unless it already is a buffer) |
 # | a reduction | its result is broadcast back (`EXPAND`); it feeds another reduction; it is padded; it is used by several kernels |
 # | — | *not* stored (broadcast back or feeding another reduction) when its rows fuse: at most 32 KiB (`MAX_FUSED_ROW_BYTES`), the innermost axes, output loops that are loops, only elementwise ops, broadcasts and reductions over the same rows above it (`FUSE_ROWS=0` turns it off) |
-# | elementwise | it is broadcast 16× or more into a reduction (`BROADCAST_RECOMPUTE_LIMIT`), has 16 elements or more, and takes two ALU ops or more to compute |
+# | elementwise | it is broadcast 16× or more into a reduction (`BROADCAST_RECOMPUTE_LIMIT`), has 16 elements or more, and takes two ALU ops or more to compute; or 8× or more when it takes 12 ALU ops or more (`MIN_BROADCAST_COPIES`, `COSTLY_OPS`: a max-pool's gradient read by a 3×3 convolution's 9 taps) |
 # | any ALU op | it is read through 64 different views or more within the kernels above it (`MAX_VIEWS_PER_NODE`): each view would compute it again, and views of views multiply |
 # | any ALU op | the chain of ops is 1,000 deep (`MAX_KERNEL_DEPTH`): cut so the source stays small |
 #
