@@ -164,6 +164,20 @@ def test_triu_tril(device: str, diagonal: int) -> None:
     compare(ours, np.tril(flags, diagonal), 0, 0)
 
 
+@pytest.mark.parametrize("diagonal", [-9, -3, 0, 1, 9])
+def test_triu_tril_keep_special_values(device: str, diagonal: int) -> None:
+    """The mask is windows of a padded constant row: NaN, the infinities and -0.0 are kept
+    (or zeroed) as torch does, in tall and wide matrices and past either corner."""
+    values = np.array([np.nan, np.inf, -np.inf, -0.0, 1.5, -2.0, 3.0], dtype=np.float32)
+    for shape in ((5, 7), (7, 5), (2, 4, 6)):
+        x = np.resize(values, shape).astype(np.float32)
+        for name in ("triu", "tril"):
+            ours = getattr(Tensor(x, device=device), name)(diagonal).numpy()
+            theirs = getattr(torch, name)(torch.tensor(x), diagonal).numpy()
+            np.testing.assert_array_equal(ours, theirs)
+            assert (np.signbit(ours) == np.signbit(theirs)).all(), (shape, name, diagonal)
+
+
 def test_triu_errors_and_empty(device: str) -> None:
     with pytest.raises(ValueError, match="at least 2 dimensions"):
         Tensor([1.0, 2.0]).triu()

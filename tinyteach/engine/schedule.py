@@ -238,16 +238,20 @@ def _recomputed_by_broadcast(node: UOp, users: dict[UOp, list[UOp]], realized: d
     per tap, the CNN's conv1 weight gradient took 6.1 ms; stored, it is a plain sum."""
     if node.op not in ALU or sym_max(sym_prod(node.shape)) < BROADCAST_RECOMPUTE_LIMIT:
         return None  # (a few elements are cheaper to recompute than a kernel is to launch)
+    elements = max(sym_max(sym_prod(node.shape)), 1)
+    copies = [sym_max(sym_prod(expand.shape)) // elements
+              for expand in _expands_above(node, users) if feeds_reduction[expand]]
+    if not copies or max(copies) < MIN_BROADCAST_COPIES:
+        return None  # (before counting its ops: most nodes are broadcast into no reduction)
     work = _alu_work(node, realized, limit=COSTLY_OPS)
     if work < 2:
         return None
     copies_needed = BROADCAST_RECOMPUTE_LIMIT if work < COSTLY_OPS else MIN_BROADCAST_COPIES
-    for expand in _expands_above(node, users):
-        factor = sym_max(sym_prod(expand.shape)) // max(sym_max(sym_prod(node.shape)), 1)
-        if factor >= copies_needed and feeds_reduction[expand]:
-            return (f"it is broadcast {factor}x into a reduction: stored once instead of "
-                    f"recomputed for each copy")
-    return None
+    factor = next((f for f in copies if f >= copies_needed), None)
+    if factor is None:
+        return None
+    return (f"it is broadcast {factor}x into a reduction: stored once instead of "
+            f"recomputed for each copy")
 
 
 def _expands_above(node: UOp, users: dict[UOp, list[UOp]]) -> list[UOp]:

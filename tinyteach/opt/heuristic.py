@@ -137,7 +137,7 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
             and reduces[0].src[0].shape[reduces[0].arg[1][-1]] >= GROUP_MIN_REDUCE:
         return KernelOptions(group=GROUP_THREADS)
     if reduces and vector_width and len(value.toposort) <= MAX_UPCAST_GRAPH \
-            and not _sum_split_into_lanes(reduces[0]):
+            and not _vectors_go_to_the_sum(reduces[0]):
         vectored = _vector_tile(shape, vector_width)
         if vectored is not None:
             return _with_threads(vectored, shape, reduces)
@@ -282,14 +282,14 @@ def _elementwise_with_threads(value: UOp, shape: tuple[int, ...]) -> KernelOptio
                    outer >= 2)
 
 
-def _sum_split_into_lanes(reduce: UOp) -> bool:
-    """Are the vectors the sum's, not the outputs'? When the sum reads memory contiguously
-    along its last reduced axis, codegen splits it into lanes (lower.py), except where that
-    axis is shorter than SIMD_MIN_LOOP. A short sum (SHORT_REDUCE terms or fewer) with such an
-    axis leaves the vectors to the outputs: a one-channel 5x5 convolution reads contiguously
-    along its 5 kernel columns, and beautiful_mnist's conv1 stayed in scalar 4x4 tiles (8.6
-    ms, 13.8 GFLOP/s; 1.6 ms in vectors). A longer sum keeps the old answer, so opt/pack.py's
-    channel tile, which takes such kernels, still does."""
+def _vectors_go_to_the_sum(reduce: UOp) -> bool:
+    """Do the vectors belong to the sum, not to the outputs' tile? When the sum reads memory
+    contiguously along its last reduced axis, codegen splits it into lanes (lower.py), except
+    where that axis is shorter than SIMD_MIN_LOOP. A short sum (SHORT_REDUCE terms or fewer)
+    with such an axis leaves the vectors to the outputs: a one-channel 5x5 convolution reads
+    contiguously along its 5 kernel columns, and beautiful_mnist's conv1 stayed in scalar 4x4
+    tiles (8.6 ms, 13.8 GFLOP/s; 1.6 ms in vectors). A longer sum keeps the old answer, so
+    opt/pack.py's channel tile, which takes such kernels, still does."""
     if not reads_contiguously_along_reduction(reduce):
         return False
     shape = reduce.src[0].shape
@@ -304,6 +304,12 @@ def vector_registers(width: int) -> int:
     return 32 if width >= 16 else 16
 
 
+def _tile_registers(vectors_per_row: int, rows: int = 8) -> int:
+    """The vector registers a tile of `rows` x `vectors_per_row` holds at once: its
+    accumulators, one loaded vector per column block, and one broadcast row value."""
+    return rows * vectors_per_row + vectors_per_row + 1
+
+
 def _vector_tile(shape: tuple[int, ...], width: int) -> KernelOptions | None:
     """A matmul-like tile in vector registers: the innermost output axis in one or two vectors
     of `width` lanes, the next axis by 8 (or 4) rows: 8 x 2 vectors = 16 accumulators, plus the
@@ -313,8 +319,8 @@ def _vector_tile(shape: tuple[int, ...], width: int) -> KernelOptions | None:
     2.43 with 4, and gelu's gradient 1.77 against 2.06 (an earlier rule gave such kernels 4
     rows on figures taken while other processes shared the cores).
 
-    When the innermost axis does not divide by the target's lanes, half-width vectors may
-    (an AVX-512 target's 8-lane ymm halves, still 32 registers): a convolution's 24 or 8
+    When the innermost axis does not divide by the target's lanes, half-width vectors are
+    used (an AVX-512 target's 8-lane ymm halves, still 32 registers): a convolution's 24 or 8
     pixels per row. With 32 registers, three vectors per row fit too (8 x 3 accumulators, 3
     loads, 1 broadcast): the input gradient of beautiful_mnist's second convolution
     (128x32x24x24, a sum over 32x5x5) took 347 ms in scalar 4x8 tiles on an AVX-512 machine
@@ -332,7 +338,7 @@ def _vector_tile(shape: tuple[int, ...], width: int) -> KernelOptions | None:
     if vector is None:
         return None
     lanes = next(k * vector for k in (2, 3, 1) if shape[inner] % (k * vector) == 0 and
-                 (k < 3 or 8 * k + k + 1 <= vector_registers(width)))
+                 (k < 3 or _tile_registers(k) <= vector_registers(width)))
     upcasts = [(inner, lanes)]
     order: tuple[int, ...] = ()
     if len(axes) >= 2:

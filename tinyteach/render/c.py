@@ -450,9 +450,11 @@ def with_lanes(program: LinearProgram, width: int) -> LinearProgram:
     lanes, where each accumulator is a float32 or float64. Elsewhere a loop of sums keeps the
     `omp simd` pragma (the compiler's order), and a loop with a max is an ordinary loop.
 
-    Lane l of a lane loop takes the elements l, l + W, l + 2W, ... in order, and the lanes are
-    combined by halving: the same operations in the same order under gcc -O2, gcc -O0 and tcc,
-    so every compiler gives the same bits (the fast tier can build the kernel), and a max,
+    Lane l of a lane loop takes the elements l, l + W, l + 2W, ... of each row in order, row
+    after row of the reduction's outer loops (its lane arrays are declared before the nest's
+    outermost loop, `lane_nest_starts`), and the lanes are combined once, by halving: the
+    same operations in the same order under gcc -O2, gcc -O0 and tcc, so every compiler gives
+    the same bits (the fast tier can build the kernel), and a max,
     whose NaN OpenMP's reduction would not keep, is split too. gcc vectorizes the lane loop
     (W consecutive elements, W independent accumulators)."""
     if not program.simd_loops:
@@ -711,11 +713,12 @@ class CRenderer(CStyleRenderer):
     def loop(self, writer: KernelWriter, name: str, size: int | str) -> str:
         """A loop; a lane loop (`LanedProgram`) is two: blocks of W steps, and the W lanes of
         a block, lane l adding into (or taking the max with) element l of each accumulator's
-        lane array. The last block of a row that W does not divide has fewer lanes."""
+        lane array. The last block of a row that W does not divide has fewer lanes. Before
+        the outermost loop of a lane loop's nest, that lane loop's arrays are declared."""
         if not isinstance(writer, LaneWriter):
             return super().loop(writer, name, size)
         for lane_loop in writer.lane_nests.get(name, []):
-            self.open_lanes(writer, lane_loop)  # before the nest's outermost loop
+            self.declare_lanes(writer, lane_loop)  # before the nest's outermost loop
         if name not in writer.lane_loop_names:
             return super().loop(writer, name, size)
         program = writer.program
@@ -728,7 +731,7 @@ class CRenderer(CStyleRenderer):
                 f"for (int {lane} = 0; {lane} < {lanes}; {lane}++) {{ "
                 f"int {name} = {block}+{lane};")
 
-    def open_lanes(self, writer: LaneWriter, name: str) -> None:
+    def declare_lanes(self, writer: LaneWriter, name: str) -> None:
         """Declare the lane arrays of lane loop `name`'s accumulators, where its nest of
         reduce loops begins; from here on the accumulators are written as lane l of them."""
         program = writer.program
