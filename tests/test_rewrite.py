@@ -419,3 +419,16 @@ def test_mod_of_a_sum_with_negative_terms_by_brute_force():
             expected = (c + gv * f1 - rv * f2 + lv) % d
             assert index_value(simplified, {g: gv, r: rv, lane: lv}) == expected, \
                 (f1, f2, c, d, gv, rv, lv)
+
+
+def test_a_merged_index_with_a_stride_recombines() -> None:
+    """(x//64)*8192 + (x%64)*128 -> x*128: a loop over a merged 16 x 64 reduction reads rows of
+    64 * 128 floats and columns of 128, which is x*128 (no division, no modulo), for every
+    x, negative ones too (C's / and % truncate together); a stride that does not match stays."""
+    x = UOp(Ops.RANGE, dtypes.int32, (), ("r", 0, 1024))
+    merged = (x // 64) * 8192 + (x % 64) * 128 + 5
+    assert graph_rewrite(merged, symbolic) is graph_rewrite(x * 128 + 5, symbolic)
+    mismatched = (x // 64) * 8192 + (x % 64) * 64
+    assert Ops.MOD in {n.op for n in graph_rewrite(mismatched, symbolic).toposort}
+    for value in (-1000, -65, -64, -1, 0, 1, 63, 64, 1023):
+        assert rewrite._c_idiv(value, 64) * 8192 + rewrite._c_mod(value, 64) * 128 == value * 128
