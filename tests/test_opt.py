@@ -150,7 +150,8 @@ def test_vector_source_uses_vector_loads_and_accumulators():
     assert "typedef float float_vec16 __attribute__((vector_size(64), aligned(4)));" in source
     assert "*(const float_vec16*)(data2+" in source      # one load for 16 columns of b
     assert "float_vec16 acc0" in source and "*(float_vec16*)(data0+" in source
-    assert "__builtin_fmaf(" in source and "fp-contract" not in source  # fused explicitly
+    assert "fma_float_vec16(splat_float_vec16(" in source and "fp-contract" not in source
+    assert "__builtin_ia32_vfmaddps512_mask(" in source and "__builtin_fmaf(" in source  # both
     assert program.options.vector_width == 16
 
 

@@ -358,8 +358,9 @@ z = Tensor(rng.standard_normal((16, 16)).astype(np.float32))
 # with `FIXED_LANES=0`, a sum split into vector lanes by `#pragma omp simd reduction`. Such a
 # kernel skips the fast tier and waits for its optimized build. Lanes in a fixed order
 # (chapter 8) are written out in the C source, so tcc builds those sums bit for bit, and a
-# vector matmul's multiply-adds are written as fused multiply-adds, one `__builtin_fmaf` per
-# lane: rounded once on every tier, and still one vector instruction under `cc -O2`
+# vector matmul's multiply-adds are written as fused multiply-adds (the kernel's macro: the
+# vector FMA instruction's builtin, or one `__builtin_fmaf` per lane where the target has no
+# such instruction): rounded once on every tier, and one vector instruction under `cc -O2`
 # (`tests/test_fma_tiers.py` checks both). One more
 # kernel waits: one so large (2^24 multiply-adds or more) that its unoptimized build would run
 # longer than `cc -O2` takes to compile it.

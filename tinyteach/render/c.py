@@ -65,6 +65,7 @@ MATH_HEADER = "#include <math.h>\n"
 CALL_OR_MACRO = re.compile(r"\b([A-Za-z_]\w*)\s*\(|\b(INFINITY|NAN)\b")
 NOT_LIBM = ("for", "if", "while", "switch", "return", "sizeof", "__attribute__", "vector_size",
             "aligned")
+KERNEL_HELPERS = ("tt_", "__builtin_", "fma_", "splat_")  # the kernel's own functions and macros
 
 # bfloat16 <-> float, as C functions: a union reads a float's bits; rounding adds 0x7FFF plus the
 # lowest kept bit, so that the carry reaches the kept half exactly when it should (ties to even);
@@ -246,12 +247,27 @@ def bfloat16_literal(renderer: CStyleRenderer, value: float | int | bool) -> str
     """A bfloat16 constant: its word, as the storage type."""
     word = int(to_bfloat16_bits(np.array(float(value), dtype=np.float32)).view(np.uint16))
     return f"(({renderer.type_names[dtypes.bfloat16]}){word})"
-# a vector multiply-accumulate `acc + x*y` is written as one fused multiply-add per lane, rounded
-# once: `(float_vec8){__builtin_fmaf(x[0], y[0], acc[0]), ...}`. gcc -O2 turns the lanes into one
-# vector instruction (vfmadd231ps, fmla); an unoptimized build computes the same correctly
-# rounded fmaf per lane, so both tiers give the same bits. (Before, gcc fused `a*b+c` itself
-# under -ffp-contract=fast, which only its optimizer does: such a kernel had to wait for -O2.)
+# a vector multiply-accumulate `acc + x*y` is a fused multiply-add in every lane, rounded once:
+# `acc0 = fma_float_vec16(splat_float_vec16(val0), val1, acc0);`. The kernel defines the two
+# macros (`vector_fma_declarations`): where the compiler targets the vector instruction
+# (VECTOR_FMA_INSTRUCTIONS: AVX-512's or AVX2's vfmadd231ps), the macro is the compiler's builtin
+# for it; elsewhere it is one correctly rounded fmaf per lane, `(float_vec16){__builtin_fmaf(
+# x[0], y[0], acc[0]), ...}`, the same bits. The choice is the preprocessor's, so a kernel's
+# source is the same on every machine. (Lane by lane alone, gcc -O2 also made one instruction
+# of the lanes, but a scalar used in every lane it loaded as a whole vector and broadcast: 64
+# bytes read at every step, split across two cache lines 15 times out of 16, and registers
+# copied around: a 512 x 512 matmul took 1.05 ms in 16 lanes, 0.73 with the builtin. And gcc
+# fusing `a*b+c` itself under -ffp-contract=fast would give other bits at -O0, the fast tier.)
 FMA_FUNCTIONS = {dtypes.float32: "__builtin_fmaf", dtypes.float64: "__builtin_fma"}
+# (lane type, lanes) -> the feature macro of the instruction, and gcc's and clang's builtin for it
+# (the intrinsics _mm512_fmadd_ps and the like are these; their header takes ~0.1 s to read)
+VECTOR_FMA_INSTRUCTIONS = {
+    (dtypes.float32, 16): ("__AVX512F__", "__builtin_ia32_vfmaddps512_mask(x, y, acc, -1, 4)"),
+    (dtypes.float32, 8): ("__FMA__", "__builtin_ia32_vfmaddps256(x, y, acc)"),
+    (dtypes.float32, 4): ("__FMA__", "__builtin_ia32_vfmaddps(x, y, acc)"),
+    (dtypes.float64, 8): ("__AVX512F__", "__builtin_ia32_vfmaddpd512_mask(x, y, acc, -1, 4)"),
+    (dtypes.float64, 4): ("__FMA__", "__builtin_ia32_vfmaddpd256(x, y, acc)"),
+}
 
 
 # the fast tier's unoptimized build runs a kernel ~10-30x slower than gcc -O2 (a vector
@@ -312,7 +328,7 @@ def may_use_libm(line: str) -> bool:
     """Could this line of a kernel call a math function or name INFINITY/NAN (MATH_HEADER)?"""
     for match in CALL_OR_MACRO.finditer(line):
         called = match.group(1)
-        if called is None or not (called in NOT_LIBM or called.startswith(("tt_", "__builtin_"))):
+        if called is None or not (called in NOT_LIBM or called.startswith(KERNEL_HELPERS)):
             return True
     return False
 
@@ -431,6 +447,12 @@ def _without_unused(body: list[UOp]) -> list[UOp]:
 
 
 LANE_DTYPES = (dtypes.float32, dtypes.float64)
+
+
+def _macro_argument(operand: str) -> str:
+    """An operand as a macro's argument: a name as it is, anything else in parentheses (a
+    vector literal's commas would otherwise split it into several arguments)."""
+    return operand if operand.isidentifier() else f"({operand})"
 
 
 @dataclass
@@ -616,21 +638,48 @@ class CRenderer(CStyleRenderer):
         params = [self.param(g, g.arg[0] == 0) for g in program.globals]
         params += self.variable_params(program)
         vector_dtypes = sorted({u.dtype for u in program.uops if u.dtype.count > 1})
-        declarations = ["  " + line for line in self.vector_declarations(vector_dtypes)]
-        return self.render_kernel(writer, name, params, declarations + writer.body)
+        fused = [u for u in program.uops if u.op is Ops.ACCUMULATE and u.src[1] in products]
+        splats = {u.dtype for u in fused if any(s.dtype.count == 1 for s in u.src[1].src)}
+        declarations = self.vector_declarations(vector_dtypes)
+        declarations += self.vector_fma_declarations(sorted({u.dtype for u in fused}), splats)
+        return self.render_kernel(writer, name, params,
+                                  ["  " + line for line in declarations] + writer.body)
 
     def fused_accumulate(self, writer: KernelWriter, u: UOp) -> str:
-        """`acc = acc + x*y` as a vector of per-lane fused multiply-adds (a scalar operand is
-        used in every lane)."""
+        """`acc = acc + x*y` as the kernel's vector fused multiply-add (a scalar operand is
+        splat: used in every lane)."""
         acc, product = writer.names[u.src[0]], u.src[1]
-        function = FMA_FUNCTIONS[u.dtype.scalar]
+        vector = self.type_name(u.dtype)
 
-        def lane(source: UOp, number: int) -> str:
-            name = writer.names[source]
-            return f"({name})" if source.dtype.count == 1 else f"{name}[{number}]"
-        lanes = [f"{function}({lane(product.src[0], n)}, {lane(product.src[1], n)}, "
-                 f"{acc}[{n}])" for n in range(u.dtype.count)]
-        return f"{acc} = {self.vector_literal(u.dtype, lanes)};"
+        def operand(source: UOp) -> str:
+            name = _macro_argument(writer.names[source])
+            return f"splat_{vector}({name})" if source.dtype.count == 1 else name
+        x, y = (operand(s) for s in product.src)
+        return f"{acc} = fma_{vector}({x}, {y}, {acc});"
+
+    def vector_fma_declarations(self, fused: list[DType], splats: set[DType]) -> list[str]:
+        """The macros a kernel's fused multiply-adds are written with (see FMA_FUNCTIONS):
+        `fma_<vector>(x, y, acc)` for each vector type in `fused`, the target's instruction
+        where the compiler has it, else one fmaf per lane; and `splat_<vector>(s)`, a scalar
+        in every lane, for those in `splats`."""
+        lines = []
+        for dtype in fused:
+            vector, count = self.type_name(dtype), dtype.count
+            if dtype in splats:
+                lanes = ", ".join(["(s)"] * count)
+                lines.append(f"#define splat_{vector}(s) (({vector}){{{lanes}}})")
+            function = FMA_FUNCTIONS[dtype.scalar]
+            by_lane = ", ".join(f"{function}((x)[{n}], (y)[{n}], (acc)[{n}])"
+                                for n in range(count))
+            fallback = f"#define fma_{vector}(x, y, acc) (({vector}){{{by_lane}}})"
+            instruction = VECTOR_FMA_INSTRUCTIONS.get((dtype.scalar, count))
+            if instruction is None:
+                lines.append(fallback)
+                continue
+            feature, builtin = instruction
+            lines += [f"#ifdef {feature}", f"#define fma_{vector}(x, y, acc) {builtin}", "#else",
+                      fallback, "#endif"]
+        return lines
 
     # vectors: GCC's and clang's vector extension. A typedef names a vector of 16 floats;
     # + and * then work lane by lane, v[3] reads lane 3. aligned(4): loads and stores may
