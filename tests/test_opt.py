@@ -354,3 +354,19 @@ def test_an_elementwise_kernel_is_threaded_by_its_work_not_its_size():
     assert plan_of_kernel(big.gelu()).parallel
     assert not plan_of_kernel(big + 1).parallel
     assert not plan_of_kernel(small.gelu()).parallel
+
+
+def test_a_concatenation_reads_each_input_as_the_first_one_is_read():
+    """cat is a sum of padded inputs, and each input is read only inside its own third: there
+    its index is as simple as the first third's (one / and one % for the head split of
+    (b, head, t, d) -> (b, t, head*d)), where before the shifted counter, negative outside
+    its third, kept (x/32)%3 and a % of the whole buffer (simplify_given_valid). The result
+    equals numpy's."""
+    parts = [data(4, 3, 8, 32, seed=s) for s in range(3)]
+    out = Tensor.cat(*[Tensor(p).permute(0, 2, 1, 3).reshape(4, 8, 96) for p in parts], dim=-1)
+    (ast,) = kernel_asts(out)
+    source = CRenderer(0).render("cat", lower(ast, KernelOptions()))
+    reads = [line.split("?", 1)[1] for line in source.splitlines() if "?data" in line]
+    assert len(reads) == 3 and all(r.count("%") == 1 and r.count("/") == 1 for r in reads)
+    expected = np.concatenate([p.transpose(0, 2, 1, 3).reshape(4, 8, 96) for p in parts], -1)
+    np.testing.assert_array_equal(out.numpy(), expected)

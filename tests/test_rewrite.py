@@ -432,3 +432,32 @@ def test_a_merged_index_with_a_stride_recombines() -> None:
     assert Ops.MOD in {n.op for n in graph_rewrite(mismatched, symbolic).toposort}
     for value in (-1000, -65, -64, -1, 0, 1, 63, 64, 1023):
         assert rewrite._c_idiv(value, 64) * 8192 + rewrite._c_mod(value, 64) * 128 == value * 128
+
+
+def test_an_index_read_only_where_valid_is_simplified_with_its_bounds() -> None:
+    """Where `!(g - 256 < 0)` guards a read, g runs over [256, 384): the index
+    ((g - 256)//32 % 4)*32 + (g - 256)%32 is g - 256 there (not for every g: below 256 it is
+    negative, and // and % truncate). Equal wherever the guard holds; a guard on another
+    counter, or none, leaves the index as it is."""
+    g = UOp(Ops.RANGE, dtypes.int32, (), ("g", 2, 384))
+    other = UOp(Ops.RANGE, dtypes.int32, (), ("g", 1, 64))
+    shifted = g + -256
+    index = ((shifted // 32) % 4) * 32 + shifted % 32
+    valid = shifted.lt(0).ne(True) & shifted.lt(128)
+    simplified = rewrite.simplify_given_valid(graph_rewrite(index, symbolic), valid)
+    assert {n.op for n in simplified.toposort} & {Ops.IDIV, Ops.MOD} == set()
+    for value in range(256, 384):
+        assert _evaluate(simplified, {g: value}) == _evaluate(index, {g: value}) == value - 256
+    assert rewrite.simplify_given_valid(index, None) is index
+    assert rewrite.simplify_given_valid(index, other.lt(3)) is index
+
+
+def _evaluate(node: UOp, values: dict[UOp, int]) -> int:
+    """An integer index's value for the given loop counters (C's / and %)."""
+    if node in values:
+        return values[node]
+    if node.op is Ops.CONST:
+        return int(node.arg)
+    a, b = (_evaluate(s, values) for s in node.src)
+    return {Ops.ADD: a + b, Ops.MUL: a * b, Ops.IDIV: rewrite._c_idiv(a, b) if b else 0,
+            Ops.MOD: rewrite._c_mod(a, b) if b else 0}[node.op]

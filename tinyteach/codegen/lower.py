@@ -72,7 +72,13 @@ from tinyteach.codegen.plan import (
 from tinyteach.codegen.wmma import TensorCoreLowering, tensor_core_lowering
 from tinyteach.dtype import dtypes
 from tinyteach.helpers import NOOPT, LRUCache, register_memo, remember
-from tinyteach.ir.rewrite import graph_rewrite, recording, sum_terms, symbolic
+from tinyteach.ir.rewrite import (
+    graph_rewrite,
+    recording,
+    simplify_given_valid,
+    sum_terms,
+    symbolic,
+)
 from tinyteach.ir.uop import (
     ALU,
     COMPARISONS,
@@ -171,6 +177,7 @@ class _Lowerer(GPULowering):
     def _load(self, node: UOp, index: Index, valid: Valid) -> UOp:
         define, position, condition = index_into_buffer(node, index)
         condition = and_valid(valid, condition)
+        position = simplify_given_valid(position, condition)  # (read only where it holds)
         sources = (define, position) if condition is None else (define, position, condition)
         return UOp(Ops.LOAD, node.dtype, sources)
 

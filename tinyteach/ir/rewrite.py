@@ -595,6 +595,65 @@ def fold_constant_sources(node: UOp) -> UOp | None:
     return None
 
 
+def simplify_given_valid(index: UOp, valid: UOp | None) -> UOp:
+    """An index read only where `valid` holds, simplified with what `valid` says of its loop
+    counters. A concatenation is a sum of padded inputs: the third third of a 384-wide row
+    reads its input where `!(g - 256 < 0)`, and there `g` runs over [256, 384) only, so the
+    index's `((g - 256)/32 % 4)*32 + (g - 256)%32` is `g - 256` (the rules cannot see it
+    for all g, where g - 256 may be negative). Each bound on a counter (`x + k < c` or
+    `!(x + k < c)`, x a loop) narrows it: x becomes `x' + low` for a new counter x' over
+    [0, high - low], the index is simplified, and x' becomes `x - low` again. The result
+    equals the index wherever `valid` holds (elsewhere it is never read)."""
+    if valid is None:
+        return index
+    bounds: dict[UOp, tuple[int, int]] = {}
+    for clause in _clauses(valid):
+        found = _counter_bound(clause)
+        if found is not None:
+            counter, low, high = found
+            old_low, old_high = bounds.get(counter, (counter.vmin, counter.vmax))
+            bounds[counter] = (max(old_low, low), min(old_high, high))
+    narrowed = {c: b for c, b in bounds.items() if b != (c.vmin, c.vmax) and b[0] <= b[1]}
+    if not narrowed or not any(c in narrowed for c in index.toposort):
+        return index
+    inner = {c: UOp(Ops.RANGE, c.dtype, (), ("valid", c.arg[1], high - low + 1))
+             for c, (low, high) in narrowed.items()}
+    shifted = index.substitute({c: inner[c] + low for c, (low, _) in narrowed.items()})
+    simplified = graph_rewrite(shifted, symbolic)
+    return simplified.substitute({inner[c]: c + (-low) for c, (low, _) in narrowed.items()})
+
+
+def _clauses(valid: UOp) -> list[UOp]:
+    """The conditions and-ed together in `valid`."""
+    clauses, stack = [], [valid]
+    while stack:
+        node = stack.pop()
+        if node.op is Ops.AND and node.dtype == dtypes.bool:
+            stack.extend(node.src)
+        else:
+            clauses.append(node)
+    return clauses
+
+
+def _counter_bound(clause: UOp) -> tuple[UOp, int, int] | None:
+    """(loop counter, low, high) when `clause` is `x + k < c` or `!(x + k < c)` (written
+    `(x + k < c) != True`) for a loop counter x of a fixed size; else None."""
+    below = True
+    if clause.op is Ops.CMPNE and clause.src[1].op is Ops.CONST and clause.src[1].arg is True:
+        clause, below = clause.src[0], False
+    if clause.op is not Ops.CMPLT or clause.src[1].op is not Ops.CONST:
+        return None
+    side, bound = clause.src[0], int(clause.src[1].arg)
+    offset = 0
+    if side.op is Ops.ADD and side.src[1].op is Ops.CONST:
+        side, offset = side.src[0], int(side.src[1].arg)
+    if side.op is not Ops.RANGE or not isinstance(side.arg[2], int):
+        return None
+    if below:  # x + k < c: x <= c - k - 1
+        return side, side.vmin, bound - offset - 1
+    return side, bound - offset, side.vmax  # x + k >= c
+
+
 def symbolic_rules() -> list[Rule]:
     """symbolic's table, in the order its rules are tried at each node. The pattern variables
     are local: each rule binds its own `x`, and no module-level `x` shadows a reader's."""
