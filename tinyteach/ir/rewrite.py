@@ -611,7 +611,7 @@ def simplify_given_valid(index: UOp, valid: UOp | None) -> UOp:
         found = _counter_bound(clause)
         if found is not None:
             counter, low, high = found
-            old_low, old_high = bounds.get(counter, (counter.vmin, counter.vmax))
+            old_low, old_high = bounds.get(counter, (int(counter.vmin), int(counter.vmax)))
             bounds[counter] = (max(old_low, low), min(old_high, high))
     narrowed = {c: b for c, b in bounds.items() if b != (c.vmin, c.vmax) and b[0] <= b[1]}
     if not narrowed or not any(c in narrowed for c in index.toposort):
@@ -650,8 +650,8 @@ def _counter_bound(clause: UOp) -> tuple[UOp, int, int] | None:
     if side.op is not Ops.RANGE or not isinstance(side.arg[2], int):
         return None
     if below:  # x + k < c: x <= c - k - 1
-        return side, side.vmin, bound - offset - 1
-    return side, bound - offset, side.vmax  # x + k >= c
+        return side, int(side.vmin), bound - offset - 1
+    return side, bound - offset, int(side.vmax)  # x + k >= c
 
 
 def symbolic_rules() -> list[Rule]:
