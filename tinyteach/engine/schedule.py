@@ -255,13 +255,20 @@ def _recomputed_by_broadcast(node: UOp, users: dict[UOp, list[UOp]], realized: d
 
 
 def _expands_above(node: UOp, users: dict[UOp, list[UOp]]) -> list[UOp]:
-    """The EXPANDs that read `node` directly or through other movement ops."""
-    found, stack = [], list(users[node])
+    """The EXPANDs that read `node` directly or through other movement ops, other EXPANDs
+    included: a 5x5 window is one expand per axis (pool's _windows_1d, 6 copies each), and
+    only the second one's shape counts all the copies (36, of which 25 taps are read); by the
+    first alone, the ReLU of beautiful_mnist's first convolution was recomputed for each of
+    the 25 taps of the second."""
+    found, stack, seen = [], list(users[node]), set()
     while stack:
         user = stack.pop()
-        if user.op is Ops.EXPAND:
-            found.append(user)
-        elif user.op in MOVEMENT:
+        if user in seen:
+            continue
+        seen.add(user)
+        if user.op in MOVEMENT:
+            if user.op is Ops.EXPAND:
+                found.append(user)
             stack.extend(users[user])
     return found
 
