@@ -200,6 +200,10 @@ CC = EnvironmentVariable("CC", None, shown_default="the first of cc, gcc, clang"
 OMP_WAIT_POLICY = EnvironmentVariable("OMP_WAIT_POLICY", "PASSIVE",
                                       meaning="OpenMP's: idle kernel threads sleep, not spin; "
                                               "set when unset (runtime/cpu.py)")
+GOMP_SPINCOUNT = EnvironmentVariable("GOMP_SPINCOUNT", "200000",
+                                     meaning="gcc's OpenMP: how long an idle kernel thread "
+                                             "spins before it sleeps; set when unset "
+                                             "(runtime/cpu.py)")
 OPENCL_PLATFORM = EnvironmentVariable("OPENCL_PLATFORM", None,
                                       shown_default="the first that builds and runs a probe",
                                       meaning="the OpenCL platform to use, by (part of) its "

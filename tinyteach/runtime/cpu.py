@@ -101,6 +101,7 @@ from tinyteach.settings import (
     CPU_TIERED,
     CPU_VECTOR_WIDTH,
     DEBUG,
+    GOMP_SPINCOUNT,
     OMP_WAIT_POLICY,
 )
 
@@ -126,8 +127,14 @@ KERNELS_PER_PROCESS = 8   # compile_many starts another compiler per this many k
 BACKGROUND_GROUP_BYTES = 24 * 1024  # the source of one background build (runs_of_size)
 THREAD_FLAGS = ["-fopenmp"]  # `#pragma omp parallel for` on big kernels (opt/ decides)
 SIMD_FLAGS = ["-fopenmp-simd"]  # `#pragma omp simd` alone: the directive, no thread library
-# idle OpenMP threads sleep instead of spinning, so they do not steal the other core
+# idle OpenMP threads sleep, so they do not steal the other core from a notebook, a compiler or
+# torch, but first they spin a little (GOMP_SPINCOUNT: some 0.1-1 ms): the next kernel of a
+# step usually starts within microseconds, and a sleeping thread takes tens of them to wake.
+# With no spin at all, the GPT step's ~300 threaded kernels each paid that wake-up: 47-56 ms a
+# step against 38-39 ms with 200,000 spins (its forward 14-17 -> 10-11 ms, the MLP step
+# 0.63-0.66 -> 0.43 ms) on a 2-core AVX-512 Xeon; 20,000 spins gave 41-44 ms
 OMP_WAIT_POLICY.set_default()
+GOMP_SPINCOUNT.set_default()
 
 OPTIMIZED = "gcc -O2"  # the name DEBUG=2 gives the optimized tier (whichever CC built it)
 # what lets gcc -O2 compute other bits than an unoptimized build (see the docstring)
