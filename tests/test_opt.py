@@ -370,3 +370,15 @@ def test_a_concatenation_reads_each_input_as_the_first_one_is_read():
     assert len(reads) == 3 and all(r.count("%") == 1 and r.count("/") == 1 for r in reads)
     expected = np.concatenate([p.transpose(0, 2, 1, 3).reshape(4, 8, 96) for p in parts], -1)
     np.testing.assert_array_equal(out.numpy(), expected)
+
+
+def test_an_elementwise_kernel_counts_its_padded_reads_as_work():
+    """A concatenation of three 16x64x128 tensors is two adds per output, 0.8 M ops by ALU ops
+    alone, under PARALLEL_MIN_WORK; its three padded reads (each a guard per output) make it
+    2 M, and it gets threads (0.41 ms on one core in the GPT's backward). A small one stays on
+    one core, and so does `x + 1` of the same size (test above)."""
+    def threads(n: int) -> bool:
+        parts = [Tensor(data(16, 64, n, seed=s)) for s in range(3)]
+        (ast,) = kernel_asts(Tensor.cat(*parts, dim=-1))
+        return choose_options(ast, 16).parallel
+    assert threads(128) and not threads(8)

@@ -275,8 +275,10 @@ def _with_threads(options: KernelOptions, shape: tuple[int, ...],
 def _elementwise_with_threads(value: UOp, shape: tuple[int, ...]) -> KernelOptions:
     """An elementwise kernel splits its outer loop across cores when its outputs times its
     ops per output reach PARALLEL_MIN_WORK (a 16x64x512 gelu gradient: 0.5 M outputs, dozens
-    of ops each; counting outputs alone kept it on one core)."""
-    ops = sum(1 for node in value.toposort if node.op in ALU)
+    of ops each; counting outputs alone kept it on one core). A padded read counts as an op
+    too (its guard is a comparison and a select per output): the GPT backward's concatenation
+    of dq, dk and dv (16x64x384, two adds of three padded reads) took 0.41 ms on one core."""
+    ops = sum(1 for node in value.toposort if node.op in ALU or node.op is Ops.PAD)
     outer = outer_loop_size(shape, NO_OPTIONS)
     return replace(NO_OPTIONS, parallel=prod(shape) * max(ops, 1) >= PARALLEL_MIN_WORK and
                    outer >= 2)
