@@ -71,11 +71,12 @@ def fast_tiers_of(source: str) -> list[str]:
     return [fast.unoptimized_name] + (["tcc"] if fast.tier_for(source) == "tcc" else [])
 
 
-def output_on_tier(launch: Launch, tier: str) -> bytes:
-    """The bytes `launch`'s kernel writes when built by `tier`, on the same inputs."""
+def output_on_tier(launch: Launch, tier: str, source: str | None = None) -> bytes:
+    """The bytes `launch`'s kernel writes when built by `tier` (from `source`, default its
+    own), on the same inputs."""
     runner = launch.runner
     assert runner is not None and runner.source is not None
-    library = compiler().fast.build(runner.source, tier)
+    library = compiler().fast.build(runner.source if source is None else source, tier)
     assert library is not None, f"{tier} failed to build {runner.name}"
     output = launch.buffers[0]
     fresh = Buffer("CPU", output.size, output.dtype)
@@ -203,6 +204,15 @@ def test_a_product_is_rounded_once() -> None:
     assert assert_same_bits_on_every_tier(kernels)
 
 
+def optimized_assembly(source: str) -> str:
+    """The assembly the optimized build makes of `source` (the CPU compiler's flags)."""
+    build = compiler()
+    command = [build.compiler, *build.flags, *build.openmp_flags(source), "-S", "-x", "c", "-",
+               "-o", "-"]
+    return subprocess.run(command, input=source, capture_output=True, text=True,
+                          check=True).stdout
+
+
 VECTOR_FMA = {"x86_64": r"\bvfmadd\d+ps\b", "aarch64": r"\bfmla\s+v\d+\.4s",
               "arm64": r"\bfmla\s+v\d+\.4s"}
 
@@ -210,12 +220,7 @@ VECTOR_FMA = {"x86_64": r"\bvfmadd\d+ps\b", "aarch64": r"\bfmla\s+v\d+\.4s",
 @pytest.mark.skipif(not fuses() or platform.machine() not in VECTOR_FMA,
                     reason="no vector fma here, or an architecture this test cannot read")
 def test_the_optimized_build_uses_the_vector_fma_instruction() -> None:
-    build = compiler()
-    source = vector_matmul_source()
-    command = [build.compiler, *build.flags, *build.openmp_flags(source), "-S", "-x", "c", "-",
-               "-o", "-"]
-    assembly = subprocess.run(command, input=source, capture_output=True, text=True,
-                              check=True).stdout
+    assembly = optimized_assembly(vector_matmul_source())
     assert re.search(VECTOR_FMA[platform.machine()], assembly)
 
 
@@ -242,11 +247,8 @@ def test_the_lane_by_lane_fallback_gives_the_instructions_bits() -> None:
         runner = launch.runner
         assert runner is not None and runner.source is not None
         without = "#undef __AVX512F__\n#undef __FMA__\n" + runner.source
-        library = compiler().fast.build(without, compiler().fast.unoptimized_name)
-        assert library is not None
-        fresh = Buffer("CPU", launch.buffers[0].size, launch.buffers[0].dtype)
-        cpu.CPUProgram(runner.name, library)(fresh, *launch.buffers[1:])
-        assert fresh.numpy().tobytes() == launch.buffers[0].numpy().tobytes()
+        fallback = output_on_tier(launch, compiler().fast.unoptimized_name, without)
+        assert fallback == launch.buffers[0].numpy().tobytes()
 
 
 @pytest.mark.skipif(not fuses() or platform.machine() != "x86_64",
@@ -256,11 +258,6 @@ def test_a_scalar_operand_is_broadcast_straight_from_memory() -> None:
     is loaded by one broadcast from memory. Written as 16 lane-by-lane fmaf calls, gcc -O2
     loaded a whole vector at its address and broadcast its first lane: 64 bytes at every
     step, across two cache lines 15 times out of 16 (a 512 x 512 matmul: 1.05 -> 0.73 ms)."""
-    build = compiler()
-    source = vector_matmul_source()
-    command = [build.compiler, *build.flags, *build.openmp_flags(source), "-S", "-x", "c", "-",
-               "-o", "-"]
-    assembly = subprocess.run(command, input=source, capture_output=True, text=True,
-                              check=True).stdout
+    assembly = optimized_assembly(vector_matmul_source())
     assert re.search(r"\bvbroadcastss\s+-?\d*\(%\w+", assembly)  # from memory
     assert not re.search(r"\bvbroadcastss\s+%xmm\d+", assembly)  # not from a loaded vector

@@ -553,8 +553,8 @@ def _is_remainder(term: UOp, x: UOp, c: UOp, stride: int) -> bool:
         term = term.src[0]
     elif stride != 1:
         return False
-    return term.op is Ops.MOD and term.src[0] is x and term.src[1].arg == c.arg and \
-        term.src[1].op is Ops.CONST
+    return term.op is Ops.MOD and term.src[0] is x and term.src[1].op is Ops.CONST and \
+        term.src[1].arg == c.arg
 
 
 def _may_pair(side: UOp) -> bool:
