@@ -437,3 +437,28 @@ def test_an_activation_read_through_a_window_of_both_axes_is_stored():
     F = torch.nn.functional
     expected = F.conv2d(F.conv2d(torch.tensor(x), torch.tensor(w1)).relu(), torch.tensor(w2))
     np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_sum_of_many_buffers_read_by_two_kernels_is_stored():
+    """A GPT's residual stream x0 + a1 + m1 + ...: recomputed by each kernel that reads it,
+    every one of them would read all the terms; stored, each reads one buffer."""
+    terms = [Tensor.rand(64, 256).realize() for _ in range(6)]
+    stream = terms[0]
+    for term in terms[1:]:
+        stream = stream + term
+    rows, columns = stream.sum(1), stream.max(0)
+    items = create_schedule([rows.uop, columns.uop], "NUMPY")[0]
+    assert len(items) == 3
+    stored = [item for item in items if "recompute it from 6 buffers" in item.boundary_reason]
+    assert len(stored) == 1 and len(stored[0].buffers) == 7  # its output and the 6 terms
+    assert all(len(item.buffers) == 2 for item in items if item is not stored[0])
+    assert np.allclose(rows.numpy(), sum(t.numpy() for t in terms).sum(1), rtol=1e-5)
+
+
+def test_a_sum_of_two_buffers_read_by_two_kernels_is_recomputed():
+    """a + b read by two reductions: recomputing reads 2 x 2 elements per output element,
+    storing 2 + 1 + 2 (a kernel more): it stays fused."""
+    a, b = Tensor.rand(64, 256).realize(), Tensor.rand(64, 256).realize()
+    both = a + b
+    items = create_schedule([both.sum(1).uop, both.max(0).uop], "NUMPY")[0]
+    assert len(items) == 2

@@ -4,7 +4,9 @@ What this teaches:
 - a kernel reads some buffers and writes one; everything computed in between stays in registers.
   Fewer kernels means less memory traffic, so we fuse as much as we can;
 - elementwise ops always fuse: into the input of a reduction, onto its output, and with each
-  other (an elementwise node used by two kernels is simply recomputed in both — it is cheap);
+  other (an elementwise node used by two kernels is simply recomputed in both — it is cheap —
+  unless recomputing reads more than storing would: a GPT's residual stream, x0 + a1 + m1 +
+  ..., is stored where it forks, `_store_wide_recomputations`);
 - a reduction must be stored in its own buffer when its result is broadcast back over the axes it
   reduced (softmax's max), feeds another reduction, or is needed by more than one kernel;
 - ... except a chain of reductions over the same short rows (`fuses_along_rows`: rows of at most
@@ -161,12 +163,53 @@ def find_realized(outputs: list[UOp], devices: dict[UOp, str] | None = None) -> 
         if reason is not None:
             realized[node] = reason
             kernels_of[node] = {node}
+    _store_wide_recomputations(order, users, realized, kernels_of)
     _cut_deep_chains(order, realized)
     for node in order:  # now that every other kernel is known, the in-place writes
         if node.op is Ops.ASSIGN and _reads_target_through_view(node, realized):
             realized.setdefault(node.src[1], "the assigned value reads its own target through "
                                 "a view, so it is computed into a fresh buffer first")
     return realized
+
+
+# an elementwise value that several kernels recompute is stored when recomputing it reads more
+# than storing it would (`_store_wide_recomputations`); below this many elements a kernel's
+# launch costs more than the reads it saves
+MIN_STORED_ELEMENTS = 16 * 1024
+MAX_COUNTED_INPUTS = 64  # inputs are counted up to this many (a sum of 10,000 tensors stays cheap)
+
+
+def _worth_storing(inputs: int, kernels: int) -> bool:
+    """Recomputed in each of `kernels` kernels, a value reads its `inputs` buffers in each:
+    inputs x kernels elements per output element. Stored, it reads them once, writes itself
+    once and is read once by each kernel: inputs + 1 + kernels."""
+    return inputs * kernels > inputs + 1 + kernels
+
+
+def _store_wide_recomputations(order: list[UOp], users: dict[UOp, list[UOp]],
+                               realized: dict[UOp, str], kernels_of: dict[UOp, set[UOp]]) -> None:
+    """Store an elementwise value that several kernels recompute from many buffers. A GPT's
+    residual stream is such a value: x4 = x0 + a1 + m1 + ... + m4 (each sublayer's output added
+    on), read by the next LayerNorm, the next residual add and the backward. Recomputed, the
+    last block's kernels read 17 buffers for every element of x (and their sources, 15 KB of C
+    each, cost gcc half a second); stored, each residual is one read. From the sources up, so a
+    value's inputs are counted with the stores decided below it."""
+    inputs: dict[UOp, frozenset[UOp]] = {}
+    for node in order:
+        if node in realized or node.op in (Ops.BUFFER, Ops.REDUCE_AXIS):
+            inputs[node] = frozenset((node,))
+            continue
+        below = frozenset().union(*(inputs[s] for s in node.src))
+        if len(below) > MAX_COUNTED_INPUTS:
+            below = frozenset(list(below)[:MAX_COUNTED_INPUTS + 1])
+        inputs[node] = below
+        kernels = len(kernels_of.get(node, ()))
+        if node.op in ALU and kernels > 1 and len(set(users[node])) > 1 and \
+                sym_max(sym_prod(node.shape)) >= MIN_STORED_ELEMENTS and \
+                _worth_storing(len(below), kernels):
+            realized[node] = (f"{kernels} kernels would each recompute it from {len(below)} "
+                              "buffers: stored once, it is one read in each")
+            inputs[node] = frozenset((node,))
 
 
 # the most ALU ops one kernel computes one after the other. A renderer writes a chain of values
