@@ -265,7 +265,6 @@ FILLERS = {
     "view.reshape_plans": fill_view_memos,
     "uop.truncated": fill_tensor_memos,
     "tensor.constants": fill_tensor_memos,
-    "tensor.buffers_read": fill_tensor_memos,
     "render.c.in_float32": fill_in_float32,
     "cpu.predefined_macros": fill_cpu_target,
     "cpu.checked_targets": fill_cpu_target,

@@ -1184,12 +1184,11 @@ def _still_lazy(tensors: list[CoreTensor]) -> list[CoreTensor]:
     if not targets:
         return pending
     chosen = {id(t) for t in pending}
-    for tensor in list(AUTOGRAD.tensors.values()):
-        if id(tensor) in chosen or _is_buffer(tensor.uop):
-            continue
-        if any(_reads_old_contents(graph, targets) for graph in shards_of(tensor.uop)):
-            pending.append(tensor)
-            chosen.add(id(tensor))
+    others = [t for t in list(AUTOGRAD.tensors.values())
+              if id(t) not in chosen and not _is_buffer(t.uop)]
+    reads = _reads_old_contents(
+        [graph for tensor in others for graph in shards_of(tensor.uop)], targets)
+    pending += [t for t in others if any(reads[graph] for graph in shards_of(t.uop))]
     return pending
 
 
@@ -1204,27 +1203,22 @@ def _assigned_buffers(tensors: list[CoreTensor]) -> set[int]:
             if node.op is Ops.ASSIGN and (base := base_buffer(node.src[0])) is not None}
 
 
-def _reads_old_contents(graph: UOp, targets: set[int]) -> bool:
-    """Whether `graph` reads one of the `targets` buffers, and could still be computed: a graph
-    that reads a buffer an earlier assign overwrote cannot (the scheduler says so when it is
-    realized), and must not stop this realize."""
-    buffers = _buffers_read(graph)
-    return any(id(b) in targets for b in buffers) and not any(b.overwritten for b in buffers)
-
-
-# the buffers each live tensor's graph reads, found once per graph: a training step realizes
-# several times (each realize that assigns asks every live lazy tensor), and a gradient's graph
-# is the whole backward pass. Weak keys: the entry goes with the graph.
-_BUFFERS_READ: weakref.WeakKeyDictionary[UOp, tuple[Buffer, ...]] = register_memo(
-    "tensor.buffers_read", weakref.WeakKeyDictionary())
-
-
-def _buffers_read(graph: UOp) -> tuple[Buffer, ...]:
-    found = _BUFFERS_READ.get(graph)
-    if found is None:
-        found = tuple(node.arg for node in graph.toposort if node.op is Ops.BUFFER)
-        _BUFFERS_READ[graph] = found
-    return found
+def _reads_old_contents(graphs: list[UOp], targets: set[int]) -> dict[UOp, bool]:
+    """For each of `graphs`: does it read one of the `targets` buffers, and could it still be
+    computed? A graph that reads a buffer an earlier assign overwrote cannot (the scheduler
+    says so when it is realized), and must not stop this realize. One walk over all the graphs
+    together: the live gradients of a training step share the whole backward graph, and a walk
+    per graph would cost the square of its size."""
+    reads_target: dict[UOp, bool] = {}
+    reads_overwritten: dict[UOp, bool] = {}
+    for node in toposort_of(graphs):
+        if node.op is Ops.BUFFER:
+            reads_target[node] = id(node.arg) in targets
+            reads_overwritten[node] = node.arg.overwritten
+        else:
+            reads_target[node] = any(reads_target[s] for s in node.src)
+            reads_overwritten[node] = any(reads_overwritten[s] for s in node.src)
+    return {graph: reads_target[graph] and not reads_overwritten[graph] for graph in graphs}
 
 
 def _shape_from_maybe_negative(args: tuple[Any, ...]) -> tuple[int, ...]:
