@@ -201,3 +201,27 @@ def test_a_replay_counts_what_the_eager_run_counts():
     assert (GlobalCounters.kernel_count, GlobalCounters.global_ops,
             GlobalCounters.global_mem) == eager
     assert eager[1] > 0
+
+
+def test_the_capture_runs_the_first_calls_cached_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second call records the launches: its graph has the first call's structure, so it
+    runs that call's plan (a training step's schedule is not made twice). The replays agree
+    with eager, step by step (test_replay_matches_eager_step_by_step), and so do these."""
+    import tinyteach.engine.realize as realize
+
+    scheduled: list[int] = []
+    build = realize.build_schedule
+    monkeypatch.setattr(realize, "build_schedule",
+                        lambda *args, **kwargs: scheduled.append(1) or build(*args, **kwargs))
+    w = Tensor(np.arange(12, dtype=np.float32).reshape(4, 3), device="CPU").realize()
+    step = TinyJit(lambda x: (x @ w).relu().sum(1).realize())
+    inputs = [np.random.default_rng(k).standard_normal((2, 4)).astype(np.float32)
+              for k in range(4)]
+    outputs = []
+    for k, x in enumerate(inputs):
+        outputs.append(step(Tensor(x, device="CPU")).numpy())
+        if k == 0:
+            first = len(scheduled)
+    assert first >= 1 and len(scheduled) == first, "the capture and the replays schedule nothing"
+    for x, out in zip(inputs, outputs):
+        np.testing.assert_allclose(out, np.maximum(x @ w.numpy(), 0).sum(1), rtol=1e-5)

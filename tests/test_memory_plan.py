@@ -251,11 +251,14 @@ def test_an_eager_schedule_holds_every_intermediate_until_its_run_ends() -> None
     seen: list[int] = []
     gc.collect()
     before = GlobalCounters.mem_used
-    realize._launch_logs.append(MemoryAtEachLaunch())
+    log = MemoryAtEachLaunch()  # (a recording of fresh items: the run of a new schedule)
+    realize._launch_logs.append(log)
+    realize._logs_of_fresh_items.append(log)
     try:
         result = forward(x)
     finally:
         realize._launch_logs.pop()
+        realize._logs_of_fresh_items.pop()
     gc.collect()
     assert seen == [(k + 1) * ACTIVATION for k in range(DEPTH)]
     assert GlobalCounters.mem_used - before == ACTIVATION  # the result

@@ -5,7 +5,9 @@ What this teaches:
   kernels, the engine looks up programs. All of that produces the *same list of launches*. So
   `TinyJit` runs the function normally once (to compile everything), records every launch the
   second time (program, buffers, sizes), and from the third call on replays that list with the
-  new input buffers swapped in — without running the Python that built the graph;
+  new input buffers swapped in — without running the Python that built the graph. (The second
+  call's graph has the first's structure, so it runs the first call's cached plan: its
+  schedule is not made twice; `record_launches(fresh_items=False)`);
 - state that changes between calls (weights, optimizer moments) must be written *in place*
   (`Tensor.assign`), so the captured launches keep pointing at the right memory;
 - graph execution: on the CPU, a replay is one native call — a small generated C function calls
@@ -562,7 +564,7 @@ class TinyJit(Generic[ReturnType]):
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                  signature: list[tuple[str, InputSignature]], others: list[tuple[str, Any]],
                  tensors: list[tuple[str, Tensor]]) -> ReturnType:
-        with record_launches() as launches:
+        with record_launches(fresh_items=False) as launches:
             result = self.fn(*args, **kwargs)
             outputs = _returned_tensors(result)
             if outputs:

@@ -126,17 +126,27 @@ RUNNER_CACHE_SIZE = 4096
 runner_cache: LRUCache[tuple[str, UOp, str], Runner] = LRUCache("realize.runners",
                                                                  RUNNER_CACHE_SIZE)
 _launch_logs: list[list[Launch]] = []
+_logs_of_fresh_items: list[list[Launch]] = []  # the recordings that want items as scheduled
 
 
 @contextlib.contextmanager
-def record_launches() -> Iterator[list[Launch]]:
-    """Collect every launch inside the block: `with record_launches() as launches: ...`."""
+def record_launches(fresh_items: bool = True) -> Iterator[list[Launch]]:
+    """Collect every launch inside the block: `with record_launches() as launches: ...`.
+    Each launch's item is the one the scheduler made for this very graph (viz draws its
+    buffers and its graph). `fresh_items=False`, for a recorder that reads only the
+    launch's own buffers and the item's kernel (TinyJit's capture): a graph shaped like one
+    seen before may run its cached plan, whose items were scheduled for that first graph,
+    instead of being scheduled again."""
     launches: list[Launch] = []
     _launch_logs.append(launches)
+    if fresh_items:
+        _logs_of_fresh_items.append(launches)
     try:
         yield launches
     finally:
         _launch_logs.remove(launches)
+        if fresh_items:
+            _logs_of_fresh_items.remove(launches)
 
 
 def compile_kernel(backend: Backend, name: str, ast: UOp) -> Runner:
@@ -417,7 +427,7 @@ def _run_watched(plan: Plan, buffers: list[Buffer], var_vals: dict[str, int],
         return
     total = 0.0
     for step in plan.steps:
-        values = {name: var_vals.get(name, value) for name, value in step.item.var_vals.items()}
+        values = _values_of(step, var_vals)
         for observer in per_launch:
             observer.starting(step, values)
         launch = _launch_one(step, [buffers[k] for k in step.slots], var_vals, values)
@@ -426,6 +436,15 @@ def _run_watched(plan: Plan, buffers: list[Buffer], var_vals: dict[str, int],
             observer.launched(launch, step)
     for observer in watching:
         observer.finished(plan, total, batched=False)
+
+
+def _values_of(step: PlanStep, var_vals: dict[str, int]) -> dict[str, int]:
+    """The values of the Variables one step's kernel uses, in this run: the run's, for the
+    names its item keeps (a schedule made for these values), or for its program's Variables
+    (a cached plan's items were scheduled without values)."""
+    names = step.runner.variables if step.runner is not None else ()
+    own = step.item.var_vals or {name: var_vals[name] for name in names if name in var_vals}
+    return {name: var_vals.get(name, value) for name, value in own.items()}
 
 
 def _launch_one(step: PlanStep, args: list[Buffer], var_vals: dict[str, int],
@@ -679,10 +698,11 @@ def _bound_result(root: UOp, unbound: UOp, result: UOp) -> UOp:
 
 def _realize_unbound(roots: list[UOp], default_device: str,
                      var_vals: dict[str, int]) -> list[UOp]:
-    if not PLAN_CACHE or DEBUG >= 1 or _launch_logs:
+    if not PLAN_CACHE or DEBUG >= 1 or _logs_of_fresh_items:
         # a watched realize plans afresh: DEBUG prints each item as the scheduler made it,
-        # and a recording (the JIT's capture, viz) keeps each with its own buffers; the
-        # executor that runs the plan is the same
+        # and a recording such as viz's keeps each with its own buffers (TinyJit's capture
+        # takes a cached plan: it keeps each launch's buffers); the executor that runs the
+        # plan is the same
         schedule_ = build_schedule(roots, default_device, var_vals)
         run_schedule(schedule_.items)
         return [schedule_.becomes.get(node, node) for node in roots]
