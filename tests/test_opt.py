@@ -254,6 +254,36 @@ def test_packed_broadcast_operand_matches_numpy(pack_512):
     np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-3)
 
 
+def weight_gradient(batch: int, length: int, k: int, n: int) -> tuple[Tensor, np.ndarray]:
+    """X.T @ dY summed over a batch of sequences (a Linear layer's weight gradient), and
+    numpy's value of it."""
+    x, dy = data(batch, length, k), data(batch, length, n, seed=1)
+    out = (Tensor(x).reshape(batch, length, k, 1) * Tensor(dy).reshape(batch, length, 1, n))
+    return out.sum((0, 1)), np.einsum("btk,btn->kn", x, dy)
+
+
+def test_a_weight_gradients_scalar_operand_is_packed_in_panels_of_its_rows():
+    """X.T @ dY over 16 x 64 rows: the tile reads 8 floats of each 2 KB row of X (its `a`),
+    rows that fall into two cache sets. X is packed in panels of 8 columns, the two axes of
+    the sum one after the other (fails before: only `b` was packed, and only over one axis)."""
+    grad, _ = weight_gradient(16, 64, 512, 128)
+    (ast,) = kernel_asts(grad)
+    plan = plan_packing(ast, 16)
+    assert plan is not None and plan.input_index == 1 and plan.panel == 8
+    assert plan.packed_size == 16 * 64 * 512
+
+
+@pytest.mark.parametrize("k, n", [(512, 128), (128, 512)])
+def test_packed_weight_gradients_match_numpy(monkeypatch, k, n):
+    from tinyteach.engine.realize import record_launches
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+    grad, expected = weight_gradient(16, 64, k, n)
+    with record_launches() as launches:
+        result = grad.numpy()
+    assert any(launch.item.name.startswith("pack_") for launch in launches)
+    np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-3)
+
+
 def test_noopt_does_not_pack(pack_512):
     from tinyteach.engine.realize import record_launches
     a, b = Tensor(data(64, 512)).realize(), Tensor(data(512, 512, seed=1)).realize()
