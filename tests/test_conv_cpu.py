@@ -283,3 +283,24 @@ def test_beam_search_keeps_channel_tiled_convolutions_correct(tmp_path, monkeypa
         got = tx.conv2d(tw, Tensor(b)).numpy()
     clear_caches()
     np.testing.assert_allclose(got, expected[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_weight_gradient_takes_its_five_taps_as_rows(monkeypatch):
+    """beautiful_mnist's first convolution (1 -> 32 channels, 5x5): its weight gradient is a
+    tile of (ky, kx, 32 channels) summed over batch x 24 x 24 pixels. The 32 channels are two
+    vectors; kx (5: divides by neither 8 nor 4) is taken whole as the tile's rows, so the sum
+    has 10 accumulators, not 2 (fails before: no row upcast)."""
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 1, 28, 28)).astype(np.float32)
+    w = rng.normal(size=(32, 1, 5, 5)).astype(np.float32)
+    upstream = rng.normal(size=(8, 32, 24, 24)).astype(np.float32)
+    weight = Tensor(w, requires_grad=True)
+    (Tensor(x).conv2d(weight) * Tensor(upstream)).sum().backward()
+    assert weight.grad is not None
+    kernels = [k for k in _kernels([weight.grad]) if not k.name.startswith(("pack", "unpack"))]
+    tiles = [choose_options(k.ast, 16) for k in kernels]
+    assert any(options.vector_width and (2, 5) in options.upcasts for options in tiles), tiles
+    tw = torch.tensor(w, requires_grad=True)
+    (torch.nn.functional.conv2d(torch.tensor(x), tw) * torch.tensor(upstream)).sum().backward()
+    np.testing.assert_allclose(weight.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
