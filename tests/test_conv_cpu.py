@@ -304,3 +304,30 @@ def test_a_weight_gradient_takes_its_five_taps_as_rows(monkeypatch):
     tw = torch.tensor(w, requires_grad=True)
     (torch.nn.functional.conv2d(torch.tensor(x), tw) * torch.tensor(upstream)).sum().backward()
     np.testing.assert_allclose(weight.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_an_epilogue_that_reads_across_channels_moves_to_the_copy_back(monkeypatch):
+    """The input gradient of a convolution behind a ReLU, with 28-pixel rows (no vector tile
+    along them): a channel tile computes it channels last, where the ReLU's mask would be read
+    32 channels apart, a gather that kept the whole kernel scalar (493 ms at batch 128). The
+    sum alone is computed channels last, in vectors; the copy back applies the mask in the
+    output's order (fails before: the kernel read the mask and stayed scalar)."""
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 32, 28, 28)).astype(np.float32)
+    w = rng.normal(size=(32, 32, 5, 5)).astype(np.float32) * 0.1
+    upstream = rng.normal(size=(4, 32, 24, 24)).astype(np.float32)
+    image = Tensor(x, requires_grad=True)
+    (image.relu().conv2d(Tensor(w)) * Tensor(upstream)).sum().backward()
+    assert image.grad is not None
+    kernels = _kernels([image.grad])
+    (unpack,) = [k for k in kernels if k.name.startswith("unpack_")]
+    assert len(unpack.buffers) == 3  # the output, the ReLU's input, the sum channels last
+    (tile,) = [k for k in kernels if k.name.startswith("r_") and k.output is unpack.buffers[2]]
+    options = choose_options(tile.ast, 16)
+    assert options.vector_width and "_vec" in Device["CPU"].renderer.render(
+        tile.name, lower(tile.ast, options))
+    tx = torch.tensor(x, requires_grad=True)
+    (torch.nn.functional.conv2d(tx.relu(), torch.tensor(w)) * torch.tensor(upstream)).sum() \
+        .backward()
+    np.testing.assert_allclose(image.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)

@@ -27,7 +27,10 @@ computes the output channels last, (y, x, n, co), where the vector tile reads 16
 channel axis is co again; the packed factor is the upstream gradient, fused elementwise ops
 and all) and x @ w.T (an MLP layer, whose output is channels-last already: no copy back).
 A bias and an activation after the sum (`x.linear(w.T, b).gelu()`, `conv2d(x, w, b).relu()`)
-stay in the kernel: they move with the output.
+stay in the kernel: they move with the output. Ops after the sum that read another tensor
+across channels (a ReLU's mask in the input gradient of `conv2d(x.relu(), w)`: 32 channels
+apart, channels last) would keep the kernel scalar; they go into the copy back instead, which
+reads that tensor in its own order.
 Three kernels instead of one, so only for long sums (more than heuristic.SHORT_REDUCE per output);
 where no copy back is needed (the channel axis is the output's last already: x @ w.T, and
 attention's q @ k.T and weights @ v over heads of 32), two kernels pay from sums of
@@ -138,6 +141,9 @@ class ChannelPlan:
     unpack_ast: UOp | None
     dtype: DType
     channel_size: int
+    # for each buffer of the copy back: the item's buffer number, or len(item.buffers) for the
+    # channels-last result (empty: the output, then that result)
+    unpack_slots: tuple[int, ...] = ()
 
 
 _channel_plans: LRUCache[tuple[UOp, int], ChannelPlan | None] = LRUCache("pack.channels",
@@ -190,7 +196,7 @@ def _channel_plan(ast: UOp, width: int) -> ChannelPlan | None:
     if best is None:
         return None
     _, axis, packed, other_axes = best
-    plan = _build_channel_plan(ast, value, reduce, axis, packed, other_axes)
+    plan = _build_channel_plan(ast, value, reduce, axis, packed, other_axes, width)
     if plan is not None and sum_length <= SHORT_REDUCE and \
             (plan.unpack_ast is not None or work < SHORT_SUM_MIN_WORK):
         return None  # a short sum pays neither for copying its output back nor when small
@@ -264,9 +270,10 @@ def _axes_used(node: UOp, shape: tuple[int, ...]) -> set[int] | None:
 
 
 def _build_channel_plan(ast: UOp, value: UOp, reduce: UOp, axis: int, packed: UOp,
-                        other_axes: set[int]) -> ChannelPlan | None:
+                        other_axes: set[int], width: int) -> ChannelPlan | None:
     """Pack `packed` (evaluated over the axes it uses, channel axis last) into a new input of
-    the kernel, and store the kernel's value channels last."""
+    the kernel, and store the kernel's value channels last (or only its sum, when the ops
+    after it would keep a kernel of `width` lanes scalar: `_epilogue_after_unpacking`)."""
     if any(n.op is Ops.DEFINE_GLOBAL and n.arg[0] == 0 for n in value.toposort):
         return None  # the kernel reads its own output (an in-place update)
     shape = reduce.src[0].shape
@@ -287,10 +294,51 @@ def _build_channel_plan(ast: UOp, value: UOp, reduce: UOp, axis: int, packed: UO
     reread = panels.reshape(copied.shape).permute(inverse).reshape(
         tuple(n if a in kept else 1 for a, n in enumerate(shape))).expand(shape)
     new_value = value.substitute({packed: reread})
+    inputs = tuple(d.arg[0] for d in defines)
     kernel_ast, unpack_ast = _channels_last_output(ast, new_value, reduce, axis, other_axes)
+    if unpack_ast is not None and _epilogue_reads(value, reduce) and \
+            reduce.dtype == value.dtype and not _vectorizes(kernel_ast, width):
+        sum_ast, copy_ast, unpack_slots = _epilogue_after_unpacking(
+            value, reduce, reduce.substitute({packed: reread}), axis, other_axes, number, ast)
+        sum_ast, sum_slots = _dense_inputs(sum_ast, number)
+        return ChannelPlan(inputs, pack_ast, size, sum_ast, sum_slots, copy_ast, packed.dtype,
+                           reduce.shape[axis], unpack_slots)
     kernel_ast, slots = _dense_inputs(kernel_ast, number)
-    return ChannelPlan(tuple(d.arg[0] for d in defines), pack_ast, size, kernel_ast, slots,
-                       unpack_ast, packed.dtype, reduce.shape[axis])
+    return ChannelPlan(inputs, pack_ast, size, kernel_ast, slots, unpack_ast, packed.dtype,
+                       reduce.shape[axis])
+
+
+def _vectorizes(ast: UOp, width: int) -> bool:
+    """Does the kernel lower to vector code with `width` lanes (no gather keeps it scalar)?"""
+    options = choose_options(ast, width)
+    return bool(options.vector_width) and vectorize(lower_ast(ast, options)) is not None
+
+
+def _epilogue_reads(value: UOp, reduce: UOp) -> bool:
+    """Does the epilogue after the sum (a bias, a ReLU's mask) read a buffer?"""
+    below = set(reduce.toposort)
+    return any(n.op is Ops.DEFINE_GLOBAL and n not in below for n in value.toposort)
+
+
+def _epilogue_after_unpacking(value: UOp, reduce: UOp, packed_sum: UOp, axis: int,
+                              other_axes: set[int], number: int,
+                              ast: UOp) -> tuple[UOp, UOp, tuple[int, ...]]:
+    """The kernel storing the bare sum channels last, and the copy back applying the epilogue
+    in the output's own order, with the slots of the copy's buffers. Computed channels last,
+    the epilogue's reads would step across channels, a gather that keeps the whole kernel
+    scalar: the input gradient of a convolution behind a ReLU (128x32x28x28, a sum over
+    32x5x5) took 493 ms so; its ReLU's mask is read in order by the copy (33 ms in all). (A
+    bias reads in order channels last too: such an epilogue stays in the kernel.)"""
+    bare = packed_sum.reshape(value.shape)
+    kernel_ast, unpack_ast = _channels_last_output(ast, bare, reduce, axis, other_axes)
+    assert unpack_ast is not None, "the value with its epilogue needed a copy back"
+    store = unpack_ast.src[0]
+    back = store.src[1]  # the channels-last result read in the output's order (DEFINE_GLOBAL 1)
+    result = next(n for n in back.toposort if n.op is Ops.DEFINE_GLOBAL)
+    moved = UOp(Ops.DEFINE_GLOBAL, result.dtype, (), (number, result.arg[1]))
+    epilogue = value.substitute({reduce: back.substitute({result: moved}).reshape(reduce.shape)})
+    copy_ast, slots = _dense_inputs(_store_ast(store.src[0], epilogue), number)
+    return kernel_ast, copy_ast, slots
 
 
 def _dense_inputs(ast: UOp, panels: int) -> tuple[UOp, tuple[int, ...]]:
@@ -370,10 +418,21 @@ def _channel_items(item: ScheduleItem, plan: ChannelPlan) -> list[ScheduleItem]:
     kernel = replace(item, ast=plan.kernel_ast, buffers=[channels_last, *buffers[1:]],
                      input_reasons=reasons, boundary_reason="channels last, for the unpacking "
                      f"copy into {item.name}'s output", node=None, input_nodes=[])
+    if not plan.unpack_slots:
+        unpack = ScheduleItem(
+            "kernel", f"unpack_{item.name}", plan.unpack_ast, [item.output, channels_last],
+            item.device, item.boundary_reason, ["a permute back into the output's order"],
+            [f"input 1: {item.name}'s result, channels last"], [], item.node, item.input_nodes)
+        return [pack, kernel, unpack]
+    every = [*item.buffers, channels_last]
     unpack = ScheduleItem(
-        "kernel", f"unpack_{item.name}", plan.unpack_ast, [item.output, channels_last],
-        item.device, item.boundary_reason, ["a permute back into the output's order"],
-        [f"input 1: {item.name}'s result, channels last"], [], item.node, item.input_nodes)
+        "kernel", f"unpack_{item.name}", plan.unpack_ast,
+        [every[slot] for slot in plan.unpack_slots], item.device, item.boundary_reason,
+        ["a permute back into the output's order, and the ops after the sum (they read "
+         "their other inputs in that order)"],
+        [f"input {k + 1}: {item.name}'s sum, channels last" if slot == len(item.buffers)
+         else f"input {k + 1}: input {slot} of the kernel before packing"
+         for k, slot in enumerate(plan.unpack_slots[1:])], [], item.node, item.input_nodes)
     return [pack, kernel, unpack]
 
 
