@@ -557,7 +557,6 @@ class ClangStyleCompiler(Compiler):
                           f"openmp: {' '.join(self.threads + self.simd)} {machine_identity()}")
         self.fast = FastCompiler(compiler, self.flags, self.openmp_flags)
         self.optimized_tier = f"{Path(compiler).name} -O2"
-        self.nice = shutil.which("nice")  # background builds yield the cores to the kernels
 
     def openmp_flags(self, source: str) -> list[str]:
         """OpenMP's flag, only for a source that has its pragmas: -fopenmp for threads
@@ -574,10 +573,8 @@ class ClangStyleCompiler(Compiler):
         return cache_dir() / f"{digest[:32]}.so"
 
     def compile(self, source: str) -> Path:
-        """Compile (or find in the cache) and return the optimized shared object's path."""
-        return self._compile(source, background=False)
-
-    def _compile(self, source: str, background: bool) -> Path:
+        """Compile (or find in the cache) and return the optimized shared object's path. A
+        background build (`_optimize`) is this same call, at the kernels' own priority."""
         target = self.library_path(source)
         if target.exists():
             return target
@@ -586,8 +583,11 @@ class ClangStyleCompiler(Compiler):
         os.close(handle)
         command = [self.compiler, *self.flags, *self.openmp_flags(source), "-x", "c", "-", "-o",
                    temporary, "-lm"]
-        if background and self.nice:
-            command = [self.nice, "-n", "10", *command]
+        # (not under `nice`: at `nice -n 10`, against a training loop's OpenMP threads,
+        # which spin between kernels, gcc got a tenth of a core, and a GPT's last fast-tier
+        # kernels swapped after ~65 steps instead of ~7; 60 steps from a cold start took
+        # 8.5-9.4 s instead of 7.4-8.3, beautiful_mnist's 10.4 instead of 9.9-10.0, on a
+        # 2-core Xeon)
         result = subprocess.run(command, input=source, capture_output=True, text=True)
         if result.returncode != 0:
             os.unlink(temporary)
@@ -679,7 +679,7 @@ class ClangStyleCompiler(Compiler):
         compiler per core; each group swaps in as soon as its build is done."""
         def build_one(group: list[str], build: OptimizedBuild) -> None:
             try:
-                build.finish(self._compile("\n".join(group), background=True))
+                build.finish(self.compile("\n".join(group)))
             except (CompileError, OSError) as error:  # the fast tier's build keeps running
                 build.finish(None, str(error))
         with ThreadPoolExecutor(min(len(queued), os.cpu_count() or 1)) as pool:
