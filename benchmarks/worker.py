@@ -108,7 +108,7 @@ def peak_rss_mb() -> float:
 
 # ---- training steps ----
 
-def train_first(impl: Any, kind: str, data: Data, quick: bool) -> dict[str, Any]:
+def train_first(impl: Any, kind: str, data: Data) -> dict[str, Any]:
     """A fresh process: the first and second steps (compile, then JIT capture), and the
     seconds from process start to the end of step COLD_STEPS (imports, data, model, compiles
     and every step: what a user waits for; --quick too, as its row and goal say 30 steps)."""
@@ -305,7 +305,7 @@ def run_workload(framework: str, workload: str, data: Data, quick: bool,
     try:
         impl = load_impl(framework)
         if workload in TRAIN_WORKLOADS:
-            result = (train_first(impl, workload, data, quick) if first
+            result = (train_first(impl, workload, data) if first
                       else train_steady(impl, workload, data, quick))
         elif workload.startswith("matmul"):
             result = matmul(impl, int(workload.removeprefix("matmul")), data, quick)

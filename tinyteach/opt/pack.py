@@ -163,8 +163,7 @@ def _channel_plan(ast: UOp, width: int) -> ChannelPlan | None:
     them, as the vector matmul tile does (heuristic._vector_tile). The output is computed with the
     channel axis last as well, then copied back into its own order (a convolution's output is
     channels-first). Only for long sums: the copies are paid once per kernel."""
-    options = choose_options(ast, width)
-    if options.vector_width and vectorize(lower_ast(ast, options)) is not None:
+    if _vectorizes(ast, width):
         return None  # a vector tile already (and not one that falls back to scalars: a padded
         #              image's guard that differs from lane to lane, as in a transposed conv)
     value = kernel_value(ast)
@@ -299,7 +298,7 @@ def _build_channel_plan(ast: UOp, value: UOp, reduce: UOp, axis: int, packed: UO
     if unpack_ast is not None and _epilogue_reads(value, reduce) and \
             reduce.dtype == value.dtype and not _vectorizes(kernel_ast, width):
         sum_ast, copy_ast, unpack_slots = _epilogue_after_unpacking(
-            value, reduce, reduce.substitute({packed: reread}), axis, other_axes, number, ast)
+            ast, value, reduce, reduce.substitute({packed: reread}), axis, other_axes, number)
         sum_ast, sum_slots = _dense_inputs(sum_ast, number)
         return ChannelPlan(inputs, pack_ast, size, sum_ast, sum_slots, copy_ast, packed.dtype,
                            reduce.shape[axis], unpack_slots)
@@ -320,9 +319,9 @@ def _epilogue_reads(value: UOp, reduce: UOp) -> bool:
     return any(n.op is Ops.DEFINE_GLOBAL and n not in below for n in value.toposort)
 
 
-def _epilogue_after_unpacking(value: UOp, reduce: UOp, packed_sum: UOp, axis: int,
-                              other_axes: set[int], number: int,
-                              ast: UOp) -> tuple[UOp, UOp, tuple[int, ...]]:
+def _epilogue_after_unpacking(ast: UOp, value: UOp, reduce: UOp, packed_sum: UOp, axis: int,
+                              other_axes: set[int],
+                              number: int) -> tuple[UOp, UOp, tuple[int, ...]]:
     """The kernel storing the bare sum channels last, and the copy back applying the epilogue
     in the output's own order, with the slots of the copy's buffers. Computed channels last,
     the epilogue's reads would step across channels, a gather that keeps the whole kernel
@@ -418,21 +417,21 @@ def _channel_items(item: ScheduleItem, plan: ChannelPlan) -> list[ScheduleItem]:
     kernel = replace(item, ast=plan.kernel_ast, buffers=[channels_last, *buffers[1:]],
                      input_reasons=reasons, boundary_reason="channels last, for the unpacking "
                      f"copy into {item.name}'s output", node=None, input_nodes=[])
-    if not plan.unpack_slots:
-        unpack = ScheduleItem(
-            "kernel", f"unpack_{item.name}", plan.unpack_ast, [item.output, channels_last],
-            item.device, item.boundary_reason, ["a permute back into the output's order"],
-            [f"input 1: {item.name}'s result, channels last"], [], item.node, item.input_nodes)
-        return [pack, kernel, unpack]
+    # the copy back reads the channels-last result, and the epilogue's inputs when it moved
+    # there (_epilogue_after_unpacking)
+    slots = plan.unpack_slots or (0, len(item.buffers))
+    moved = len(slots) > 2
     every = [*item.buffers, channels_last]
+    result = "sum" if moved else "result"
     unpack = ScheduleItem(
-        "kernel", f"unpack_{item.name}", plan.unpack_ast,
-        [every[slot] for slot in plan.unpack_slots], item.device, item.boundary_reason,
-        ["a permute back into the output's order, and the ops after the sum (they read "
-         "their other inputs in that order)"],
-        [f"input {k + 1}: {item.name}'s sum, channels last" if slot == len(item.buffers)
+        "kernel", f"unpack_{item.name}", plan.unpack_ast, [every[slot] for slot in slots],
+        item.device, item.boundary_reason,
+        ["a permute back into the output's order" + (
+            ", and the ops after the sum (they read their other inputs in that order)"
+            if moved else "")],
+        [f"input {k + 1}: {item.name}'s {result}, channels last" if slot == len(item.buffers)
          else f"input {k + 1}: input {slot} of the kernel before packing"
-         for k, slot in enumerate(plan.unpack_slots[1:])], [], item.node, item.input_nodes)
+         for k, slot in enumerate(slots[1:])], [], item.node, item.input_nodes)
     return [pack, kernel, unpack]
 
 
@@ -518,8 +517,9 @@ def _plan_for_chain(ast: UOp, chain: UOp, column: int, reduced: tuple[int, ...],
     if len(steps) != len(loops) or steps[column] != 1 or shape[column] % panel:
         return None
     rows = [axis for axis in reduced if shape[axis] > 1]
-    if not rows or any(steps[outer] != steps[inner] * shape[inner]
-                       for outer, inner in zip(rows, rows[1:])) or \
+    if not rows or 0 in (steps[axis] for axis in rows) or \
+            any(steps[outer] != steps[inner] * shape[inner]
+                for outer, inner in zip(rows, rows[1:])) or \
             abs(steps[rows[-1]]) * define.dtype.itemsize < PACK_MIN_ROW_BYTES:
         return None
     broadcast = [axis for axis, step in enumerate(steps) if step == 0 and shape[axis] > 1]
@@ -527,8 +527,6 @@ def _plan_for_chain(ast: UOp, chain: UOp, column: int, reduced: tuple[int, ...],
     kept = [axis for axis in range(len(shape)) if axis not in broadcast]
     operand = chain.shrink(tuple((0, 1) if a in broadcast else (0, n) for a, n in enumerate(shape)))
     operand = operand.reshape(tuple(shape[a] for a in kept))
-    if any(a in broadcast for a in rows):
-        return None
     split, order = _panel_layout([shape[a] for a in kept], kept.index(column),
                                  [kept.index(a) for a in rows], panel)
     packed_value = operand.reshape(split).permute(order)
