@@ -412,3 +412,17 @@ def test_an_elementwise_kernel_counts_its_padded_reads_as_work():
         (ast,) = kernel_asts(Tensor.cat(*parts, dim=-1))
         return choose_options(ast, 16).parallel
     assert threads(128) and not threads(8)
+
+
+def test_packed_weight_gradient_carries_nan_and_inf(monkeypatch):
+    """A NaN or an infinity in X reaches exactly the gradient entries numpy's have, through the
+    packed panels of X (the row of X.T it sits in)."""
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+    x, dy = data(16, 64, 512), data(16, 64, 128, seed=1)
+    x[3, 7, 5], x[9, 1, 300], x[0, 0, 511] = np.nan, np.inf, -np.inf
+    grad = (Tensor(x).reshape(16, 64, 512, 1) * Tensor(dy).reshape(16, 64, 1, 128)).sum((0, 1))
+    (ast,) = kernel_asts(grad)
+    assert plan_packing(ast, 16) is not None
+    expected = np.einsum("btk,btn->kn", x, dy)
+    np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-4, atol=1e-3)
+    assert np.isnan(expected[5]).all() and np.isinf(expected[300]).all()
