@@ -159,6 +159,21 @@ def test_padto_lets_an_odd_axis_be_upcast(device, monkeypatch):
     np.testing.assert_allclose(got, x.astype(np.float64) @ y, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(upcasts=((0, 4),)), "upcast of axis 0 by 4: the factor does not divide"),
+    (dict(upcasts=((1, 12),), vector_width=8), "upcast by 12 is not a whole number of vectors"),
+    (dict(upcasts=((1, 8),), unrolls=((0, 3),)), "unroll of reduced axis 0 by 3"),
+])
+def test_a_plan_whose_factor_does_not_divide_its_axis_is_refused(options, message):
+    """A plan typed as KernelOptions (below the actions, which check each step) is checked when
+    it is lowered: an upcast of 30 rows by 4 computed 28 and silently left 2 unwritten."""
+    from tinyteach.codegen.lower import lower_ast
+    from tinyteach.codegen.plan import KernelOptions
+    out = Tensor(floats(30, 16)) @ Tensor(floats(16, 24, seed=1))
+    with pytest.raises(ValueError, match=message):
+        lower_ast(last_kernel(out, "CPU").ast, KernelOptions(**options))
+
+
 @pytest.mark.parametrize("device", [d for d in DEVICES if d != "CPU"])
 @pytest.mark.parametrize("op", [OptOps.GROUP, OptOps.GROUPTOP])
 def test_group_and_grouptop_sum_the_same(device, op, monkeypatch):

@@ -192,6 +192,11 @@ class _Lowerer(GPULowering):
         reduce_op, axes = node.arg
         source_shape = node.src[0].shape
         unrolled = [self.unrolls.get(k, 1) for k in range(len(axes))]
+        for k, (axis, unroll) in enumerate(zip(axes, unrolled)):
+            size = source_shape[axis]
+            if unroll > 1 and isinstance(size, int) and size % unroll:
+                raise ValueError(f"unroll of reduced axis {k} by {unroll}: the amount does not "
+                                 f"divide the axis's size {size}")
         if node not in self.reduce_ranges:
             self.reduce_ranges[node] = [make_range("r", self.reduce_count + k,
                                                    source_shape[axis] if unroll == 1
@@ -239,6 +244,7 @@ def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index
     for axis, size in enumerate(shape):
         factor = factors.get(axis, 1)
         size = padded.get(axis, size)  # PADTO: the loop runs past the end, guarded (_lower_ast)
+        _check_upcast(axis, size, factor, options.vector_width if axis == vector_axis else 0)
         if size == 1:
             per_axis.append([index_const(0)])
         elif factor == 1:
@@ -252,6 +258,18 @@ def output_indices(shape: tuple[int, ...], options: KernelOptions) -> list[Index
             base = make_range("g", axis, size // factor) * factor
             per_axis.append([index_add(base, index_const(offset)) for offset in range(factor)])
     return [tuple(combination) for combination in itertools.product(*per_axis)]
+
+
+def _check_upcast(axis: int, size: int, factor: int, lanes: int) -> None:
+    """An upcast computes `factor` whole elements of the axis per iteration: the factor divides
+    the axis (a PADTO to a multiple first, else the last iteration would read past the end and
+    the loop would skip the rest), and a vector axis's factor is whole vectors."""
+    if factor > 1 and isinstance(size, int) and size % factor:
+        raise ValueError(f"upcast of axis {axis} by {factor}: the factor does not divide the "
+                         f"axis's size {size} (pad the axis to a multiple first: PADTO)")
+    if lanes and factor % lanes:
+        raise ValueError(f"vectors of {lanes} lanes along axis {axis}: its upcast by {factor} "
+                         f"is not a whole number of vectors")
 
 
 def _inside_output(index: Index, shape: tuple[int, ...]) -> UOp | None:
