@@ -358,3 +358,41 @@ def test_rows_of_half_vectors_give_way_to_a_channel_tile(monkeypatch, lanes):
     (torch.nn.functional.conv2d(tx.relu(), torch.tensor(w)) * torch.tensor(upstream)).sum() \
         .backward()
     np.testing.assert_allclose(image.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_a_long_weight_gradient_sums_in_blocks_of_images(monkeypatch, lanes):
+    """beautiful_mnist's second weight gradient sums over batch x 20 x 20 pixels: every tile of
+    8 x 32 outputs streamed all of the packed upstream gradient (6.5 MB at batch 128), 100
+    times, from far caches. It now sums blocks of images apart (at batch 32: 4 blocks of
+    410 KB, each staying in cache across the tiles) and the copy back adds the blocks up
+    (fails before: the channels-last result was the size of the gradient)."""
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", lanes)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 32, 24, 24)).astype(np.float32)
+    w = rng.normal(size=(32, 32, 5, 5)).astype(np.float32)
+    upstream = rng.normal(size=(32, 32, 20, 20)).astype(np.float32)
+    weight = Tensor(w, requires_grad=True)
+    (Tensor(x).conv2d(weight) * Tensor(upstream)).sum().backward()
+    assert weight.grad is not None
+    kernels = _kernels([weight.grad])
+    (unpack,) = [k for k in kernels if k.name.startswith("unpack_")]
+    assert unpack.buffers[1].size == 4 * w.size  # the partial sums of 4 blocks of 8 images
+    assert any(n.op is Ops.REDUCE_AXIS for n in unpack.ast.toposort)
+    tw = torch.tensor(w, requires_grad=True)
+    (torch.nn.functional.conv2d(torch.tensor(x), tw) * torch.tensor(upstream)).sum().backward()
+    np.testing.assert_allclose(weight.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=2e-3)
+
+
+def test_a_weight_gradient_of_few_tiles_sums_in_one_piece(monkeypatch):
+    """The first convolution's weight gradient (1 -> 32 channels, 5x5) is 5 tiles of 5 x 32:
+    the upstream gradient is streamed 5 times only, and blocks made it slower (1.2 -> 3.3 ms
+    at batch 128), so it keeps one sum."""
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+    rng = np.random.default_rng(0)
+    weight = Tensor(rng.normal(size=(32, 1, 5, 5)).astype(np.float32), requires_grad=True)
+    (Tensor(rng.normal(size=(64, 1, 28, 28)).astype(np.float32)).conv2d(weight) *
+     Tensor(rng.normal(size=(64, 32, 24, 24)).astype(np.float32))).sum().backward()
+    assert weight.grad is not None
+    unpacks = [k for k in _kernels([weight.grad]) if k.name.startswith("unpack_")]
+    assert all(k.buffers[1].size == weight.grad.numel() for k in unpacks)
