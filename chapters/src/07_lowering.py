@@ -198,7 +198,12 @@ assert "acc1 " not in plain[0]
 # lane. The kernel defines that macro itself: where the compiler targets AVX-512 it is the
 # builtin of the vector FMA instruction (`__builtin_ia32_vfmaddps512_mask`), elsewhere one
 # `__builtin_fmaf` per lane, the same bits. An unoptimized build computes the same bits too
-# (chapter 9). `splat_float_vec16(val0)` puts the one float of `a` in all 16 lanes. Ops with no vector form (max, where, exp2, ...) are
+# (chapter 9). `splat_float_vec16(val0)` puts the one float of `a` in all 16 lanes: a
+# *broadcast*, which the CPU does as part of a load from memory. The attribute above the
+# function, `optimize("no-predictive-commoning")`, keeps it so: gcc would otherwise keep a float
+# it loaded for the next step of the sum that reads it again (a convolution's window slides by
+# one pixel per tap), and broadcast it from a register, a shuffle on the port of the second FMA
+# unit, a third slower. Ops with no vector form (max, where, exp2, ...) are
 # written lane by lane, and a kernel whose lanes would need different guards or a gather stays
 # scalar (the fallback is automatic).
 
