@@ -5,6 +5,8 @@ off (NOOPT=1) and without channel tiles (CHANNEL_TILES=0), for odd sizes, stride
 dilation and groups."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -285,25 +287,53 @@ def test_beam_search_keeps_channel_tiled_convolutions_correct(tmp_path, monkeypa
     np.testing.assert_allclose(got, expected[0], rtol=1e-4, atol=1e-4)
 
 
+def _weight_gradient(batch: int, channels: int, size: int) -> tuple[np.ndarray, np.ndarray,
+                                                                    np.ndarray, Tensor]:
+    """x, w, the upstream gradient and the weight whose gradient `(conv2d(x, w) * upstream)
+    .sum().backward()` computed (`channels` -> 32 channels, 5x5, `size`-pixel images)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch, channels, size, size)).astype(np.float32)
+    w = rng.normal(size=(32, channels, 5, 5)).astype(np.float32)
+    upstream = rng.normal(size=(batch, 32, size - 4, size - 4)).astype(np.float32)
+    weight = Tensor(w, requires_grad=True)
+    (Tensor(x).conv2d(weight) * Tensor(upstream)).sum().backward()
+    assert weight.grad is not None
+    return x, w, upstream, weight
+
+
 def test_a_weight_gradient_takes_its_five_taps_as_rows(monkeypatch):
     """beautiful_mnist's first convolution (1 -> 32 channels, 5x5): its weight gradient is a
     tile of (ky, kx, 32 channels) summed over batch x 24 x 24 pixels. The 32 channels are two
     vectors; kx (5: divides by neither 8 nor 4) is taken whole as the tile's rows, so the sum
     has 10 accumulators, not 2 (fails before: no row upcast)."""
     monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(8, 1, 28, 28)).astype(np.float32)
-    w = rng.normal(size=(32, 1, 5, 5)).astype(np.float32)
-    upstream = rng.normal(size=(8, 32, 24, 24)).astype(np.float32)
-    weight = Tensor(w, requires_grad=True)
-    (Tensor(x).conv2d(weight) * Tensor(upstream)).sum().backward()
-    assert weight.grad is not None
+    x, w, upstream, weight = _weight_gradient(8, 1, 28)
     kernels = [k for k in _kernels([weight.grad]) if not k.name.startswith(("pack", "unpack"))]
     tiles = [choose_options(k.ast, 16) for k in kernels]
     assert any(options.vector_width and (2, 5) in options.upcasts for options in tiles), tiles
     tw = torch.tensor(w, requires_grad=True)
     (torch.nn.functional.conv2d(torch.tensor(x), tw) * torch.tensor(upstream)).sum().backward()
     np.testing.assert_allclose(weight.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def _relu_conv_input_gradient(batch: int, size: int) -> tuple[list, Callable[[], None]]:
+    """The kernels of the input gradient of `conv2d(x.relu(), w)` (32 -> 32 channels, 5x5,
+    `size`-pixel images), and a check of that gradient against PyTorch's."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch, 32, size, size)).astype(np.float32)
+    w = rng.normal(size=(32, 32, 5, 5)).astype(np.float32) * 0.1
+    upstream = rng.normal(size=(batch, 32, size - 4, size - 4)).astype(np.float32)
+    image = Tensor(x, requires_grad=True)
+    (image.relu().conv2d(Tensor(w)) * Tensor(upstream)).sum().backward()
+    assert image.grad is not None
+    gradient = image.grad
+
+    def check() -> None:
+        tx = torch.tensor(x, requires_grad=True)
+        (torch.nn.functional.conv2d(tx.relu(), torch.tensor(w)) * torch.tensor(upstream)) \
+            .sum().backward()
+        np.testing.assert_allclose(gradient.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    return _kernels([gradient]), check
 
 
 def test_an_epilogue_that_reads_across_channels_moves_to_the_copy_back(monkeypatch):
@@ -313,24 +343,14 @@ def test_an_epilogue_that_reads_across_channels_moves_to_the_copy_back(monkeypat
     sum alone is computed channels last, in vectors; the copy back applies the mask in the
     output's order (fails before: the kernel read the mask and stayed scalar)."""
     monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(4, 32, 28, 28)).astype(np.float32)
-    w = rng.normal(size=(32, 32, 5, 5)).astype(np.float32) * 0.1
-    upstream = rng.normal(size=(4, 32, 24, 24)).astype(np.float32)
-    image = Tensor(x, requires_grad=True)
-    (image.relu().conv2d(Tensor(w)) * Tensor(upstream)).sum().backward()
-    assert image.grad is not None
-    kernels = _kernels([image.grad])
+    kernels, check = _relu_conv_input_gradient(4, 28)
     (unpack,) = [k for k in kernels if k.name.startswith("unpack_")]
     assert len(unpack.buffers) == 3  # the output, the ReLU's input, the sum channels last
     (tile,) = [k for k in kernels if k.name.startswith("r_") and k.output is unpack.buffers[2]]
     options = choose_options(tile.ast, 16)
     assert options.vector_width and "_vec" in Device["CPU"].renderer.render(
         tile.name, lower(tile.ast, options))
-    tx = torch.tensor(x, requires_grad=True)
-    (torch.nn.functional.conv2d(tx.relu(), torch.tensor(w)) * torch.tensor(upstream)).sum() \
-        .backward()
-    np.testing.assert_allclose(image.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    check()
 
 
 @pytest.mark.parametrize("lanes", [16, 8])
@@ -341,23 +361,13 @@ def test_rows_of_half_vectors_give_way_to_a_channel_tile(monkeypatch, lanes):
     -> 16 ms at batch 128 on an AVX-512 Xeon). With 8 lanes the rows fill the vectors and it
     keeps them (fails before with 16: a vector tile of any width kept the kernel as it was)."""
     monkeypatch.setattr(Device["CPU"].renderer, "vector_width", lanes)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(2, 32, 24, 24)).astype(np.float32)
-    w = rng.normal(size=(32, 32, 5, 5)).astype(np.float32) * 0.1
-    upstream = rng.normal(size=(2, 32, 20, 20)).astype(np.float32)
-    image = Tensor(x, requires_grad=True)
-    (image.relu().conv2d(Tensor(w)) * Tensor(upstream)).sum().backward()
-    assert image.grad is not None
-    kernels = _kernels([image.grad])
+    kernels, check = _relu_conv_input_gradient(2, 24)
     sums = [k for k in kernels if k.name.startswith("r_")]
     assert len(sums) == 1, [k.name for k in kernels]
     options = choose_options(sums[0].ast, lanes)
     assert options.vector_width == lanes, options.describe()
     assert any(k.name.startswith("pack_c") for k in kernels) == (lanes == 16)
-    tx = torch.tensor(x, requires_grad=True)
-    (torch.nn.functional.conv2d(tx.relu(), torch.tensor(w)) * torch.tensor(upstream)).sum() \
-        .backward()
-    np.testing.assert_allclose(image.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    check()
 
 
 @pytest.mark.parametrize("lanes", [16, 8])
@@ -368,13 +378,7 @@ def test_a_long_weight_gradient_sums_in_blocks_of_images(monkeypatch, lanes):
     410 KB, each staying in cache across the tiles) and the copy back adds the blocks up
     (fails before: the channels-last result was the size of the gradient)."""
     monkeypatch.setattr(Device["CPU"].renderer, "vector_width", lanes)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(32, 32, 24, 24)).astype(np.float32)
-    w = rng.normal(size=(32, 32, 5, 5)).astype(np.float32)
-    upstream = rng.normal(size=(32, 32, 20, 20)).astype(np.float32)
-    weight = Tensor(w, requires_grad=True)
-    (Tensor(x).conv2d(weight) * Tensor(upstream)).sum().backward()
-    assert weight.grad is not None
+    x, w, upstream, weight = _weight_gradient(32, 32, 24)
     kernels = _kernels([weight.grad])
     (unpack,) = [k for k in kernels if k.name.startswith("unpack_")]
     assert unpack.buffers[1].size == 4 * w.size  # the partial sums of 4 blocks of 8 images
