@@ -192,12 +192,12 @@ class _Lowerer(GPULowering):
         reduce_op, axes = node.arg
         source_shape = node.src[0].shape
         unrolled = [self.unrolls.get(k, 1) for k in range(len(axes))]
-        for k, (axis, unroll) in enumerate(zip(axes, unrolled)):
-            size = source_shape[axis]
-            if unroll > 1 and isinstance(size, int) and size % unroll:
-                raise ValueError(f"unroll of reduced axis {k} by {unroll}: the amount does not "
-                                 f"divide the axis's size {size}")
         if node not in self.reduce_ranges:
+            for k, (axis, unroll) in enumerate(zip(axes, unrolled)):
+                size = source_shape[axis]
+                if unroll > 1 and isinstance(size, int) and size % unroll:
+                    raise ValueError(f"unroll of reduced axis {k} by {unroll}: the amount does "
+                                     f"not divide the axis's size {size}")
             self.reduce_ranges[node] = [make_range("r", self.reduce_count + k,
                                                    source_shape[axis] if unroll == 1
                                                    else source_shape[axis] // unroll)

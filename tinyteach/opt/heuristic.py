@@ -156,8 +156,7 @@ def _choose(ast: UOp, vector_width: int, group_reduce: bool = False,
         # against 110, which the first steps of a training run wait for. (A sum shorter than
         # SIMD_MIN_LOOP along it is not split: a 3x3 convolution keeps its 4x4 tile)
         wide = not reads_contiguously_along_reduction(reduces[0])
-        last = reduces[0].src[0].shape[reduces[0].arg[1][-1]]
-        axes = 1 if not wide and sym_max(last) >= SIMD_MIN_LOOP else MAX_UPCAST_AXES
+        axes = 1 if not wide and _long_last_axis(reduces[0]) else MAX_UPCAST_AXES
         for axis in reversed(range(len(shape))):
             factor = WIDE_UPCAST if wide and not upcasts and shape[axis] % WIDE_UPCAST == 0 \
                 else UPCAST
@@ -302,7 +301,13 @@ def _vectors_go_to_the_sum(reduce: UOp) -> bool:
         return False
     shape = reduce.src[0].shape
     terms = sym_max(sym_prod(shape)) // max(sym_max(sym_prod(reduce.shape)), 1)
-    return sym_max(shape[reduce.arg[1][-1]]) >= SIMD_MIN_LOOP or terms > SHORT_REDUCE
+    return _long_last_axis(reduce) or terms > SHORT_REDUCE
+
+
+def _long_last_axis(reduce: UOp) -> bool:
+    """Is the sum's last reduced axis long enough to be split into vector lanes, when it reads
+    memory contiguously (SIMD_MIN_LOOP, lower.py)?"""
+    return sym_max(reduce.src[0].shape[reduce.arg[1][-1]]) >= SIMD_MIN_LOOP
 
 
 def vector_registers(width: int) -> int:

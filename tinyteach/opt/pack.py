@@ -304,30 +304,26 @@ def _build_channel_plan(ast: UOp, value: UOp, reduce: UOp, axis: int, packed: UO
     inverse = tuple(order.index(k) for k in range(len(order)))
     reread = panels.reshape(copied.shape).permute(inverse).reshape(
         tuple(n if a in kept else 1 for a, n in enumerate(shape))).expand(shape)
-    new_value = value.substitute({packed: reread})
     inputs = tuple(d.arg[0] for d in defines)
+    packed_sum = reduce.substitute({packed: reread})
+
+    def plan(kernel_ast: UOp, unpack_ast: UOp | None, unpack_slots: tuple[int, ...] = (),
+             result_size: int = 0) -> ChannelPlan:
+        kernel_ast, slots = _dense_inputs(kernel_ast, number)
+        return ChannelPlan(inputs, pack_ast, size, kernel_ast, slots, unpack_ast, packed.dtype,
+                           reduce.shape[axis], unpack_slots, result_size)
     split = _sum_blocks(value, reduce, axis)
-    if split is not None:
-        summed, blocks = split
-        partial = _partial_sums(reduce.substitute({packed: reread}), summed, blocks)
-        kernel_ast, unpack_ast = _channels_last_output(ast, partial, partial, axis, other_axes,
-                                                       summed)
-        if unpack_ast is not None:
-            kernel_ast, slots = _dense_inputs(kernel_ast, number)
-            return ChannelPlan(inputs, pack_ast, size, kernel_ast, slots, unpack_ast,
-                               packed.dtype, reduce.shape[axis],
-                               result_size=prod(partial.shape))
-    kernel_ast, unpack_ast = _channels_last_output(ast, new_value, reduce, axis, other_axes)
+    if split is not None:  # (the partial sums are the value: a bare sum has no epilogue)
+        partial = _partial_sums(packed_sum, *split)
+        return plan(*_channels_last_output(ast, partial, partial, axis, other_axes, split[0]),
+                    result_size=prod(partial.shape))
+    kernel_ast, unpack_ast = _channels_last_output(ast, value.substitute({packed: reread}),
+                                                   reduce, axis, other_axes)
     if unpack_ast is not None and _epilogue_reads(value, reduce) and \
             reduce.dtype == value.dtype and not _vectorizes(kernel_ast, width):
-        sum_ast, copy_ast, unpack_slots = _epilogue_after_unpacking(
-            ast, value, reduce, reduce.substitute({packed: reread}), axis, other_axes, number)
-        sum_ast, sum_slots = _dense_inputs(sum_ast, number)
-        return ChannelPlan(inputs, pack_ast, size, sum_ast, sum_slots, copy_ast, packed.dtype,
-                           reduce.shape[axis], unpack_slots)
-    kernel_ast, slots = _dense_inputs(kernel_ast, number)
-    return ChannelPlan(inputs, pack_ast, size, kernel_ast, slots, unpack_ast, packed.dtype,
-                       reduce.shape[axis])
+        return plan(*_epilogue_after_unpacking(ast, value, reduce, packed_sum, axis, other_axes,
+                                               number))
+    return plan(kernel_ast, unpack_ast)
 
 
 def _sum_blocks(value: UOp, reduce: UOp, axis: int) -> tuple[int, int] | None:
