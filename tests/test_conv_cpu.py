@@ -400,3 +400,29 @@ def test_a_weight_gradient_of_few_tiles_sums_in_one_piece(monkeypatch):
     assert weight.grad is not None
     unpacks = [k for k in _kernels([weight.grad]) if k.name.startswith("unpack_")]
     assert all(k.buffers[1].size == weight.grad.numel() for k in unpacks)
+
+
+def test_a_weight_gradient_in_blocks_keeps_nan_and_infinities(monkeypatch):
+    """The blocks' partial sums are added up apart: a NaN in one image and an infinity in
+    another still reach the same entries of the gradient as in PyTorch's one sum."""
+    monkeypatch.setattr(Device["CPU"].renderer, "vector_width", 16)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(32, 32, 24, 24)).astype(np.float32)
+    x[3, 5, 10, 10] = np.nan
+    x[20, 7, 0, 0] = np.inf
+    x[27, 7, 23, 23] = -np.inf
+    w = rng.normal(size=(32, 32, 5, 5)).astype(np.float32)
+    upstream = rng.normal(size=(32, 32, 20, 20)).astype(np.float32)
+    weight = Tensor(w, requires_grad=True)
+    (Tensor(x).conv2d(weight) * Tensor(upstream)).sum().backward()
+    assert weight.grad is not None
+    (unpack,) = [k for k in _kernels([weight.grad]) if k.name.startswith("unpack_")]
+    assert unpack.buffers[1].size == 4 * w.size  # summed in blocks
+    tw = torch.tensor(w, requires_grad=True)
+    (torch.nn.functional.conv2d(torch.tensor(x), tw) * torch.tensor(upstream)).sum().backward()
+    got, want = weight.grad.numpy(), tw.grad.numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    assert np.isnan(want).any() and np.isinf(want).any()
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=2e-3)
